@@ -1,0 +1,1 @@
+"""instrument: per-stage instrumentation for ML inference services."""
