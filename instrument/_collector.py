@@ -1,0 +1,276 @@
+"""The live side: chooses the backend, applies the configuration to it, turns
+what it collected into a Snapshot, and saves at exit."""
+from __future__ import annotations
+
+import atexit
+import functools
+import inspect
+import os
+import platform
+import socket
+import sys
+import threading
+import time
+import warnings
+from typing import Any, Callable, Dict, Optional
+
+from . import config as _config
+from .snapshot import Snapshot, StageStats
+
+__version__ = "0.1.0"
+
+
+def _choose_backend():
+    if os.environ.get("INSTRUMENT_PURE_PYTHON", "").strip().lower() in _config.TRUE:
+        from . import _pure
+        return _pure, "pure", "INSTRUMENT_PURE_PYTHON=1"
+    try:
+        from . import _native
+        return _native, "native", None
+    except ImportError as e:
+        from . import _pure
+        return _pure, "pure", f"C extension not importable: {e}"
+
+
+backend, backend_name, backend_reason = _choose_backend()
+
+_state_lock = threading.Lock()
+_config_now: _config.Config = _config.from_env()
+_start_wall = time.time()
+_start_clock = backend.now_ns()
+_integrations: Dict[str, Any] = {}   # name -> object with .status() for meta
+
+
+def current_config() -> _config.Config:
+    return _config_now
+
+
+def configure(**options: Any) -> _config.Config:
+    """Change options (see instrument.config.OPTIONS); returns the configuration now in force."""
+    global _config_now
+    with _state_lock:
+        new = _config_now.replace(**options)
+        _apply(new)
+        _config_now = new
+    return new
+
+
+def _apply(cfg: _config.Config) -> None:
+    backend.configure(enabled=cfg.enabled, cpu_clock=cfg.cpu_clock, max_stages=cfg.max_stages,
+                      trace_events=cfg.trace_events)
+    for hook in _apply_hooks:
+        try:
+            hook(cfg)
+        except Exception as e:  # an integration must never stop the configuration
+            warnings.warn(f"instrument: {getattr(hook, '__module__', hook)}: {e}", RuntimeWarning, stacklevel=3)
+
+
+_apply_hooks: list = []   # integrations register a callable(cfg) here
+
+
+def stage(name: str):
+    """The stage named `name`: one object per name, reusable, a context manager."""
+    return backend.stage(name)
+
+
+def _wrap(func: Callable, st) -> Callable:
+    if inspect.iscoroutinefunction(func):
+        @functools.wraps(func)
+        async def run_async(*args, **kwargs):
+            with st:
+                return await func(*args, **kwargs)
+        run_async.stage = st  # type: ignore[attr-defined]
+        return run_async
+    if inspect.isasyncgenfunction(func):
+        raise TypeError(f"@instrument.region cannot wrap the async generator function {func.__qualname__}: a stage "
+                        "cannot stay open across its yields; put `with instrument.stage(...)` around the work "
+                        "between yields instead")
+    if inspect.isgeneratorfunction(func):
+        @functools.wraps(func)
+        def run_gen(*args, **kwargs):
+            return _TimedGenerator(func(*args, **kwargs), st)
+        run_gen.stage = st  # type: ignore[attr-defined]
+        return run_gen
+    r = backend.Region(st, func)
+    try:
+        functools.update_wrapper(r, func)
+    except (AttributeError, TypeError):
+        pass
+    return r
+
+
+class _TimedGenerator:
+    """A generator whose every resumption (next/send/throw) runs inside the
+    stage; the time the consumer spends between items is not counted."""
+    __slots__ = ("_gen", "_stage")
+
+    def __init__(self, gen, st) -> None:
+        self._gen, self._stage = gen, st
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        with self._stage:
+            return next(self._gen)
+
+    def send(self, value):
+        with self._stage:
+            return self._gen.send(value)
+
+    def throw(self, *args):
+        with self._stage:
+            return self._gen.throw(*args)
+
+    def close(self):
+        with self._stage:
+            return self._gen.close()
+
+    def __del__(self):
+        try:
+            self._gen.close()
+        except Exception:
+            pass
+
+
+def region(name_or_func: Any = None, *, name: Optional[str] = None):
+    """Decorator: `@region`, `@region("name")` or `@region(name="name")`.
+    The name defaults to the function's __qualname__.  Plain and async functions
+    are timed per call; a generator function is timed per resumption (its
+    consumer's time between items is not counted); async generator functions
+    are refused with TypeError."""
+    if callable(name_or_func) and name is None:
+        func = name_or_func
+        return _wrap(func, backend.stage(getattr(func, "__qualname__", None) or getattr(func, "__name__", repr(func))))
+    if name_or_func is not None and name is not None:
+        raise TypeError("region() takes the name once: region('name') or region(name='name')")
+    label = name if name is not None else name_or_func
+    if label is not None:
+        st = backend.stage(label)   # validates the name now, at decoration time
+
+    def deco(func: Callable):
+        if not callable(func):
+            raise TypeError(f"@region needs a function, not {type(func).__name__}")
+        s = st if label is not None else backend.stage(func.__qualname__)
+        return _wrap(func, s)
+    return deco
+
+
+def reset() -> None:
+    """Forget everything recorded so far (stage objects stay valid)."""
+    global _start_wall, _start_clock
+    backend.reset()
+    for integ in list(_integrations.values()):
+        r = getattr(integ, "reset", None)
+        if r:
+            try:
+                r()
+            except Exception:
+                pass
+    _start_wall, _start_clock = time.time(), backend.now_ns()
+
+
+def _meta(raw: Dict[str, Any]) -> Dict[str, Any]:
+    torch = sys.modules.get("torch")
+    meta: Dict[str, Any] = {
+        "pid": os.getpid(), "host": socket.gethostname(), "argv": list(sys.argv),
+        "start_time": _start_wall, "end_time": time.time(),
+        "duration_ns": raw["clock_ns"] - _start_clock,
+        "python": platform.python_version(), "platform": platform.platform(),
+        "torch": getattr(torch, "__version__", None) if torch else None,
+        "instrument": __version__, "backend": backend_name, "backend_reason": backend_reason,
+        "config": _config_now.to_dict(),
+        "threads_live": raw.get("threads"),
+        "exits": {k: raw.get(k, 0) for k in ("unmatched_exits", "out_of_order_exits", "cross_thread_exits")},
+        "internal_failures": raw.get("internal_failures", 0),
+        "folded_calls": raw.get("folded_calls", 0), "max_stages": raw.get("max_stages"),
+        "events_dropped": raw.get("events_dropped", 0),
+        "counters": raw.get("counter_status") or {},
+    }
+    for name, integ in list(_integrations.items()):
+        try:
+            meta[name] = integ.status()
+        except Exception as e:
+            meta[name] = {"error": str(e)}
+    return meta
+
+
+def snapshot() -> Snapshot:
+    """An immutable Snapshot of everything recorded so far; callable any time."""
+    for integ in list(_integrations.values()):
+        f = getattr(integ, "before_snapshot", None)
+        if f:
+            try:
+                f()
+            except Exception as e:
+                warnings.warn(f"instrument: {e}", RuntimeWarning, stacklevel=2)
+    raw = backend.collect()
+    paths: Dict[int, tuple] = {}
+    for nid, parent, name, _other in raw["nodes"]:
+        paths[nid] = (paths[parent] if parent > 0 else ()) + (name,)
+    others = {nid for nid, _, _, o in raw["nodes"] if o}
+    extra: Dict[tuple, Dict[str, Any]] = {}
+    for integ in list(_integrations.values()):
+        f = getattr(integ, "stage_fields", None)
+        if f:
+            try:
+                for path, fields in f().items():
+                    extra.setdefault(tuple(path), {}).update(fields)
+            except Exception as e:
+                warnings.warn(f"instrument: {e}", RuntimeWarning, stacklevel=2)
+    stages = []
+    for s in raw["stats"]:
+        path = paths[s["node"]]
+        cpu_ok = s["cpu_calls"] > 0
+        stages.append(StageStats(
+            path=path, calls=s["calls"], errors=s["errors"], wall_total=s["wall_total"], wall_self=s["wall_self"],
+            wall_min=s["wall_min"], wall_max=s["wall_max"],
+            cpu_total=s["cpu_total"] if cpu_ok else None, cpu_self=s["cpu_self"] if cpu_ok else None,
+            cpu_calls=s["cpu_calls"], hist=dict(s["hist"]), counters=s.get("counters") or {},
+            other=s["node"] in others, **extra.pop(path, {})))
+    for path, fields in extra.items():   # stages only an integration saw (e.g. GPU time of a still-open stage)
+        stages.append(StageStats(path, 0, 0, 0, 0, None, None, None, None, 0, {}, **fields))
+    events = [{"path": list(paths[e[0]]), "tid": e[1], "ts_ns": e[2] - _start_clock, "dur_ns": e[3],
+               "tts_ns": e[4] if e[4] >= 0 else None, "tdur_ns": e[5] if e[5] >= 0 else None}
+              for e in raw["events"] if e[0] in paths]
+    return Snapshot(stages, _meta(raw), events)
+
+
+def report(file=None, **kwargs: Any) -> str:
+    """Print the per-stage breakdown (to stdout, or `file`) and return it."""
+    text = snapshot().report(**kwargs)
+    print(text, file=file or sys.stdout)
+    return text
+
+
+def _save_at_exit() -> None:
+    out = _config_now.output
+    if not out:
+        return
+    try:
+        path = out.replace("{pid}", str(os.getpid()))
+        snapshot().save(path)
+    except Exception as e:
+        try:
+            sys.stderr.write(f"instrument: could not save the snapshot to {out}: {e}\n")
+        except Exception:
+            pass
+
+
+def _after_fork_child() -> None:
+    global _start_wall, _start_clock
+    try:
+        backend.after_fork_child()
+        _start_wall, _start_clock = time.time(), backend.now_ns()
+        for integ in list(_integrations.values()):
+            f = getattr(integ, "after_fork_child", None)
+            if f:
+                f()
+    except Exception:
+        pass
+
+
+_apply(_config_now)
+atexit.register(_save_at_exit)
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_child)

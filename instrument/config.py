@@ -1,0 +1,211 @@
+"""Every option of the SDK and its INSTRUMENT_* variable, parsed and validated here.
+
+`instrument.configure(**options)` and the environment are the two ways in.
+A bad argument to configure() raises at the call site; a bad environment value
+is reported once with the variable's name and what is allowed, and the default
+is used, so a typo in the environment never stops the service.
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+import warnings
+from typing import Any, Callable, Dict, Mapping, Optional, Tuple
+
+TRUE = ("1", "true", "yes", "on")
+FALSE = ("0", "false", "no", "off")
+
+
+def _bool(name: str, v: Any) -> bool:
+    if isinstance(v, bool):
+        return v
+    if isinstance(v, str) and v.strip().lower() in TRUE + FALSE:
+        return v.strip().lower() in TRUE
+    raise ValueError(f"{name} must be a boolean (one of {', '.join(TRUE + FALSE)}), got {v!r}")
+
+
+def _tristate(name: str, v: Any) -> str:
+    if isinstance(v, bool):
+        return "on" if v else "off"
+    if isinstance(v, str):
+        s = v.strip().lower()
+        if s == "auto":
+            return "auto"
+        if s in TRUE:
+            return "on"
+        if s in FALSE:
+            return "off"
+    raise ValueError(f"{name} must be auto, on or off (or a boolean), got {v!r}")
+
+
+def _int(lo: int, hi: Optional[int] = None) -> Callable[[str, Any], int]:
+    def parse(name: str, v: Any) -> int:
+        if isinstance(v, bool):
+            raise ValueError(f"{name} must be an integer, got {v!r}")
+        try:
+            n = int(v.strip()) if isinstance(v, str) else int(v) if isinstance(v, int) else None
+        except ValueError:
+            n = None
+        if n is None or n < lo or (hi is not None and n > hi):
+            rng = f"from {lo} to {hi}" if hi is not None else f"{lo} or more"
+            raise ValueError(f"{name} must be an integer {rng}, got {v!r}")
+        return n
+    return parse
+
+
+def _float(lo: float, hi: float) -> Callable[[str, Any], float]:
+    def parse(name: str, v: Any) -> float:
+        try:
+            x = float(v) if not isinstance(v, bool) else None
+        except (TypeError, ValueError):
+            x = None
+        if x is None or not lo <= x <= hi:
+            raise ValueError(f"{name} must be a number from {lo} to {hi}, got {v!r}")
+        return x
+    return parse
+
+
+def _text(name: str, v: Any) -> str:
+    if not isinstance(v, str) or not v.strip():
+        raise ValueError(f"{name} must be a non-empty string, got {v!r}")
+    return v.strip()
+
+
+def _path(name: str, v: Any) -> Optional[str]:
+    if v is None or (isinstance(v, str) and v == ""):
+        return None
+    if not isinstance(v, (str, os.PathLike)):
+        raise ValueError(f"{name} must be a file path, got {v!r}")
+    return os.fspath(v)
+
+
+def _counters(name: str, v: Any) -> Tuple[str, ...]:
+    try:
+        from . import counters
+    except ImportError:   # counters module not built into this tree yet
+        if isinstance(v, (tuple, list)):
+            return tuple(v)
+        if v in ("default", "none"):
+            return (v,)
+        raise ValueError(f"{name}: counters are not available in this build") from None
+    try:
+        return tuple(counters.parse_counters(v))
+    except (TypeError, ValueError) as e:
+        raise ValueError(f"{name}: {e}") from None
+
+
+@dataclasses.dataclass(frozen=True)
+class Option:
+    name: str
+    env: Optional[str]
+    default: Any
+    parse: Callable[[str, Any], Any]
+    doc: str
+
+
+OPTIONS: Tuple[Option, ...] = (
+    Option("enabled", None, True, _bool, "record stages at all; INSTRUMENT_DISABLE=1 turns every stage into a no-op"),
+    Option("output", "INSTRUMENT_OUTPUT", None, _path, "save the snapshot to this JSON file at interpreter exit"),
+    Option("counters", "INSTRUMENT_COUNTERS", "default", _counters,
+           "perf_event counters per stage: default, none, or a comma list of names / r<hex> raw codes"),
+    Option("cpu_clock", "INSTRUMENT_CPU_CLOCK", True, _bool,
+           "read the thread CPU clock at stage boundaries when no task-clock counter gives CPU time"),
+    Option("max_stages", "INSTRUMENT_MAX_STAGES", 10000, _int(1, 10_000_000),
+           "distinct stage nodes kept; more are folded into '(other)'"),
+    Option("trace_events", "INSTRUMENT_TRACE_EVENTS", 0, _int(0, 100_000_000),
+           "size of the ring of timeline events kept for the Chrome trace export (0 = off)"),
+    Option("nvtx", "INSTRUMENT_NVTX", True, _bool, "emit an NVTX range for every stage"),
+    Option("nvtx_domain", "INSTRUMENT_NVTX_DOMAIN", "instrument", _text, "the NVTX domain of the ranges"),
+    Option("torch", "INSTRUMENT_TORCH", "auto", _tristate,
+           "open torch.profiler ranges for stages while a profiler is active (auto: when torch is imported)"),
+    Option("gpu", "INSTRUMENT_GPU", "auto", _tristate,
+           "time stages on the GPU with CUDA events (auto: when torch has initialised CUDA)"),
+    Option("gpu_events", "INSTRUMENT_GPU_EVENTS", 4096, _int(2, 1_000_000),
+           "bound of the pool of unresolved CUDA event pairs; samples beyond it are counted as dropped"),
+    Option("capture", "INSTRUMENT_CAPTURE", "steady", _text, "name of the NVTX capture range for nsys -p NAME@domain"),
+    Option("warmup", "INSTRUMENT_WARMUP", 0, _int(0), "iterations before the capture range opens"),
+    Option("verdict_wait_cpu", "INSTRUMENT_VERDICT_WAIT_CPU", 0.5, _float(0.0, 1.0),
+           "CPU/wall below which a stage is judged waiting"),
+    Option("verdict_compute_cpu", "INSTRUMENT_VERDICT_COMPUTE_CPU", 0.85, _float(0.0, 1.0),
+           "CPU/wall above which a stage is judged compute-bound"),
+    Option("verdict_gpu_share", "INSTRUMENT_VERDICT_GPU_SHARE", 0.6, _float(0.0, 1.0),
+           "GPU time / wall above which a stage is judged gpu-bound"),
+    Option("verdict_miss_ratio", "INSTRUMENT_VERDICT_MISS_RATIO", 0.1, _float(0.0, 1.0),
+           "cache-miss ratio above which a stage is judged memory-bound"),
+    Option("verdict_mpki", "INSTRUMENT_VERDICT_MPKI", 10.0, _float(0.0, 1e6),
+           "cache misses per 1,000 instructions above which a stage is judged memory-bound"),
+    Option("verdict_low_ipc", "INSTRUMENT_VERDICT_LOW_IPC", 1.0, _float(0.0, 100.0),
+           "IPC below which a memory-bound suspicion is confirmed"),
+)
+BY_NAME: Dict[str, Option] = {o.name: o for o in OPTIONS}
+ENV_ONLY = {
+    "INSTRUMENT_DISABLE": "1 turns every stage into a no-op (same as configure(enabled=False))",
+    "INSTRUMENT_PURE_PYTHON": "1 uses the pure-Python backend even when the C extension is built (read at import)",
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class Config:
+    values: Mapping[str, Any]
+
+    def __getattr__(self, name: str) -> Any:
+        try:
+            return self.values[name]
+        except KeyError:
+            raise AttributeError(name) from None
+
+    def replace(self, **changes: Any) -> "Config":
+        unknown = sorted(set(changes) - set(BY_NAME))
+        if unknown:
+            raise TypeError(f"unknown option {', '.join(unknown)}; the options are: {', '.join(BY_NAME)}")
+        v = dict(self.values)
+        for k, x in changes.items():
+            v[k] = BY_NAME[k].parse(k, x)
+        return Config(v)
+
+    def to_dict(self) -> Dict[str, Any]:
+        return {k: (list(v) if isinstance(v, tuple) else v) for k, v in self.values.items()}
+
+
+def defaults() -> Config:
+    return Config({o.name: o.parse(o.name, o.default) if o.name == "counters" else o.default for o in OPTIONS})
+
+
+def from_env(environ: Optional[Mapping[str, str]] = None, strict: bool = False) -> Config:
+    """The configuration the environment asks for.  strict=True raises on a bad
+    value (the CLI's way); otherwise the value is reported and the default kept."""
+    env = os.environ if environ is None else environ
+    values = dict(defaults().values)
+    problems = []
+    for o in OPTIONS:
+        if o.env and o.env in env:
+            try:
+                values[o.name] = o.parse(o.env, env[o.env])
+            except ValueError as e:
+                problems.append(str(e))
+    if "INSTRUMENT_DISABLE" in env:
+        try:
+            values["enabled"] = not _bool("INSTRUMENT_DISABLE", env["INSTRUMENT_DISABLE"])
+        except ValueError as e:
+            problems.append(str(e))
+    if "INSTRUMENT_PURE_PYTHON" in env:
+        try:
+            _bool("INSTRUMENT_PURE_PYTHON", env["INSTRUMENT_PURE_PYTHON"])
+        except ValueError as e:
+            problems.append(str(e))
+    if problems:
+        if strict:
+            raise ValueError("; ".join(problems))
+        for p in problems:
+            warnings.warn(f"instrument: {p}; using the default", RuntimeWarning, stacklevel=3)
+    return Config(values)
+
+
+def describe() -> str:
+    """Markdown table of every option, for the docs."""
+    rows = ["| option | variable | default | meaning |", "| --- | --- | --- | --- |"]
+    for o in OPTIONS:
+        rows.append(f"| `{o.name}` | {'`' + o.env + '`' if o.env else '—'} | `{o.default!r}` | {o.doc} |")
+    for k, d in ENV_ONLY.items():
+        rows.append(f"| — | `{k}` | unset | {d} |")
+    return "\n".join(rows)

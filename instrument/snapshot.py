@@ -1,0 +1,440 @@
+"""The Snapshot: the one data model.
+
+An immutable tree of per-stage statistics plus `meta`.  Reports, diff, merge,
+every exporter and the CLI read Snapshots; none of them touches the live
+collector, so a saved file can do everything a live snapshot can.
+
+JSON: {"format": "instrument-snapshot", "version": 1, "meta": {...},
+       "stages": [...], "events": [...]}; the schema is in docs/schema.md.
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+import tempfile
+from dataclasses import dataclass, field, replace
+from typing import Any, Dict, Iterable, Iterator, List, Mapping, Optional, Sequence, Tuple
+
+from . import _hist
+
+FORMAT = "instrument-snapshot"
+VERSION = 1
+MAX_FILE_BYTES = 1 << 30          # refuse to read snapshot files over 1 GiB
+QUANTILES = (("p50", 0.5), ("p90", 0.9), ("p99", 0.99), ("p999", 0.999))
+
+
+class SnapshotError(ValueError):
+    """A snapshot file or dict that cannot be read, with the reason."""
+
+
+def _num(x: Any) -> Any:
+    return None if x is None else (int(x) if isinstance(x, float) and x.is_integer() and abs(x) < 2 ** 53 else x)
+
+
+@dataclass(frozen=True)
+class StageStats:
+    """Statistics of one node of the stage tree (a path of stage names)."""
+    path: Tuple[str, ...]
+    calls: int
+    errors: int
+    wall_total: int
+    wall_self: int
+    wall_min: Optional[int]
+    wall_max: Optional[int]
+    cpu_total: Optional[int]
+    cpu_self: Optional[int]
+    cpu_calls: int
+    hist: Mapping[int, int]
+    counters: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
+    gpu: Optional[Mapping[str, Any]] = None
+    ops: Optional[Mapping[str, Any]] = None
+    other: bool = False
+    verdict: Optional[Mapping[str, Any]] = None
+
+    @property
+    def name(self) -> str:
+        return self.path[-1]
+
+    @property
+    def depth(self) -> int:
+        return len(self.path) - 1
+
+    @property
+    def wall_mean(self) -> Optional[float]:
+        return self.wall_total / self.calls if self.calls else None
+
+    def quantile(self, q: float) -> Optional[float]:
+        return _hist.quantiles(self.hist, [q], self.wall_min, self.wall_max)[0]
+
+    @property
+    def percentiles(self) -> Dict[str, Optional[float]]:
+        vals = _hist.quantiles(self.hist, [q for _, q in QUANTILES], self.wall_min, self.wall_max)
+        return {k: v for (k, _), v in zip(QUANTILES, vals)}
+
+    @property
+    def wall_ns(self) -> Dict[str, Any]:
+        d = {"total": self.wall_total, "self": self.wall_self, "min": self.wall_min, "max": self.wall_max,
+             "mean": self.wall_mean}
+        d.update(self.percentiles)
+        return d
+
+    @property
+    def cpu_ns(self) -> Dict[str, Any]:
+        return {"total": self.cpu_total, "self": self.cpu_self, "calls": self.cpu_calls}
+
+    @property
+    def cpu_ratio(self) -> Optional[float]:
+        """CPU time / wall time over the calls whose CPU time was measured."""
+        if self.cpu_total is None or not self.wall_total or not self.cpu_calls:
+            return None
+        wall = self.wall_total * (self.cpu_calls / self.calls) if self.calls else 0
+        return self.cpu_total / wall if wall else None
+
+    def counter(self, name: str, kind: str = "total") -> Optional[float]:
+        c = self.counters.get(name)
+        return None if c is None else c.get(kind)
+
+    def to_dict(self) -> Dict[str, Any]:
+        d: Dict[str, Any] = {
+            "path": list(self.path), "calls": self.calls, "errors": self.errors,
+            "wall_ns": {k: _num(v) for k, v in self.wall_ns.items()},
+            "cpu_ns": self.cpu_ns,
+            "counters": {k: dict(v) for k, v in self.counters.items()},
+            "hist": {"scheme": _hist.SCHEME, "buckets": [[i, c] for i, c in sorted(self.hist.items())]},
+        }
+        if self.other:
+            d["other"] = True
+        if self.gpu is not None:
+            d["gpu"] = dict(self.gpu)
+        if self.ops is not None:
+            d["ops"] = self.ops
+        if self.verdict is not None:
+            d["verdict"] = dict(self.verdict)
+        return d
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> "StageStats":
+        try:
+            path = tuple(d["path"])
+            if not path or not all(isinstance(p, str) for p in path):
+                raise SnapshotError(f"stage path must be a non-empty list of strings, got {d['path']!r}")
+            w, c = d["wall_ns"], d.get("cpu_ns") or {}
+            h = d.get("hist") or {"scheme": _hist.SCHEME, "buckets": []}
+            if h.get("scheme") != _hist.SCHEME:
+                raise SnapshotError(f"stage {'/'.join(path)}: histogram scheme {h.get('scheme')!r} is not "
+                                    f"{_hist.SCHEME!r}")
+            calls = int(d["calls"])
+            if calls < 0:
+                raise SnapshotError(f"stage {'/'.join(path)}: calls must be >= 0, got {calls}")
+            return cls(path=path, calls=calls, errors=int(d.get("errors", 0)),
+                       wall_total=int(w["total"]), wall_self=int(w.get("self", w["total"])),
+                       wall_min=None if w.get("min") is None else int(w["min"]),
+                       wall_max=None if w.get("max") is None else int(w["max"]),
+                       cpu_total=None if c.get("total") is None else int(c["total"]),
+                       cpu_self=None if c.get("self") is None else int(c["self"]),
+                       cpu_calls=int(c.get("calls", calls if c.get("total") is not None else 0)),
+                       hist=_hist.from_pairs(h.get("buckets", [])),
+                       counters={k: dict(v) for k, v in (d.get("counters") or {}).items()},
+                       gpu=d.get("gpu"), ops=d.get("ops"), other=bool(d.get("other", False)),
+                       verdict=d.get("verdict"))
+        except SnapshotError:
+            raise
+        except (KeyError, TypeError, ValueError, AttributeError) as e:
+            raise SnapshotError(f"malformed stage entry {str(dict(d))[:200] if isinstance(d, Mapping) else d!r}: "
+                                f"{type(e).__name__}: {e}") from None
+
+
+def _add(a: Optional[float], b: Optional[float]) -> Optional[float]:
+    if a is None:
+        return b
+    if b is None:
+        return a
+    return a + b
+
+
+def merge_counters(a: Mapping[str, Mapping[str, Any]], b: Mapping[str, Mapping[str, Any]]) -> Dict[str, Dict[str, Any]]:
+    out: Dict[str, Dict[str, Any]] = {k: dict(v) for k, v in a.items()}
+    for k, v in b.items():
+        if k not in out:
+            out[k] = dict(v)
+            continue
+        d = out[k]
+        for f in ("total", "self", "enabled_ns", "running_ns", "counted_calls"):
+            if f in d or f in v:
+                d[f] = _add(d.get(f), v.get(f))
+        d["scaled"] = bool(d.get("scaled")) or bool(v.get("scaled"))
+        if d.get("enabled_ns"):
+            d["running_fraction"] = (d.get("running_ns") or 0) / d["enabled_ns"]
+    return out
+
+
+def merge_stage(a: StageStats, b: StageStats) -> StageStats:
+    def mn(x, y):
+        return y if x is None else x if y is None else min(x, y)
+
+    def mx(x, y):
+        return y if x is None else x if y is None else max(x, y)
+
+    gpu = a.gpu
+    if b.gpu is not None:
+        from . import gpu as _gpu
+        gpu = _gpu.merge_stats(a.gpu, b.gpu)
+    ops = a.ops
+    if b.ops is not None:
+        from . import torch_profiler
+        ops = torch_profiler.merge_ops(a.ops, b.ops)
+    return replace(a, calls=a.calls + b.calls, errors=a.errors + b.errors, wall_total=a.wall_total + b.wall_total,
+                   wall_self=a.wall_self + b.wall_self, wall_min=mn(a.wall_min, b.wall_min),
+                   wall_max=mx(a.wall_max, b.wall_max), cpu_total=_add(a.cpu_total, b.cpu_total),
+                   cpu_self=_add(a.cpu_self, b.cpu_self), cpu_calls=a.cpu_calls + b.cpu_calls,
+                   hist=_hist.merge(a.hist, b.hist), counters=merge_counters(a.counters, b.counters),
+                   gpu=gpu, ops=ops, other=a.other or b.other, verdict=None)
+
+
+def _tree_order(stages: Iterable[StageStats]) -> List[StageStats]:
+    """Depth-first, children in first-seen order, with every ancestor present
+    (an ancestor still open when the snapshot was taken gets an empty entry)."""
+    by_path: Dict[Tuple[str, ...], StageStats] = {}
+    order: List[Tuple[str, ...]] = []
+    for s in stages:
+        for k in range(1, len(s.path)):
+            anc = s.path[:k]
+            if anc not in by_path:
+                by_path[anc] = StageStats(anc, 0, 0, 0, 0, None, None, None, None, 0, {})
+                order.append(anc)
+        if s.path in by_path and by_path[s.path].calls:
+            by_path[s.path] = merge_stage(by_path[s.path], s)
+        else:
+            if s.path not in by_path:
+                order.append(s.path)
+            by_path[s.path] = s
+    children: Dict[Tuple[str, ...], List[Tuple[str, ...]]] = {}
+    for p in order:
+        children.setdefault(p[:-1], []).append(p)
+    out: List[StageStats] = []
+
+    def walk(p: Tuple[str, ...]) -> None:
+        for c in children.get(p, ()):
+            out.append(by_path[c])
+            walk(c)
+    walk(())
+    return out
+
+
+class Snapshot:
+    """Immutable per-stage breakdown plus meta.  Build one with
+    `instrument.snapshot()`, `Snapshot.load(path)` or `Snapshot.from_dict(d)`."""
+
+    __slots__ = ("_stages", "_meta", "_events", "_index")
+
+    def __init__(self, stages: Iterable[StageStats], meta: Optional[Mapping[str, Any]] = None,
+                 events: Optional[Sequence[Mapping[str, Any]]] = None) -> None:
+        self._stages: Tuple[StageStats, ...] = tuple(_tree_order(stages))
+        self._meta: Dict[str, Any] = dict(meta or {})
+        self._events: Tuple[Mapping[str, Any], ...] = tuple(events or ())
+        self._index: Dict[Tuple[str, ...], StageStats] = {s.path: s for s in self._stages}
+
+    # ------------------------------------------------------------- reading
+    @property
+    def stages(self) -> Tuple[StageStats, ...]:
+        return self._stages
+
+    @property
+    def meta(self) -> Dict[str, Any]:
+        return json.loads(json.dumps(self._meta))   # a copy: the snapshot stays immutable
+
+    @property
+    def events(self) -> Tuple[Mapping[str, Any], ...]:
+        return self._events
+
+    def __iter__(self) -> Iterator[StageStats]:
+        return iter(self._stages)
+
+    def __len__(self) -> int:
+        return len(self._stages)
+
+    def __getitem__(self, path) -> StageStats:
+        key = tuple(path.split("/")) if isinstance(path, str) else tuple(path)
+        try:
+            return self._index[key]
+        except KeyError:
+            raise KeyError(f"no stage {'/'.join(key)!r}; the stages are: "
+                           f"{', '.join('/'.join(p) for p in list(self._index)[:20])}") from None
+
+    def get(self, path, default=None) -> Optional[StageStats]:
+        try:
+            return self[path]
+        except KeyError:
+            return default
+
+    def children(self, path=()) -> List[StageStats]:
+        key = tuple(path.split("/")) if isinstance(path, str) else tuple(path)
+        return [s for s in self._stages if s.path[:-1] == key]
+
+    @property
+    def roots(self) -> List[StageStats]:
+        return self.children(())
+
+    @property
+    def total_ns(self) -> int:
+        """Wall time of the top-level stages, summed."""
+        return sum(s.wall_total for s in self.roots)
+
+    def share_of_parent(self, s: StageStats) -> Optional[float]:
+        parent = self._index.get(s.path[:-1]) if len(s.path) > 1 else None
+        base = parent.wall_total if parent is not None else self.total_ns
+        return s.wall_total / base if base else None
+
+    def share_of_root(self, s: StageStats) -> Optional[float]:
+        root = self._index.get(s.path[:1])
+        return s.wall_total / root.wall_total if root is not None and root.wall_total else None
+
+    def fold(self) -> "Snapshot":
+        """One entry per stage name wherever it nested (recursion counted once per outermost call)."""
+        acc: Dict[str, StageStats] = {}
+        for s in self._stages:
+            if not s.calls or s.name in s.path[:-1]:
+                continue
+            flat = replace(s, path=(s.name,))
+            acc[s.name] = merge_stage(acc[s.name], flat) if s.name in acc else flat
+        return Snapshot(acc.values(), dict(self._meta, folded=True))
+
+    # --------------------------------------------------------- combination
+    def merge(self, *others: "Snapshot") -> "Snapshot":
+        """Exact for counts and sums; percentiles from the merged histograms."""
+        stages: Dict[Tuple[str, ...], StageStats] = {s.path: s for s in self._stages}
+        meta = dict(self._meta)
+        sources = list(meta.get("merged_from") or [_source(meta)])
+        events = list(self._events)
+        for o in others:
+            if not isinstance(o, Snapshot):
+                raise TypeError(f"Snapshot.merge takes Snapshots, not {type(o).__name__}")
+            for s in o._stages:
+                stages[s.path] = merge_stage(stages[s.path], s) if s.path in stages else s
+            sources.extend(o._meta.get("merged_from") or [_source(o._meta)])
+            events.extend(o._events)
+            for k in ("start_time", "end_time"):
+                a, b = meta.get(k), o._meta.get(k)
+                if a is not None and b is not None:
+                    meta[k] = min(a, b) if k == "start_time" else max(a, b)
+            for k, v in (o._meta.get("exits") or {}).items():
+                meta.setdefault("exits", {})
+                meta["exits"][k] = meta["exits"].get(k, 0) + v
+        meta["merged_from"] = sources
+        return Snapshot(stages.values(), meta, events)
+
+    def diff(self, after: "Snapshot"):
+        from .diff import diff
+        return diff(self, after)
+
+    # --------------------------------------------------------------- output
+    def report(self, **kwargs: Any) -> str:
+        from .exporters import table
+        return table.render(self, **kwargs)
+
+    def to_dict(self) -> Dict[str, Any]:
+        out = {"format": FORMAT, "version": VERSION, "meta": self.meta, "stages": [s.to_dict() for s in self._stages]}
+        if self._events:
+            out["events"] = [dict(e) for e in self._events]
+        return out
+
+    def to_json(self, indent: Optional[int] = None) -> str:
+        return json.dumps(self.to_dict(), indent=indent, allow_nan=False)
+
+    def save(self, path: "os.PathLike[str] | str") -> str:
+        """Atomically: written to a temporary file beside `path`, fsynced, renamed.
+        On failure the previous file at `path` is left as it was."""
+        path = os.fspath(path)
+        data = self.to_json().encode()
+        d = os.path.dirname(os.path.abspath(path))
+        fd, tmp = tempfile.mkstemp(prefix=".instrument-", suffix=".tmp", dir=d)
+        try:
+            with os.fdopen(fd, "wb") as f:
+                f.write(data)
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, path)
+        except BaseException:
+            try:
+                os.unlink(tmp)
+            except OSError:
+                pass
+            raise
+        return path
+
+    @classmethod
+    def from_dict(cls, d: Any) -> "Snapshot":
+        if not isinstance(d, Mapping):
+            raise SnapshotError(f"a snapshot is a JSON object, got {type(d).__name__}")
+        if d.get("format") != FORMAT:
+            raise SnapshotError(f"not an instrument snapshot: format is {d.get('format')!r}, expected {FORMAT!r}")
+        v = d.get("version")
+        if not isinstance(v, int) or isinstance(v, bool):
+            raise SnapshotError(f"snapshot version must be an integer, got {v!r}")
+        if v > VERSION:
+            raise SnapshotError(f"snapshot version {v} is newer than this instrument reads (version {VERSION}); "
+                                "upgrade instrument")
+        if v < 1:
+            raise SnapshotError(f"snapshot version {v} is not valid (versions start at 1)")
+        stages = d.get("stages")
+        if not isinstance(stages, list):
+            raise SnapshotError("snapshot has no 'stages' list")
+        meta = d.get("meta") or {}
+        if not isinstance(meta, Mapping):
+            raise SnapshotError("snapshot 'meta' must be an object")
+        events = d.get("events") or []
+        if not isinstance(events, list):
+            raise SnapshotError("snapshot 'events' must be a list")
+        return cls([StageStats.from_dict(s) for s in stages], meta, events)
+
+    @classmethod
+    def load(cls, path: "os.PathLike[str] | str") -> "Snapshot":
+        path = os.fspath(path)
+        try:
+            size = os.path.getsize(path)
+        except OSError as e:
+            raise SnapshotError(f"{path}: cannot read: {e.strerror or e}") from None
+        if size > MAX_FILE_BYTES:
+            raise SnapshotError(f"{path}: {size} bytes is over the {MAX_FILE_BYTES} byte limit for snapshot files")
+        if size == 0:
+            raise SnapshotError(f"{path}: file is empty")
+        try:
+            with open(path, "rb") as f:
+                raw = f.read(MAX_FILE_BYTES + 1)
+            d = json.loads(raw.decode("utf-8"))
+        except UnicodeDecodeError:
+            raise SnapshotError(f"{path}: not a snapshot: the file is not UTF-8 text (binary?)") from None
+        except json.JSONDecodeError as e:
+            raise SnapshotError(f"{path}: not valid JSON (truncated?): {e.msg} at line {e.lineno} column {e.colno}") from None
+        except OSError as e:
+            raise SnapshotError(f"{path}: cannot read: {e.strerror or e}") from None
+        except RecursionError:
+            raise SnapshotError(f"{path}: JSON nested too deeply") from None
+        try:
+            return cls.from_dict(d)
+        except SnapshotError as e:
+            raise SnapshotError(f"{path}: {e}") from None
+
+    def __repr__(self) -> str:
+        return f"<Snapshot {len(self._stages)} stages, {self.total_ns / 1e6:.3f} ms total>"
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Snapshot) and self.to_dict() == other.to_dict()
+
+    __hash__ = None  # type: ignore[assignment]
+
+
+def _source(meta: Mapping[str, Any]) -> Dict[str, Any]:
+    return {k: meta.get(k) for k in ("pid", "host", "start_time", "end_time")}
+
+
+def load(path) -> Snapshot:
+    return Snapshot.load(path)
+
+
+def load_many(paths: Sequence[str]) -> Snapshot:
+    snaps = [Snapshot.load(p) for p in paths]
+    if not snaps:
+        raise SnapshotError("no snapshot files given")
+    return snaps[0].merge(*snaps[1:]) if len(snaps) > 1 else snaps[0]

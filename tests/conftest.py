@@ -1,0 +1,47 @@
+import os
+import sys
+
+import pytest
+
+import instrument
+from instrument import _collector, _pure
+
+try:
+    from instrument import _native
+except ImportError:  # reported by test_native_extension_is_built
+    _native = None
+
+BACKENDS = {"native": _native, "pure": _pure}
+
+
+@pytest.fixture(params=["native", "pure"])
+def backend(request):
+    """Runs the test once against the C extension and once against the pure-Python twin."""
+    mod = BACKENDS[request.param]
+    if mod is None:
+        pytest.skip("C extension not built")
+    old = _collector.backend
+    _collector.backend = mod
+    _collector._apply(_collector.current_config())
+    instrument.reset()
+    yield mod
+    instrument.reset()
+    _collector.backend = old
+    _collector._apply(_collector.current_config())
+
+
+@pytest.fixture(autouse=True)
+def _fresh():
+    cfg = _collector.current_config()
+    instrument.reset()
+    yield
+    instrument.configure(**{k: v for k, v in cfg.values.items()})
+    instrument.reset()
+
+
+def run_python(code, env=None, timeout=120, cwd=None):
+    """Run `code` in a fresh interpreter (for exit-time and environment behaviour)."""
+    import subprocess
+    e = dict(os.environ)
+    e.update(env or {})
+    return subprocess.run([sys.executable, "-c", code], env=e, capture_output=True, text=True, timeout=timeout, cwd=cwd)

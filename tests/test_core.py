@@ -1,0 +1,545 @@
+import asyncio
+import json
+import os
+import random
+import threading
+import time
+import warnings
+
+import numpy as np
+import pytest
+
+import instrument
+from instrument import _collector, _hist
+from instrument.snapshot import Snapshot, SnapshotError, StageStats
+from conftest import run_python
+
+
+def test_native_extension_is_built():
+    from instrument import _native  # noqa: F401  (the build must produce it)
+    assert _collector.backend_name == ("pure" if os.environ.get("INSTRUMENT_PURE_PYTHON") == "1" else "native")
+
+
+def paths(snap):
+    return {s.path: s for s in snap}
+
+
+def test_nested_tree_and_self_time(backend):
+    A, B = instrument.stage("a"), instrument.stage("b")
+    for _ in range(10):
+        with A:
+            with B:
+                time.sleep(0.002)
+            with instrument.stage("c"):
+                pass
+    with B:
+        pass
+    snap = instrument.snapshot()
+    p = paths(snap)
+    assert set(p) == {("a",), ("a", "b"), ("a", "c"), ("b",)}
+    assert p[("a",)].calls == 10 and p[("a", "b")].calls == 10 and p[("b",)].calls == 1
+    a, ab, ac = p[("a",)], p[("a", "b")], p[("a", "c")]
+    assert a.wall_self == a.wall_total - ab.wall_total - ac.wall_total
+    assert ab.wall_min >= 2_000_000 and ab.wall_total >= 20_000_000
+    assert a.wall_total >= ab.wall_total + ac.wall_total
+    assert [s.path for s in snap.stages] == [("a",), ("a", "b"), ("a", "c"), ("b",)]
+
+
+def test_recursion_builds_one_node_per_depth(backend):
+    @instrument.region("fib")
+    def fib(n):
+        return n if n < 2 else fib(n - 1) + fib(n - 2)
+
+    assert fib(10) == 55
+    p = paths(instrument.snapshot())
+    # calls at depth d of the fib(10) recursion tree, counted independently
+    def count(n, d, acc):
+        acc[d] = acc.get(d, 0) + 1
+        if n >= 2:
+            count(n - 1, d + 1, acc)
+            count(n - 2, d + 1, acc)
+        return acc
+    expect = count(10, 0, {})
+    for d, c in expect.items():
+        assert p[("fib",) * (d + 1)].calls == c
+
+
+def test_sixteen_threads_exact_counts(backend):
+    N, T = 2000, 16
+    barrier = threading.Barrier(T)
+
+    def work(k):
+        barrier.wait()
+        with instrument.stage("worker"):
+            for _ in range(N):
+                with instrument.stage("item"):
+                    with instrument.stage(f"kind{k % 4}"):
+                        pass
+
+    ts = [threading.Thread(target=work, args=(k,)) for k in range(T)]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join()
+    p = paths(instrument.snapshot())
+    assert p[("worker",)].calls == T
+    assert p[("worker", "item")].calls == T * N
+    for k in range(4):
+        assert p[("worker", "item", f"kind{k}")].calls == (T // 4) * N
+
+
+def test_thread_started_inside_stage_does_not_inherit(backend):
+    def child():
+        with instrument.stage("in_thread"):
+            pass
+    with instrument.stage("outer"):
+        t = threading.Thread(target=child)
+        t.start()
+        t.join()
+    p = paths(instrument.snapshot())
+    assert ("in_thread",) in p and ("outer", "in_thread") not in p
+
+
+def test_context_passed_to_thread_nests(backend):
+    import contextvars
+    with instrument.stage("outer"):
+        ctx = contextvars.copy_context()
+        t = threading.Thread(target=ctx.run, args=(lambda: instrument.stage("in_thread").__enter__().__exit__(None, None, None),))
+        t.start()
+        t.join()
+    assert ("outer", "in_thread") in paths(instrument.snapshot())
+
+
+def test_asyncio_500_interleaving_tasks(backend):
+    seen = []
+
+    async def task(i):
+        with instrument.stage("task"):
+            await asyncio.sleep(random.random() * 0.01)
+            with instrument.stage("inner"):
+                await asyncio.sleep(random.random() * 0.01)
+                seen.append(_collector.backend.current_path())
+            await asyncio.sleep(0)
+
+    async def main():
+        with instrument.stage("request"):
+            await asyncio.gather(*(task(i) for i in range(500)))
+
+    random.seed(1)
+    asyncio.run(main())
+    assert seen == [("request", "task", "inner")] * 500
+    snap = instrument.snapshot()
+    p = paths(snap)
+    assert set(p) == {("request",), ("request", "task"), ("request", "task", "inner")}
+    assert p[("request", "task")].calls == 500 and p[("request", "task", "inner")].calls == 500
+    assert p[("request",)].calls == 1
+    assert snap.meta["exits"] == {"unmatched_exits": 0, "out_of_order_exits": 0, "cross_thread_exits": 0}
+
+
+def test_exceptions_propagate_unchanged_and_are_counted(backend):
+    class Boom(Exception):
+        pass
+
+    err = Boom("x")
+    for i in range(5):
+        with pytest.raises(Boom) as ei:
+            with instrument.stage("s"):
+                if i % 2 == 0:
+                    raise err
+                raise Boom(i)
+        if i % 2 == 0:
+            assert ei.value is err
+
+    @instrument.region
+    def bad():
+        raise KeyError("k")
+
+    with pytest.raises(KeyError):
+        bad()
+    p = paths(instrument.snapshot())
+    assert p[("s",)].calls == 5 and p[("s",)].errors == 5
+    assert p[("test_exceptions_propagate_unchanged_and_are_counted.<locals>.bad",)].errors == 1
+
+
+def test_region_forms(backend):
+    class Model:
+        @instrument.region
+        def forward(self, x):
+            """doc"""
+            return x * 2
+
+        @instrument.region("step")
+        def step(self, x):
+            return self.forward(x) + 1
+
+    m = Model()
+    assert m.step(2) == 5 and Model.forward(m, 1) == 2
+    assert Model.forward.__doc__ == "doc" and Model.forward.__name__ == "forward"
+
+    @instrument.region(name="kw")
+    def kw(a, *, b=1):
+        return a + b
+
+    assert kw(1, b=2) == 3
+
+    @instrument.region("agen_ok")
+    async def coro(x):
+        await asyncio.sleep(0)
+        return x
+
+    assert asyncio.run(coro(3)) == 3
+
+    with pytest.raises(TypeError, match="async generator"):
+        @instrument.region
+        async def agen():
+            yield 1
+
+    p = paths(instrument.snapshot())
+    fwd = Model.forward.__qualname__
+    assert fwd.endswith("<locals>.Model.forward")
+    assert p[("step",)].calls == 1 and p[("step", fwd)].calls == 1
+    assert p[(fwd,)].calls == 1 and p[("kw",)].calls == 1 and p[("agen_ok",)].calls == 1
+
+
+def test_region_on_generator_times_each_resumption(backend):
+    @instrument.region("gen")
+    def gen(n):
+        for i in range(n):
+            time.sleep(0.001)
+            yield i
+
+    with instrument.stage("consumer"):
+        out = []
+        for x in gen(4):
+            with instrument.stage("use"):
+                time.sleep(0.003)
+            out.append(x)
+    assert out == [0, 1, 2, 3]
+    p = paths(instrument.snapshot())
+    # four items plus the final StopIteration resumption; the consumer's own stage never nests under gen
+    assert p[("consumer", "gen")].calls == 5
+    assert ("consumer", "use") in p and ("consumer", "gen", "use") not in p
+    assert p[("consumer", "gen")].wall_total < p[("consumer", "use")].wall_total
+
+
+def test_bad_names_rejected_at_call_site(backend):
+    for bad, exc, msg in [(3, TypeError, "must be a str"), (None, TypeError, "must be a str"),
+                          ("", ValueError, "must not be empty"), ("x" * 1025, ValueError, "at most 1024"),
+                          (["a"], TypeError, "must be a str")]:
+        with pytest.raises(exc, match=msg):
+            instrument.stage(bad)
+        if bad is not None:   # region() with no name is @region() and takes the function's name
+            with pytest.raises(exc, match=msg):
+                instrument.region(bad)
+    assert instrument.stage("x" * 1024).name == "x" * 1024
+
+
+def test_out_of_order_exit_warns_once_and_keeps_data(backend):
+    a, b = instrument.stage("a"), instrument.stage("b")
+    with warnings.catch_warnings(record=True) as w:
+        warnings.simplefilter("always")
+        for _ in range(3):
+            a.__enter__()
+            b.__enter__()
+            a.__exit__(None, None, None)   # b still open
+            b.__exit__(None, None, None)
+    p = paths(instrument.snapshot())
+    assert p[("a",)].calls == 3 and p[("a", "b")].calls == 3
+    assert sum("exited while an inner stage" in str(x.message) for x in w) <= 1
+
+
+def test_exit_in_another_task_is_reported_not_crashing(backend):
+    s = instrument.stage("leaky")
+
+    async def opener():
+        s.__enter__()
+
+    async def closer():
+        s.__exit__(None, None, None)
+
+    async def main():
+        await asyncio.create_task(opener())
+        await asyncio.create_task(closer())
+
+    with warnings.catch_warnings(record=True) as w:
+        warnings.simplefilter("always")
+        asyncio.run(main())
+    snap = instrument.snapshot()
+    assert snap.meta["exits"]["unmatched_exits"] == 1
+    assert any("different thread or task" in str(x.message) for x in w)
+    with instrument.stage("after"):
+        pass
+    assert ("after",) in paths(instrument.snapshot())
+
+
+def test_disabled_is_a_noop(backend):
+    instrument.configure(enabled=False)
+    with instrument.stage("x"):
+        pass
+
+    @instrument.region
+    def f():
+        return 1
+    assert f() == 1
+    assert len(instrument.snapshot()) == 0
+    instrument.configure(enabled=True)
+    with instrument.stage("x"):
+        pass
+    assert paths(instrument.snapshot())[("x",)].calls == 1
+
+
+def test_cpu_time_tracks_spinning_not_sleeping(backend):
+    with instrument.stage("spin"):
+        t = time.thread_time()
+        while time.thread_time() - t < 0.05:
+            pass
+    with instrument.stage("sleep"):
+        time.sleep(0.05)
+    p = paths(instrument.snapshot())
+    assert p[("spin",)].cpu_ratio > 0.8
+    assert p[("sleep",)].cpu_ratio < 0.2
+
+
+def test_both_backends_agree():
+    from conftest import BACKENDS
+    if BACKENDS["native"] is None:
+        pytest.skip("C extension not built")
+    results = []
+    for mod in (BACKENDS["native"], BACKENDS["pure"]):
+        old = _collector.backend
+        _collector.backend = mod
+        try:
+            instrument.reset()
+
+            @instrument.region("leaf")
+            def leaf(i):
+                if i % 7 == 0:
+                    raise ValueError(i)
+
+            with instrument.stage("root"):
+                for i in range(100):
+                    with instrument.stage("mid"):
+                        try:
+                            leaf(i)
+                        except ValueError:
+                            pass
+            s = instrument.snapshot()
+            results.append({x.path: (x.calls, x.errors, sum(x.hist.values())) for x in s})
+        finally:
+            _collector.backend = old
+    assert results[0] == results[1]
+    assert results[0][("root", "mid", "leaf")] == (100, 15, 100)
+
+
+# ------------------------------------------------------------------ histogram
+def test_histogram_index_same_in_c_and_python():
+    from conftest import BACKENDS
+    rng = np.random.default_rng(0)
+    vals = list(rng.integers(0, 2 ** 50, 5000)) + list(range(0, 300)) + [2 ** k for k in range(64)] + \
+        [2 ** k - 1 for k in range(1, 64)] + [2 ** 64 - 1]
+    for v in vals:
+        v = int(v)
+        i = _hist.index(v)
+        if BACKENDS["native"] is not None:
+            assert BACKENDS["native"].hist_index(v) == i
+        lo, hi = _hist.bounds(i)
+        if i != _hist.LAST:
+            assert lo <= v < hi
+            assert abs(_hist.midpoint(i) - v) <= v / 128 + 0.5
+
+
+def test_percentiles_within_one_percent_of_numpy():
+    rng = np.random.default_rng(42)
+    vals = rng.lognormal(mean=13.0, sigma=1.2, size=100_000).astype(np.int64)  # ~0.4 ms median
+    h = {}
+    for v in vals:
+        i = _hist.index(int(v))
+        h[i] = h.get(i, 0) + 1
+    qs = [0.01, 0.1, 0.25, 0.5, 0.75, 0.9, 0.99, 0.999]
+    est = _hist.quantiles(h, qs, int(vals.min()), int(vals.max()))
+    exact = np.percentile(vals, [q * 100 for q in qs])
+    for e, x in zip(est, exact):
+        assert abs(e - x) / x < 0.01, (e, x)
+
+
+def test_histogram_memory_is_bounded():
+    from instrument._hist import BLOCKS, SUB
+    # bounded by BLOCKS blocks of SUB uint64 counters, whatever the call count
+    assert BLOCKS * SUB * 8 + BLOCKS * 8 < 22 * 1024
+
+
+def stats_from_values(path, values):
+    h = {}
+    for v in values:
+        i = _hist.index(int(v))
+        h[i] = h.get(i, 0) + 1
+    return StageStats(path, len(values), 0, int(sum(values)), int(sum(values)), int(min(values)), int(max(values)),
+                      None, None, 0, h)
+
+
+def test_merge_equals_snapshot_of_both_workloads():
+    rng = np.random.default_rng(7)
+    a = rng.lognormal(12, 1, 3000).astype(np.int64)
+    b = rng.lognormal(14, 0.5, 5000).astype(np.int64)
+    sa = Snapshot([stats_from_values(("req",), a)], {"pid": 1})
+    sb = Snapshot([stats_from_values(("req",), b), stats_from_values(("only_b",), b[:10])], {"pid": 2})
+    both = Snapshot([stats_from_values(("req",), np.concatenate([a, b])), stats_from_values(("only_b",), b[:10])])
+    m = sa.merge(sb)
+    assert [s.to_dict() for s in m] == [s.to_dict() for s in both]
+    assert m["req"].wall_ns["p99"] == both["req"].wall_ns["p99"]
+    assert abs(m["req"].quantile(0.5) - np.percentile(np.concatenate([a, b]), 50)) / np.percentile(
+        np.concatenate([a, b]), 50) < 0.01
+    assert [x["pid"] for x in m.meta["merged_from"]] == [1, 2]
+
+
+def test_merge_of_live_processes_counts_exactly(tmp_path):
+    code = ("import instrument, sys\nn=int(sys.argv[1]) if len(sys.argv)>1 else 0\n"
+            "for i in range({n}):\n    with instrument.stage('req'):\n        with instrument.stage('tok'): pass\n")
+    for name, n in (("a", 30), ("b", 45)):
+        r = run_python(code.format(n=n), env={"INSTRUMENT_OUTPUT": str(tmp_path / f"{name}.json")})
+        assert r.returncode == 0, r.stderr
+    m = Snapshot.load(tmp_path / "a.json").merge(Snapshot.load(tmp_path / "b.json"))
+    assert m["req"].calls == 75 and m["req/tok"].calls == 75
+    assert m["req"].wall_total == Snapshot.load(tmp_path / "a.json")["req"].wall_total + \
+        Snapshot.load(tmp_path / "b.json")["req"].wall_total
+
+
+# ------------------------------------------------------------- save and load
+def test_save_load_round_trip(tmp_path, backend):
+    with instrument.stage("request"):
+        for _ in range(20):
+            with instrument.stage("tokenize"):
+                pass
+    s = instrument.snapshot()
+    f = s.save(tmp_path / "run.json")
+    d = json.load(open(f))
+    assert d["format"] == "instrument-snapshot" and d["version"] == 1
+    st = d["stages"][1]
+    assert st["path"] == ["request", "tokenize"] and st["calls"] == 20
+    assert set(st["wall_ns"]) >= {"total", "self", "min", "max", "mean", "p50", "p90", "p99"}
+    assert set(st["cpu_ns"]) >= {"total", "self"} and "counters" in st
+    back = Snapshot.load(f)
+    assert back == s and back.to_dict() == s.to_dict()
+    assert back.meta["pid"] == os.getpid() and "python" in back.meta and "counters" in back.meta
+
+
+def test_snapshot_is_immutable(backend):
+    with instrument.stage("x"):
+        pass
+    s = instrument.snapshot()
+    with pytest.raises(Exception):
+        s.stages[0].calls = 3
+    m = s.meta
+    m["pid"] = -1
+    assert s.meta["pid"] == os.getpid()
+
+
+@pytest.mark.parametrize("content,msg", [
+    (b"", "empty"), (b"{\"format\": \"instrument-snapshot\", \"ver", "not valid JSON"),
+    (b"\x00\xff\xfe binary", "not UTF-8"), (b"[1,2]", "JSON object"),
+    (b'{"format": "other", "version": 1, "stages": []}', "not an instrument snapshot"),
+    (b'{"format": "instrument-snapshot", "version": 99, "stages": []}', "newer than this instrument reads"),
+    (b'{"format": "instrument-snapshot", "version": 1, "stages": [{"path": []}]}', "path must be"),
+])
+def test_load_bad_files(tmp_path, content, msg):
+    f = tmp_path / "bad.json"
+    f.write_bytes(content)
+    with pytest.raises(SnapshotError, match=msg):
+        Snapshot.load(f)
+
+
+def test_load_missing_file(tmp_path):
+    with pytest.raises(SnapshotError, match="cannot read"):
+        Snapshot.load(tmp_path / "nope.json")
+
+
+def test_save_failure_keeps_previous_file(tmp_path):
+    # RLIMIT_FSIZE makes the write fail with EFBIG even for root
+    f = tmp_path / "run.json"
+    code = f"""
+import instrument, resource, signal, errno
+signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+with instrument.stage("small"):
+    pass
+instrument.snapshot().save({str(f)!r})
+resource.setrlimit(resource.RLIMIT_FSIZE, (4096, 4096))
+for i in range(300):
+    with instrument.stage("stage_with_a_long_name_%d" % i):
+        pass
+try:
+    instrument.snapshot().save({str(f)!r})
+except OSError as e:
+    print("failed", errno.errorcode[e.errno])
+"""
+    r = run_python(code)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == "failed EFBIG"
+    snap = Snapshot.load(f)
+    assert [s.path for s in snap] == [("small",)]
+    assert [p.name for p in tmp_path.iterdir()] == ["run.json"]   # no temporary file left behind
+
+
+# ----------------------------------------------------------- configuration
+def test_configure_rejects_unknown_and_bad_values():
+    with pytest.raises(TypeError, match="unknown option colour; the options are: enabled"):
+        instrument.configure(colour=1)
+    with pytest.raises(ValueError, match="max_stages must be an integer from 1"):
+        instrument.configure(max_stages=0)
+    with pytest.raises(ValueError, match="enabled must be a boolean"):
+        instrument.configure(enabled="perhaps")
+
+
+def test_env_disable_and_output(tmp_path):
+    out = tmp_path / "o.json"
+    code = "import instrument\nwith instrument.stage('a'):\n    pass\n"
+    r = run_python(code, env={"INSTRUMENT_OUTPUT": str(out)})
+    assert r.returncode == 0, r.stderr
+    assert Snapshot.load(out)["a"].calls == 1
+    r = run_python(code, env={"INSTRUMENT_OUTPUT": str(out), "INSTRUMENT_DISABLE": "1"})
+    assert r.returncode == 0
+    assert len(Snapshot.load(out)) == 0
+
+
+def test_bad_env_value_names_variable_and_keeps_running():
+    r = run_python("import instrument\nwith instrument.stage('a'): pass\nprint(instrument.current_config().max_stages)",
+                   env={"INSTRUMENT_MAX_STAGES": "lots"})
+    assert r.returncode == 0
+    assert "INSTRUMENT_MAX_STAGES must be an integer from 1" in r.stderr and "using the default" in r.stderr
+    assert r.stdout.strip() == "10000"
+    from instrument import config
+    with pytest.raises(ValueError, match="INSTRUMENT_TRACE_EVENTS must be an integer"):
+        config.from_env({"INSTRUMENT_TRACE_EVENTS": "-1"}, strict=True)
+
+
+def test_pure_python_forced_by_env():
+    r = run_python("import instrument._collector as c; print(c.backend_name)", env={"INSTRUMENT_PURE_PYTHON": "1"})
+    assert r.stdout.strip() == "pure"
+
+
+# ------------------------------------------------------------------ report
+def test_report_fits_80_columns_and_shows_tree(backend):
+    with instrument.stage("request"):
+        with instrument.stage("attention_mask"):
+            time.sleep(0.001)
+        with instrument.stage("tokenize_80"):
+            pass
+    text = instrument.snapshot().report(width=80)
+    lines = text.splitlines()
+    assert all(len(l) <= 80 for l in lines)
+    assert lines[0].split()[:4] == ["stage", "calls", "total", "ms"]
+    assert lines[2].startswith("request ") and lines[3].startswith("  attention_mask")
+    by_total = instrument.snapshot().report(width=80, sort="total").splitlines()
+    assert by_total[3].startswith("  attention_mask")
+    csv_text = instrument.snapshot().report(format="csv")
+    assert csv_text.splitlines()[1].startswith("request,1,")
+    with pytest.raises(ValueError, match="sort must be one of"):
+        instrument.snapshot().report(sort="bogus")
+
+
+def test_fold_by_name(backend):
+    for parent in ("request", "batch"):
+        with instrument.stage(parent):
+            with instrument.stage("tokenize"):
+                pass
+    f = instrument.snapshot().fold()
+    assert f["tokenize"].calls == 2 and f["request"].calls == 1
