@@ -1,0 +1,159 @@
+"""Cost of one stage enter+exit, side by side with the anchors, in one process.
+
+    python benchmarks/overhead.py [--rounds 15] [--number 100000] [--memory-calls 10000000] [--json out.json]
+
+Every candidate is timed in interleaved rounds (the order shuffled each round),
+the figure is the median ns per enter+exit, and the ratios are taken against
+anchors measured in the same run, so machine noise affects both sides alike.
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import gc
+import json
+import os
+import platform
+import random
+import statistics
+import sys
+import time
+import timeit
+
+import instrument
+from instrument import _collector
+
+
+def rss_bytes() -> int:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+class PerfCounterTimer:
+    """What people write by hand: a Python context manager around perf_counter_ns."""
+    __slots__ = ("name", "t0", "total", "calls")
+
+    def __init__(self, name):
+        self.name, self.total, self.calls = name, 0, 0
+
+    def __enter__(self):
+        self.t0 = time.perf_counter_ns()
+        return self
+
+    def __exit__(self, *exc):
+        self.total += time.perf_counter_ns() - self.t0
+        self.calls += 1
+        return False
+
+
+def candidates():
+    """name -> (setup callable returning globals, statement, config to apply)."""
+    import nvtx
+    out = {}
+    nc = contextlib.nullcontext()
+    out["nullcontext() inline"] = ({"nullcontext": contextlib.nullcontext}, "with nullcontext(): pass", None)
+    out["nullcontext reused"] = ({"nc": nc}, "with nc: pass", None)
+    out["nvtx.annotate inline"] = ({"nvtx": nvtx}, "with nvtx.annotate('stage'): pass", None)
+    dom = nvtx.get_domain("bench")
+    attr = dom.get_event_attributes(message="stage")
+    out["nvtx push/pop cached"] = ({"dom": dom, "attr": attr}, "dom.push_range(attr); dom.pop_range()", None)
+    t = PerfCounterTimer("stage")
+    out["perf_counter_ns timer class"] = ({"t": t}, "with t: pass", None)
+    try:
+        from torch.profiler import record_function
+        out["torch record_function, profiler off"] = ({"rf": record_function}, "with rf('stage'): pass", None)
+    except ImportError:
+        pass
+    timing = dict(enabled=True, counters="none", cpu_clock=False, nvtx=False, trace_events=0)
+    s = instrument.stage("bench")
+    out["instrument disabled, reused"] = ({"s": s}, "with s: pass", dict(timing, enabled=False))
+    out["instrument timing, reused"] = ({"s": s}, "with s: pass", timing)
+    out["instrument timing, inline stage()"] = ({"stage": instrument.stage}, "with stage('bench'): pass", timing)
+    out["instrument timing + cpu clock"] = ({"s": s}, "with s: pass", dict(timing, cpu_clock=True))
+
+    def plain():
+        pass
+    out["plain call, in a reused stage"] = ({"s": s, "f": plain}, "with s: f()", timing)
+    out["@region call"] = ({"f": instrument.region("bench")(plain)}, "f()", timing)
+    return out
+
+
+def measure(rounds: int, number: int):
+    cands = candidates()
+    base_cfg = _collector.current_config().values
+    timers = {k: (timeit.Timer(stmt, globals=dict(g)), cfg) for k, (g, stmt, cfg) in cands.items()}
+    samples = {k: [] for k in cands}
+    loop = timeit.Timer("pass").timeit(number) / number
+    for _ in range(rounds):
+        order = list(timers)
+        random.shuffle(order)
+        for k in order:
+            tm, cfg = timers[k]
+            instrument.configure(**(cfg or base_cfg))
+            instrument.reset()
+            gc.disable()
+            try:
+                samples[k].append((tm.timeit(number) / number - loop) * 1e9)
+            finally:
+                gc.enable()
+    instrument.configure(**base_cfg)
+    return {k: statistics.median(v) for k, v in samples.items()}
+
+
+def memory(calls: int) -> dict:
+    instrument.configure(counters="none", nvtx=False, cpu_clock=False, trace_events=0)
+    s = instrument.stage("memory")
+    for _ in range(100000):
+        with s:
+            pass
+    gc.collect()
+    before = rss_bytes()
+    for _ in range(calls):
+        with s:
+            pass
+    gc.collect()
+    after = rss_bytes()
+    return {"calls": calls, "rss_before": before, "rss_after": after, "delta_bytes": after - before}
+
+
+RATIOS = [
+    ("instrument timing, reused", "nvtx.annotate inline", 0.5),
+    ("instrument timing, inline stage()", "nvtx.annotate inline", 0.5),
+    ("instrument disabled, reused", "nullcontext reused", 0.5),
+    ("@region call", "plain call, in a reused stage", 1.2),
+]
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--rounds", type=int, default=15)
+    ap.add_argument("--number", type=int, default=100000)
+    ap.add_argument("--memory-calls", type=int, default=10_000_000)
+    ap.add_argument("--json", help="also write the figures to this file")
+    a = ap.parse_args(argv)
+    res = measure(a.rounds, a.number)
+    print(f"backend: {_collector.backend_name}; python {platform.python_version()}; {platform.machine()}, "
+          f"{os.cpu_count()} cores; median of {a.rounds} rounds x {a.number} enter+exit, loop overhead removed")
+    w = max(map(len, res))
+    for k, v in res.items():
+        print(f"  {k:<{w}}  {v:8.1f} ns")
+    print("ratios (target):")
+    ratios = []
+    for num, den, target in RATIOS:
+        if num in res and den in res:
+            r = res[num] / res[den]
+            ratios.append({"candidate": num, "anchor": den, "ratio": r, "target": target, "met": r <= target})
+            print(f"  {num} / {den} = {r:.2f}  (target <= {target}: {'met' if r <= target else 'NOT met'})")
+    mem = memory(a.memory_calls) if a.memory_calls else None
+    if mem:
+        print(f"memory over {mem['calls']:,} stage calls: RSS {mem['rss_before'] / 2**20:.1f} MiB -> "
+              f"{mem['rss_after'] / 2**20:.1f} MiB ({mem['delta_bytes'] / 2**20:+.2f} MiB; target within 1 MiB)")
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump({"ns": res, "ratios": ratios, "memory": mem, "backend": _collector.backend_name,
+                       "date": time.strftime("%Y-%m-%d"), "machine": platform.platform()}, f, indent=2)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
