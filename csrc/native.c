@@ -48,6 +48,7 @@ static PyObject *g_ts_key = NULL;
 static PyObject *g_stage_cache = NULL;   /* name -> Stage */
 static PyObject *g_warn_once = NULL;     /* set of warning keys already shown */
 
+static int64_t g_open_frames = 0;  /* frames open in any stack: the node table can only be rebuilt at 0 */
 static uint64_t g_unmatched = 0, g_out_of_order = 0, g_cross_thread = 0, g_internal = 0, g_folded = 0;
 
 /* ----------------------------------------------------------------- warnings */
@@ -334,6 +335,7 @@ typedef struct {
 } Stack;
 
 static void Stack_dealloc(Stack *st) {
+    g_open_frames -= st->depth;
     for (int32_t i = 0; i < st->depth; i++) {
         Py_XDECREF(st->frames[i].hook);
         Py_DECREF(st->frames[i].stage);
@@ -396,6 +398,7 @@ static void stage_enter(Stage *self) {
     int32_t node = node_child(parent, self->name);
     if (node < 0) { internal_failure("stage enter"); return; }
     Frame *f = &st->frames[st->depth++];
+    g_open_frames++;
     Py_INCREF(self);
     f->stage = self;
     f->ts = ts;
@@ -436,6 +439,7 @@ static void stage_exit(Stage *self, int error) {
         memmove(&st->frames[i], &st->frames[i + 1], (size_t)(st->depth - i - 1) * sizeof(Frame));
     }
     st->depth--;
+    g_open_frames--;
     if (f.ts != ts) {
         g_cross_thread++;
         warn_once("thread", "instrument: stage '%U' was exited on another thread than it was entered on; its CPU "
@@ -896,8 +900,20 @@ static void zero_all(void) {
     g_unmatched = g_out_of_order = g_cross_thread = g_internal = g_folded = 0;
 }
 
+/* Forget the stage tree too, when no frame refers to it. */
+static void drop_nodes(void) {
+    if (g_open_frames != 0) return;
+    for (int32_t id = 1; id < g_n_nodes; id++) Py_DECREF(g_nodes[id].name);
+    g_n_nodes = 1;
+    g_n_named = 0;
+    memset(g_table, 0xff, (g_table_mask + 1) * sizeof(int32_t));
+    size_t i = node_hash(-1, Py_None) & g_table_mask;
+    g_table[i] = 0;
+}
+
 static PyObject *mod_reset(PyObject *m, PyObject *unused) {
     zero_all();
+    drop_nodes();
     Py_RETURN_NONE;
 }
 

@@ -39,6 +39,7 @@ _counts = {"unmatched_exits": 0, "out_of_order_exits": 0, "cross_thread_exits": 
 _nodes: List[tuple] = [(-1, None, 0)]
 _node_ids: Dict[tuple, int] = {}
 _named = 0
+_open = 0      # frames open anywhere: the node table can only be rebuilt at 0
 
 _ring: List[Optional[tuple]] = []
 _ring_next = 0
@@ -179,6 +180,8 @@ def _enter(stage: "Stage") -> None:
             except Exception:
                 _internal_failure("integration enter hook")
         _stack.set(f)
+        global _open
+        _open += 1
         f.cpu0 = _thread_ns() if _cpu_clock else -1
         f.t0 = _perf_ns()
     except Exception:
@@ -198,6 +201,8 @@ def _exit(stage: "Stage", error: bool) -> None:
             _warn_once("unmatched", f"instrument: stage {stage.name!r} exited on a different thread or task than it was "
                        "entered on (or exited twice); that call is not recorded")
         return
+    global _open
+    _open -= 1
     try:
         slots = _slots()
         cpu = _thread_ns() - f.cpu0 if f.cpu0 >= 0 and f.slots is slots else -1
@@ -377,7 +382,13 @@ def _zero() -> None:
 
 
 def reset() -> None:
+    global _named
     _zero()
+    with _lock:
+        if _open == 0:
+            del _nodes[1:]
+            _node_ids.clear()
+            _named = 0
 
 
 def after_fork_child() -> None:
