@@ -70,6 +70,7 @@ def candidates():
     out["instrument timing, reused"] = ({"s": s}, "with s: pass", timing)
     out["instrument timing, inline stage()"] = ({"stage": instrument.stage}, "with stage('bench'): pass", timing)
     out["instrument timing + cpu clock"] = ({"s": s}, "with s: pass", dict(timing, cpu_clock=True))
+    out["instrument timing + NVTX, no tool"] = ({"s": s}, "with s: pass", dict(timing, nvtx=True))
 
     def plain():
         pass
@@ -119,6 +120,7 @@ def memory(calls: int) -> dict:
 RATIOS = [
     ("instrument timing, reused", "nvtx.annotate inline", 0.5),
     ("instrument timing, inline stage()", "nvtx.annotate inline", 0.5),
+    ("instrument timing + NVTX, no tool", "nvtx.annotate inline", 0.5),
     ("instrument disabled, reused", "nullcontext reused", 0.5),
     ("@region call", "plain call, in a reused stage", 1.2),
 ]

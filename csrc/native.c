@@ -18,6 +18,7 @@
 #include <string.h>
 
 #include "hist.h"
+#include "nvtx_emit.h"
 
 #define MAX_NAME_LEN 1024
 #define OTHER_NAME "(other)"
@@ -39,7 +40,9 @@ static inline int64_t thread_cpu_ns(void) {
 /* ------------------------------------------------------------ global state */
 
 static int g_enabled = 1;
-static int g_cpu_clock = 1;        /* read CLOCK_THREAD_CPUTIME_ID at each boundary */
+static int g_cpu_clock = 1;
+static int g_nvtx = 0;             /* emit an NVTX range per stage */
+static PyObject *g_get_running_loop = NULL;   /* asyncio.events._get_running_loop, once asyncio is imported */        /* read CLOCK_THREAD_CPUTIME_ID at each boundary */
 static int32_t g_max_nodes = 10000;
 static uint32_t g_epoch = 1;       /* bumped in a forked child: frames from the parent are not recorded */
 static PyObject *g_hook_enter = NULL, *g_hook_exit = NULL;  /* integrations (torch ranges, GPU events) */
@@ -310,6 +313,9 @@ typedef struct {
     PyObject_HEAD
     PyObject *name;
     PyObject *bound[2];   /* cached __enter__/__exit__ callables, so `with` allocates nothing */
+    void *nvtx_message;   /* registered string in the current NVTX domain */
+    uint32_t nvtx_gen;    /* domain generation the message was registered in */
+    uint32_t color, category;
 } Stage;
 
 static PyTypeObject Stage_Type;
@@ -322,6 +328,8 @@ typedef struct {
     PyObject *hook;      /* what the enter hook returned */
     int32_t node;
     uint32_t epoch;
+    uint8_t nvtx;        /* 0 none, 1 push/pop, 2 start/end */
+    uint64_t nvtx_id;
     int64_t t0, cpu0;
     int64_t child_wall, child_cpu;
 } Frame;
@@ -382,6 +390,40 @@ static Stack *stack_current(int create) {
 
 /* ------------------------------------------------------------ enter / exit */
 
+/* Inside a running asyncio loop a stage may be closed after other tasks have
+ * opened theirs on the same thread: a start/end range survives that, a push/pop
+ * one would corrupt the thread's range stack. */
+static int in_event_loop(void) {
+    if (!g_get_running_loop) {
+        PyObject *ev = PyDict_GetItemString(PyImport_GetModuleDict(), "asyncio.events");   /* borrowed */
+        if (!ev) return 0;
+        g_get_running_loop = PyObject_GetAttrString(ev, "_get_running_loop");
+        if (!g_get_running_loop) { PyErr_Clear(); return 0; }
+    }
+    PyObject *loop = PyObject_CallNoArgs(g_get_running_loop);
+    if (!loop) { PyErr_Clear(); return 0; }
+    int r = loop != Py_None;
+    Py_DECREF(loop);
+    return r;
+}
+
+static void nvtx_open(Stage *self, Frame *f) {
+    uint32_t gen = nvtx_emit_generation();
+    if (self->nvtx_gen != gen || !self->nvtx_message) {
+        const char *utf8 = PyUnicode_AsUTF8(self->name);
+        if (!utf8) { internal_failure("NVTX"); return; }
+        self->nvtx_message = nvtx_emit_register(utf8);
+        self->nvtx_gen = gen;
+    }
+    if (in_event_loop()) {
+        f->nvtx = 2;
+        f->nvtx_id = nvtx_emit_start(self->nvtx_message, self->color, self->category);
+    } else {
+        f->nvtx = 1;
+        nvtx_emit_push(self->nvtx_message, self->color, self->category);
+    }
+}
+
 static void stage_enter(Stage *self) {
     if (!g_enabled) return;
     ThreadState *ts = ts_get();
@@ -410,6 +452,8 @@ static void stage_enter(Stage *self) {
         f->hook = PyObject_CallOneArg(g_hook_enter, self->name);
         if (!f->hook) internal_failure("integration enter hook");
     }
+    f->nvtx = 0;
+    if (g_nvtx) nvtx_open(self, f);
     f->cpu0 = g_cpu_clock ? thread_cpu_ns() : -1;
     f->t0 = now_ns();
 }
@@ -494,6 +538,8 @@ static void stage_exit(Stage *self, int error) {
         }
         Py_DECREF(f.hook);
     }
+    if (f.nvtx == 2) nvtx_emit_end(f.nvtx_id);
+    else if (f.nvtx == 1 && f.ts == ts) nvtx_emit_pop();   /* a pop on another thread would close its range */
     Py_DECREF(f.stage);
 }
 
@@ -516,23 +562,45 @@ static int check_name(PyObject *name) {
     return 0;
 }
 
-static PyObject *stage_new_named(PyObject *name) {
+static PyObject *stage_new(PyObject *name, PyObject *color, uint32_t category) {
     if (check_name(name) < 0) return NULL;
+    uint32_t argb;
+    if (color && color != Py_None) {
+        unsigned long c = PyLong_Check(color) ? PyLong_AsUnsignedLong(color) : (unsigned long)-1;
+        if (c == (unsigned long)-1 || c > 0xFFFFFFFFul) {
+            PyErr_Clear();
+            PyErr_Format(PyExc_ValueError, "color must be an int 0xRRGGBB or 0xAARRGGBB, got %R", color);
+            return NULL;
+        }
+        argb = c <= 0xFFFFFFul ? (uint32_t)c | 0xFF000000u : (uint32_t)c;
+    } else {
+        Py_ssize_t n;
+        const char *utf8 = PyUnicode_AsUTF8AndSize(name, &n);
+        if (!utf8) return NULL;
+        argb = nvtx_emit_color(utf8, (size_t)n);
+    }
     Stage *s = PyObject_GC_New(Stage, &Stage_Type);
     if (!s) return NULL;
     Py_INCREF(name);
     PyUnicode_InternInPlace(&name);
     s->name = name;
     s->bound[0] = s->bound[1] = NULL;
+    s->nvtx_message = NULL;
+    s->nvtx_gen = 0;
+    s->color = argb;
+    s->category = category;
     PyObject_GC_Track(s);
     return (PyObject *)s;
 }
 
+static PyObject *stage_new_named(PyObject *name) { return stage_new(name, NULL, 0); }
+
 static PyObject *Stage_tp_new(PyTypeObject *type, PyObject *args, PyObject *kw) {
-    PyObject *name;
-    static char *kwlist[] = {"name", NULL};
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "O:Stage", kwlist, &name)) return NULL;
-    return stage_new_named(name);
+    PyObject *name, *color = Py_None;
+    unsigned int category = 0;
+    static char *kwlist[] = {"name", "color", "category", NULL};
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "O|O$I:Stage", kwlist, &name, &color, &category)) return NULL;
+    return stage_new(name, color, category);
 }
 
 static int Stage_traverse(Stage *s, visitproc visit, void *arg) {
@@ -558,8 +626,13 @@ static PyObject *Stage_repr(Stage *self) { return PyUnicode_FromFormat("instrume
 
 static PyObject *Stage_get_name(Stage *self, void *c) { Py_INCREF(self->name); return self->name; }
 
+static PyObject *Stage_get_color(Stage *self, void *c) { return PyLong_FromUnsignedLong(self->color); }
+static PyObject *Stage_get_category(Stage *self, void *c) { return PyLong_FromUnsignedLong(self->category); }
+
 static PyGetSetDef Stage_getset[] = {
     {"name", (getter)Stage_get_name, NULL, "the stage's name", NULL},
+    {"color", (getter)Stage_get_color, NULL, "ARGB colour of its NVTX range", NULL},
+    {"category", (getter)Stage_get_category, NULL, "NVTX category id (0: none)", NULL},
     {NULL}
 };
 
@@ -791,11 +864,11 @@ static PyObject *mod_stage(PyObject *m, PyObject *name) {
 }
 
 static PyObject *mod_configure(PyObject *m, PyObject *args, PyObject *kw) {
-    static char *kwlist[] = {"enabled", "cpu_clock", "max_stages", "trace_events", NULL};
-    int enabled = g_enabled, cpu_clock = g_cpu_clock;
+    static char *kwlist[] = {"enabled", "cpu_clock", "max_stages", "trace_events", "nvtx", NULL};
+    int enabled = g_enabled, cpu_clock = g_cpu_clock, nvtx = g_nvtx;
     int max_nodes = g_max_nodes;
     Py_ssize_t trace = (Py_ssize_t)g_ring_cap;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "|$ppin:configure", kwlist, &enabled, &cpu_clock, &max_nodes, &trace)) return NULL;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "|$ppinp:configure", kwlist, &enabled, &cpu_clock, &max_nodes, &trace, &nvtx)) return NULL;
     if (max_nodes < 1) return PyErr_Format(PyExc_ValueError, "max_stages must be at least 1, got %d", max_nodes);
     if (trace < 0) return PyErr_Format(PyExc_ValueError, "trace_events must be 0 or more, got %zd", trace);
     if ((size_t)trace != g_ring_cap) {
@@ -810,6 +883,7 @@ static PyObject *mod_configure(PyObject *m, PyObject *args, PyObject *kw) {
     g_enabled = enabled;
     g_cpu_clock = cpu_clock;
     g_max_nodes = max_nodes;
+    g_nvtx = nvtx && nvtx_emit_available();
     Py_RETURN_NONE;
 }
 
@@ -971,6 +1045,7 @@ PyMODINIT_FUNC PyInit__native(void) {
     g_other_name = PyUnicode_InternFromString(OTHER_NAME);
     g_stage_cache = PyDict_New();
     g_warn_once = PySet_New(NULL);
+    if (nvtx_add_functions(m) < 0) return NULL;
     if (!g_stack_var || !g_ts_key || !g_other_name || !g_stage_cache || !g_warn_once) return NULL;
     /* node 0 is the root */
     if (table_grow() < 0 || node_new(-1, Py_None, 0) != 0) return PyErr_NoMemory();

@@ -56,8 +56,11 @@ def configure(**options: Any) -> _config.Config:
 
 
 def _apply(cfg: _config.Config) -> None:
+    if cfg.nvtx:
+        from . import nvtx
+        nvtx.init(cfg.nvtx_domain)
     backend.configure(enabled=cfg.enabled, cpu_clock=cfg.cpu_clock, max_stages=cfg.max_stages,
-                      trace_events=cfg.trace_events)
+                      trace_events=cfg.trace_events, nvtx=cfg.nvtx)
     for hook in _apply_hooks:
         try:
             hook(cfg)
@@ -68,9 +71,24 @@ def _apply(cfg: _config.Config) -> None:
 _apply_hooks: list = []   # integrations register a callable(cfg) here
 
 
-def stage(name: str):
-    """The stage named `name`: one object per name, reusable, a context manager."""
-    return backend.stage(name)
+_styled: Dict[tuple, Any] = {}
+
+
+def stage(name: str, color: Optional[int] = None, category: Optional[str] = None):
+    """The stage named `name`: one object per name, reusable, a context manager.
+    color (0xRRGGBB) and category (a name) style its NVTX range; by default the
+    colour is derived from the name, the same in every run."""
+    if color is None and category is None:
+        return backend.stage(name)
+    key = (name, color, category)
+    s = _styled.get(key)
+    if s is None:
+        cat = 0
+        if category is not None:
+            from . import nvtx
+            cat = nvtx.category_id(category)
+        s = _styled[key] = backend.Stage(name, color, category=cat)
+    return s
 
 
 def _wrap(func: Callable, st) -> Callable:

@@ -29,6 +29,8 @@ _max_nodes = 10000
 _epoch = 1
 _hook_enter = None
 _hook_exit = None
+_nvtx = None          # instrument.nvtx module while NVTX emission is on
+_loop = None          # asyncio.events._get_running_loop once asyncio is imported
 
 _lock = threading.Lock()          # guards node creation, thread registry, folding; never taken per stage
 _warned: set = set()
@@ -155,7 +157,18 @@ def _slots() -> _ThreadSlots:
 
 # ----------------------------------------------------------------- the stack
 class _Frame:
-    __slots__ = ("stage", "node", "parent", "slots", "epoch", "t0", "cpu0", "child_wall", "child_cpu", "hook")
+    __slots__ = ("stage", "node", "parent", "slots", "epoch", "t0", "cpu0", "child_wall", "child_cpu", "hook",
+                 "nvtx", "nvtx_id")
+
+
+def _in_event_loop() -> bool:
+    global _loop
+    if _loop is None:
+        ev = sys.modules.get("asyncio.events")
+        if ev is None:
+            return False
+        _loop = ev._get_running_loop
+    return _loop() is not None
 
 
 _stack: contextvars.ContextVar = contextvars.ContextVar("instrument_stack", default=None)
@@ -179,6 +192,13 @@ def _enter(stage: "Stage") -> None:
                 f.hook = _hook_enter(stage.name)
             except Exception:
                 _internal_failure("integration enter hook")
+        f.nvtx = 0
+        if _nvtx is not None:
+            if _in_event_loop():
+                f.nvtx, f.nvtx_id = 2, _nvtx.start(stage.name, stage.color, stage.category)
+            else:
+                f.nvtx = 1
+                _nvtx.push(stage.name, stage.color, stage.category)
         _stack.set(f)
         global _open
         _open += 1
@@ -252,17 +272,30 @@ def _exit(stage: "Stage", error: bool) -> None:
                 _hook_exit(f.hook)
             except Exception:
                 _internal_failure("integration exit hook")
+        if f.nvtx == 2:
+            _nvtx.end(f.nvtx_id)
+        elif f.nvtx == 1 and f.slots is slots:
+            _nvtx.pop()
     except Exception:
         _internal_failure("stage exit")
 
 
 class Stage:
     """A named stage: `with stage:` times the block and nests it under the enclosing stage."""
-    __slots__ = ("_name", "__weakref__")
+    __slots__ = ("_name", "color", "category", "__weakref__")
 
-    def __init__(self, name: str) -> None:
+    def __init__(self, name: str, color: Optional[int] = None, *, category: int = 0) -> None:
         _check_name(name)
         self._name = sys.intern(name)
+        if color is None:
+            from .nvtx import color_for
+            color = color_for(name)
+        elif isinstance(color, bool) or not isinstance(color, int) or not 0 <= color <= 0xFFFFFFFF:
+            raise ValueError(f"color must be an int 0xRRGGBB or 0xAARRGGBB, got {color!r}")
+        elif color <= 0xFFFFFF:
+            color |= 0xFF000000
+        self.color = color
+        self.category = int(category)
 
     @property
     def name(self) -> str:
@@ -324,8 +357,11 @@ class Region:
         return f"<instrument.region {self.stage.name!r} of {self.__wrapped__!r}>"
 
 
-def configure(*, enabled=None, cpu_clock=None, max_stages=None, trace_events=None) -> None:
-    global _enabled, _cpu_clock, _max_nodes, _ring, _ring_next, _ring_total
+def configure(*, enabled=None, cpu_clock=None, max_stages=None, trace_events=None, nvtx=None) -> None:
+    global _enabled, _cpu_clock, _max_nodes, _ring, _ring_next, _ring_total, _nvtx
+    if nvtx is not None:
+        from . import nvtx as nvtx_module
+        _nvtx = nvtx_module if nvtx and nvtx_module.backend() != "none" else None
     if max_stages is not None and max_stages < 1:
         raise ValueError(f"max_stages must be at least 1, got {max_stages}")
     if trace_events is not None and trace_events < 0:
