@@ -47,11 +47,14 @@ static inline uint64_t sign_extend(uint64_t v, unsigned width)
 
 static inline uint64_t mul_u64_u32_shr(uint64_t a, uint32_t mul, unsigned shift)
 {
+    if (shift >= 64) /* never from a kernel (shift <= 32); keeps a crafted page defined */
+        return 0;
 #ifdef __SIZEOF_INT128__
-    return (uint64_t)(((unsigned __int128)a * mul) >> shift);
+    __extension__ typedef unsigned __int128 u128;
+    return (uint64_t)(((u128)a * mul) >> shift);
 #else
-    uint64_t lo = (uint32_t)a, hi = a >> 32; /* same result without 128-bit types */
-    return (lo * mul >> shift) + (shift < 32 ? (hi * mul) << (32 - shift) : (hi * mul) >> (shift - 32));
+    uint64_t lo = (uint64_t)(uint32_t)a * mul, mid = (lo >> 32) + (a >> 32) * mul; /* mid = a*mul >> 32, cannot overflow */
+    return shift >= 32 ? mid >> (shift - 32) : (mid << (32 - shift)) | ((uint32_t)lo >> shift);
 #endif
 }
 
