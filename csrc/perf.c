@@ -290,7 +290,7 @@ static int read_group(const perf_group *g, perf_reading *r)
         nr = avail;
     for (uint64_t j = 0; j < nr; j++) {
         uint64_t id = buf[4 + 2 * j];
-        int m = (j < (uint64_t)g->nr && g->id[j] == id) ? (int)j : -1;
+        int m = (j < (uint64_t)g->nr && (g->id[j] == id || !g->id[j])) ? (int)j : -1; /* id 0: no IOC_ID */
         for (int q = 0; m < 0 && q < g->nr; q++) /* order differs only if the kernel changes it */
             if (g->id[q] == id)
                 m = q;
@@ -467,6 +467,7 @@ static PyObject *cg_status(CounterGroupObject *self, void *unused)
 static PyObject *cg_rdpmc(CounterGroupObject *self, void *unused) { return PyBool_FromLong(perf_set_uses_rdpmc(&self->set)); }
 static PyObject *cg_exclude_kernel(CounterGroupObject *self, void *unused) { return PyBool_FromLong(self->set.exclude_kernel); }
 static PyObject *cg_closed(CounterGroupObject *self, void *unused) { return PyBool_FromLong(self->closed); }
+static PyObject *cg_groups(CounterGroupObject *self, void *unused) { return PyLong_FromLong(self->set.ngroups); }
 
 static PyMethodDef cg_methods[] = {
     {"read", (PyCFunction)cg_read, METH_NOARGS, "read() -> list of (value, enabled, running), raw and cumulative"},
@@ -481,6 +482,7 @@ static PyGetSetDef cg_getset[] = {
     {"rdpmc", (getter)cg_rdpmc, NULL, "whether some group is read with rdpmc", NULL},
     {"exclude_kernel", (getter)cg_exclude_kernel, NULL, "whether kernel counting was excluded (after fallback)", NULL},
     {"closed", (getter)cg_closed, NULL, NULL, NULL},
+    {"groups", (getter)cg_groups, NULL, "number of perf_event groups (one read each)", NULL},
     {NULL},
 };
 

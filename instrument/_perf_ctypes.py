@@ -6,6 +6,7 @@ Same grouping, fallback and read format as csrc/perf.c, through ``syscall(SYS_pe
 import ctypes
 import errno as _errno
 import fcntl
+import functools
 import os
 import platform
 import struct
@@ -58,6 +59,7 @@ class perf_event_attr(ctypes.Structure):
 assert ctypes.sizeof(perf_event_attr) == 128
 
 _syscall = None
+_machine = functools.lru_cache(maxsize=None)(lambda: platform.machine().lower())
 
 
 def _libc_syscall():
@@ -73,7 +75,7 @@ def _libc_syscall():
 
 def perf_event_open(type_, config, group_fd=-1, exclude_kernel=True, disabled=False):
     """Opens one counter on the calling thread; returns the fd or -errno."""
-    nr = _SYSCALL_NR.get(platform.machine().lower())
+    nr = _SYSCALL_NR.get(_machine())
     if nr is None:
         return -_errno.ENOSYS
     attr = perf_event_attr(type=type_, size=ctypes.sizeof(perf_event_attr), config=config,
@@ -162,6 +164,10 @@ class CounterGroup:
             self._fds[i] = fd
         return True
 
+    @property
+    def groups(self):
+        return len(self._groups)
+
     def read(self):
         if self.closed:
             raise ValueError("read of a closed CounterGroup")
@@ -171,7 +177,7 @@ class CounterGroup:
             enabled, running = raw[1], raw[2]
             for j in range(raw[0]):
                 value, ident = raw[3 + 2 * j], raw[4 + 2 * j]
-                m = j if g.ids[j] == ident else g.ids.index(ident)
+                m = j if g.ids[j] in (ident, 0) else g.ids.index(ident)  # id 0: no PERF_EVENT_IOC_ID
                 out[g.idx[m]] = (value, enabled, running)
         return out
 

@@ -113,7 +113,7 @@ def test_hardware_events_unavailable_software_still_open(CounterGroup):
     with CounterGroup(descs(HW + SW)) as g:
         hw, sw = g.status[:len(HW)], g.status[len(HW):]
         r = g.read()
-        assert g.rdpmc is False
+        assert g.rdpmc is False and g.groups == 1
     assert all(e in (errno.ENOENT, errno.EOPNOTSUPP) for e in hw), hw
     reason, fix = describe_errno(hw[0], "hardware")
     assert "no hardware PMU" in reason or "PMU does not support" in reason
@@ -121,6 +121,20 @@ def test_hardware_events_unavailable_software_still_open(CounterGroup):
     assert sw == [0, 0, 0, 0]
     assert r[:len(HW)] == [(0, 0, 0)] * len(HW)
     assert r[len(HW)][0] > 0  # task-clock counts
+
+
+def test_fewest_groups(CounterGroup):
+    with CounterGroup(descs(SW)) as g:
+        assert g.groups == 1
+    with CounterGroup(descs(["page-faults"]) * 16) as g:  # duplicates are separate counters
+        assert g.status == [0] * 16 and g.groups == 1
+        m = fresh_pages(100)
+        a = g.read()
+        touch(m, 100)
+        b = g.read()
+        m.close()
+    assert len(set(delta(a, b))) == 1  # one group read: all members seen at the same instant
+    assert abs(delta(a, b)[0] - 100) <= 2
 
 
 def test_unknown_event_reported_per_event(CounterGroup):
@@ -165,6 +179,29 @@ def test_threads_count_only_themselves(CounterGroup):
         t.join()
     for n in pages:
         assert abs(out[n] - n) <= 0.02 * n, out
+
+
+def test_group_counts_its_opening_thread_when_read_elsewhere(CounterGroup):
+    opened, done = threading.Event(), threading.Event()
+    box = {}
+
+    def owner():
+        box["g"] = CounterGroup(descs(["page-faults"]), exclude_kernel=False)
+        opened.set()
+        done.wait()
+        box["g"].close()
+
+    t = threading.Thread(target=owner)
+    t.start()
+    opened.wait()
+    m = fresh_pages(1000)
+    a = box["g"].read()
+    touch(m, 1000)  # this thread's faults, not the owner's
+    b = box["g"].read()
+    done.set()
+    t.join()
+    m.close()
+    assert delta(a, b) == [0]
 
 
 def test_no_fd_leak_over_2000_groups(CounterGroup):
