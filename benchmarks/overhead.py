@@ -72,6 +72,18 @@ def candidates():
     out["instrument timing + cpu clock"] = ({"s": s}, "with s: pass", dict(timing, cpu_clock=True))
     out["instrument timing + NVTX, no tool"] = ({"s": s}, "with s: pass", dict(timing, nvtx=True))
 
+    # perf_event: the default software group, beside the floor of two raw read()s of that same group
+    from instrument import _perf_ctypes, counters
+    sw = ["task-clock", "page-faults", "context-switches", "cpu-migrations"]
+    lead = _perf_ctypes.perf_event_open(*counters.resolve(sw[0])[:2], exclude_kernel=False)
+    if lead >= 0:
+        for n in sw[1:]:
+            _perf_ctypes.perf_event_open(*counters.resolve(n)[:2], group_fd=lead, exclude_kernel=False)
+        size = 8 * (3 + 2 * len(sw))
+        out["floor: two read()s of the software group"] = (
+            {"read": os.read, "fd": lead, "n": size}, "read(fd, n); read(fd, n)", None)
+        out["instrument software-group counters"] = ({"s": s}, "with s: pass", dict(timing, counters=sw))
+
     def plain():
         pass
     out["plain call, in a reused stage"] = ({"s": s, "f": plain}, "with s: f()", timing)
@@ -122,8 +134,52 @@ RATIOS = [
     ("instrument timing, inline stage()", "nvtx.annotate inline", 0.5),
     ("instrument timing + NVTX, no tool", "nvtx.annotate inline", 0.5),
     ("instrument disabled, reused", "nullcontext reused", 0.5),
+    ("instrument software-group counters", "floor: two read()s of the software group", 1.25),
     ("@region call", "plain call, in a reused stage", 1.2),
 ]
+
+
+PERF_STAT_CHILD = """
+import mmap, instrument
+instrument.configure(counters=["task-clock", "page-faults"])
+with instrument.stage("work"):
+    m = mmap.mmap(-1, 20000 * 4096)
+    for i in range(20000):
+        m[i * 4096] = 1
+    x = sum(i * i for i in range(10_000_000))
+s = instrument.snapshot().get("work")
+print(s.counter("task-clock") if s else 0, s.counter("page-faults") if s else 0)
+"""
+
+
+def perf_stat_comparison() -> dict:
+    """The same workload's stage counts beside `perf stat` of the whole process
+    (which also counts interpreter start-up, so its totals are the upper bound)."""
+    import shutil
+    import subprocess
+    if not shutil.which("perf"):
+        return {"skipped": "perf not on PATH"}
+    def stat(code):
+        r = subprocess.run(["perf", "stat", "-x,", "-e", "task-clock,page-faults", sys.executable, "-c", code],
+                           capture_output=True, text=True)
+        got = {}
+        for line in r.stderr.splitlines():
+            parts = line.split(",")
+            if len(parts) > 3 and parts[2] in ("task-clock", "page-faults"):
+                got[parts[2]] = float(parts[0]) * (1e6 if parts[2] == "task-clock" else 1)   # msec -> ns
+        return r.stdout.split(), got
+
+    runs = [stat(PERF_STAT_CHILD) for _ in range(5)]
+    bases = [stat(PERF_STAT_CHILD.replace('with instrument.stage("work"):', 'if False:'))[1] for _ in range(5)]
+    med = statistics.median
+    stage_tc = med(float(o[0]) for o, _ in runs)
+    stage_pf = med(float(o[1]) for o, _ in runs)
+    whole = {k: med(g[k] for _, g in runs) for k in ("task-clock", "page-faults")}
+    empty = {k: med(b[k] for b in bases) for k in ("task-clock", "page-faults")}
+    return {"stage": {"task-clock": stage_tc, "page-faults": stage_pf}, "perf_stat_whole": whole,
+            "perf_stat_without_work": empty,
+            "ratio": {k: stage / (whole[k] - empty[k]) for k, stage in (("task-clock", stage_tc), ("page-faults", stage_pf))
+                      if k in whole and k in empty and whole[k] > empty[k]}}
 
 
 def main(argv=None) -> int:
@@ -150,9 +206,17 @@ def main(argv=None) -> int:
     if mem:
         print(f"memory over {mem['calls']:,} stage calls: RSS {mem['rss_before'] / 2**20:.1f} MiB -> "
               f"{mem['rss_after'] / 2**20:.1f} MiB ({mem['delta_bytes'] / 2**20:+.2f} MiB; target within 1 MiB)")
+    ps = perf_stat_comparison()
+    if "ratio" in ps:
+        for k, v in ps["ratio"].items():
+            print(f"perf stat (median of 5): stage {k} = {ps['stage'][k]:,.0f}; whole process minus the same process "
+                  f"with the work outside any stage = {ps['perf_stat_whole'][k] - ps['perf_stat_without_work'][k]:,.0f}"
+                  f" (ratio {v:.3f})")
+    else:
+        print("perf stat comparison:", ps)
     if a.json:
         with open(a.json, "w") as f:
-            json.dump({"ns": res, "ratios": ratios, "memory": mem, "backend": _collector.backend_name,
+            json.dump({"ns": res, "ratios": ratios, "memory": mem, "perf_stat": ps, "backend": _collector.backend_name,
                        "date": time.strftime("%Y-%m-%d"), "machine": platform.platform()}, f, indent=2)
     return 0
 

@@ -19,6 +19,7 @@
 
 #include "hist.h"
 #include "nvtx_emit.h"
+#include "perf.h"
 
 #define MAX_NAME_LEN 1024
 #define OTHER_NAME "(other)"
@@ -42,7 +43,17 @@ static inline int64_t thread_cpu_ns(void) {
 static int g_enabled = 1;
 static int g_cpu_clock = 1;
 static int g_nvtx = 0;             /* emit an NVTX range per stage */
-static PyObject *g_get_running_loop = NULL;   /* asyncio.events._get_running_loop, once asyncio is imported */        /* read CLOCK_THREAD_CPUTIME_ID at each boundary */
+static PyObject *g_get_running_loop = NULL;
+/* perf_event counters: the events asked for, opened lazily per thread */
+static int g_ctr_n = 0;
+static perf_event_desc g_ctr_desc[PERF_MAX_EVENTS];
+static int g_ctr_exclude_kernel = 0;
+static int g_ctr_taskclock = -1;   /* index of task-clock: CPU time comes from it */
+static uint32_t g_ctr_gen = 1;     /* bumped when the events change: threads reopen */
+static int g_ctr_status[PERF_MAX_EVENTS];  /* errno per event on the first thread that opened them */
+static int g_ctr_status_known = 0;
+static int g_ctr_excl_used = 0;
+static int g_ctr_rdpmc = 0;   /* asyncio.events._get_running_loop, once asyncio is imported */        /* read CLOCK_THREAD_CPUTIME_ID at each boundary */
 static int32_t g_max_nodes = 10000;
 static uint32_t g_epoch = 1;       /* bumped in a forked child: frames from the parent are not recorded */
 static PyObject *g_hook_enter = NULL, *g_hook_exit = NULL;  /* integrations (torch ranges, GPU events) */
@@ -175,7 +186,15 @@ typedef struct {
     int64_t wall_total, wall_self, wall_min, wall_max;
     int64_t cpu_total, cpu_self;
     hist h;
+    struct CounterStat *ctr;   /* g_ctr_n entries, allocated on the first counted call */
 } NodeStats;
+
+typedef struct CounterStat {
+    double total, self;        /* scaled estimates, summed over the calls that counted */
+    uint64_t enabled, running; /* summed time enabled/running of those calls */
+    uint64_t counted;          /* calls whose counter ran */
+    uint64_t scaled;           /* calls whose value was scaled for multiplexing */
+} CounterStat;
 
 typedef struct {
     NodeStats **v;
@@ -213,6 +232,17 @@ static int stats_merge(NodeStats *d, const NodeStats *s) {
     d->cpu_self += s->cpu_self;
     if (s->wall_min < d->wall_min) d->wall_min = s->wall_min;
     if (s->wall_max > d->wall_max) d->wall_max = s->wall_max;
+    if (s->ctr) {
+        if (!d->ctr && !(d->ctr = calloc(PERF_MAX_EVENTS, sizeof(CounterStat)))) return -1;
+        for (int k = 0; k < PERF_MAX_EVENTS; k++) {
+            d->ctr[k].total += s->ctr[k].total;
+            d->ctr[k].self += s->ctr[k].self;
+            d->ctr[k].enabled += s->ctr[k].enabled;
+            d->ctr[k].running += s->ctr[k].running;
+            d->ctr[k].counted += s->ctr[k].counted;
+            d->ctr[k].scaled += s->ctr[k].scaled;
+        }
+    }
     return hist_merge(&d->h, &s->h);
 }
 
@@ -220,6 +250,7 @@ static void stats_array_clear(StatsArray *a) {
     for (int32_t i = 0; i < a->n; i++) {
         if (a->v[i]) {
             hist_clear(&a->v[i]->h);
+            free(a->v[i]->ctr);
             free(a->v[i]);
         }
     }
@@ -256,6 +287,8 @@ static uint64_t g_ring_total = 0;
 typedef struct ThreadState {
     PyObject_HEAD
     StatsArray stats;
+    perf_set perf;
+    uint32_t perf_gen;           /* g_ctr_gen the set was opened for; 0 = not open */
     unsigned long native_id;
     struct ThreadState *prev, *next;
 } ThreadState;
@@ -267,6 +300,7 @@ static void ThreadState_dealloc(ThreadState *ts) {
     /* Runs on the ending thread when its thread dict is cleared: fold its slots. */
     if (stats_array_merge(&g_retired, &ts->stats) < 0) g_internal++;
     stats_array_clear(&ts->stats);
+    if (ts->perf_gen) perf_set_close(&ts->perf);
     if (ts->prev) ts->prev->next = ts->next; else if (g_threads == ts) g_threads = ts->next;
     if (ts->next) ts->next->prev = ts->prev;
     if (tls_ts == ts) tls_ts = NULL;
@@ -288,6 +322,7 @@ static ThreadState *ts_create(void) {
     if (!ts) return NULL;
     ts->stats.v = NULL;
     ts->stats.n = 0;
+    ts->perf_gen = 0;
     ts->native_id = PyThread_get_thread_native_id();
     ts->prev = NULL;
     ts->next = g_threads;
@@ -330,7 +365,10 @@ typedef struct {
     uint32_t epoch;
     uint8_t nvtx;        /* 0 none, 1 push/pop, 2 start/end */
     uint64_t nvtx_id;
+    uint32_t ctr_gen;    /* 0: no counter reading at entry */
     int64_t t0, cpu0;
+    perf_reading c0;
+    double child_c[PERF_MAX_EVENTS];
     int64_t child_wall, child_cpu;
 } Frame;
 
@@ -424,6 +462,21 @@ static void nvtx_open(Stage *self, Frame *f) {
     }
 }
 
+/* The thread's counters, opened on its first stage (or after the events changed). */
+static int counters_ready(ThreadState *ts) {
+    if (__builtin_expect(ts->perf_gen == g_ctr_gen, 1)) return 1;
+    if (ts->perf_gen) perf_set_close(&ts->perf);
+    perf_set_open(&ts->perf, g_ctr_desc, g_ctr_n, g_ctr_exclude_kernel);
+    ts->perf_gen = g_ctr_gen;
+    if (!g_ctr_status_known) {
+        memcpy(g_ctr_status, ts->perf.status, sizeof(int) * (size_t)g_ctr_n);
+        g_ctr_excl_used = ts->perf.exclude_kernel;
+        g_ctr_rdpmc = perf_set_uses_rdpmc(&ts->perf);
+        g_ctr_status_known = 1;
+    }
+    return 1;
+}
+
 static void stage_enter(Stage *self) {
     if (!g_enabled) return;
     ThreadState *ts = ts_get();
@@ -454,7 +507,15 @@ static void stage_enter(Stage *self) {
     }
     f->nvtx = 0;
     if (g_nvtx) nvtx_open(self, f);
-    f->cpu0 = g_cpu_clock ? thread_cpu_ns() : -1;
+    f->ctr_gen = 0;
+    f->cpu0 = -1;
+    if (g_ctr_n && counters_ready(ts)) {
+        perf_set_read(&ts->perf, &f->c0);
+        f->ctr_gen = g_ctr_gen;
+        memset(f->child_c, 0, sizeof(double) * (size_t)g_ctr_n);
+        if (g_ctr_taskclock >= 0 && f->c0.running[g_ctr_taskclock]) f->cpu0 = (int64_t)f->c0.value[g_ctr_taskclock];
+    }
+    if (f->cpu0 < 0 && g_cpu_clock) f->cpu0 = thread_cpu_ns();
     f->t0 = now_ns();
 }
 
@@ -474,8 +535,30 @@ static void stage_exit(Stage *self, int error) {
     }
     int64_t cpu1 = -1;
     ThreadState *ts = tls_ts;
-    Frame f = st->frames[i];
-    if (f.cpu0 >= 0 && f.ts == ts) cpu1 = thread_cpu_ns();
+    Frame *fp = &st->frames[i];
+    perf_reading c1;
+    int have_ctr = fp->ctr_gen && fp->ctr_gen == g_ctr_gen && fp->ts == ts && ts && ts->perf_gen == fp->ctr_gen;
+    if (have_ctr) {
+        perf_set_read(&ts->perf, &c1);
+        if (g_ctr_taskclock >= 0 && fp->c0.running[g_ctr_taskclock] && c1.running[g_ctr_taskclock])
+            cpu1 = (int64_t)c1.value[g_ctr_taskclock];
+    }
+    if (cpu1 < 0 && fp->cpu0 >= 0 && fp->ts == ts) {
+        if (have_ctr && g_ctr_taskclock >= 0 && fp->c0.running[g_ctr_taskclock]) cpu1 = -1;  /* task-clock stopped */
+        else cpu1 = thread_cpu_ns();
+    }
+    double cval[PERF_MAX_EVENTS];
+    uint64_t cen[PERF_MAX_EVENTS], crun[PERF_MAX_EVENTS];
+    if (have_ctr) {
+        for (int k = 0; k < g_ctr_n; k++) {
+            uint64_t dv = c1.value[k] - fp->c0.value[k];
+            cen[k] = c1.enabled[k] - fp->c0.enabled[k];
+            crun[k] = c1.running[k] - fp->c0.running[k];
+            /* multiplexed: scale by enabled/running; never ran: no value (not 0) */
+            cval[k] = crun[k] == 0 ? -1.0 : crun[k] == cen[k] ? (double)dv : (double)dv * ((double)cen[k] / (double)crun[k]);
+        }
+    }
+    Frame f = *fp;
     if (i != st->depth - 1) {
         g_out_of_order++;
         warn_once("order", "instrument: stage '%U' exited while an inner stage was still open; both are kept "
@@ -495,6 +578,8 @@ static void stage_exit(Stage *self, int error) {
         Frame *p = &st->frames[i - 1];
         p->child_wall += wall;
         if (cpu >= 0) p->child_cpu += cpu;
+        if (have_ctr && p->ctr_gen == f.ctr_gen)
+            for (int k = 0; k < g_ctr_n; k++) if (cval[k] >= 0) p->child_c[k] += cval[k];
     }
     if (f.epoch == g_epoch && ts) {
         NodeStats *s = stats_get(&ts->stats, f.node);
@@ -513,6 +598,19 @@ static void stage_exit(Stage *self, int error) {
                 s->cpu_self += self_cpu > 0 ? self_cpu : 0;
             }
             if (hist_add(&s->h, wall > 0 ? (uint64_t)wall : 0) < 0) g_internal++;
+            if (have_ctr && (s->ctr || (s->ctr = calloc(PERF_MAX_EVENTS, sizeof(CounterStat))))) {
+                for (int k = 0; k < g_ctr_n; k++) {
+                    if (cval[k] < 0) continue;
+                    CounterStat *c = &s->ctr[k];
+                    c->total += cval[k];
+                    double self_c = cval[k] - f.child_c[k];
+                    c->self += self_c > 0 ? self_c : 0;
+                    c->enabled += cen[k];
+                    c->running += crun[k];
+                    c->counted++;
+                    c->scaled += crun[k] != cen[k];
+                }
+            }
             if (g_ring_cap) {
                 TraceEvent *e = &g_ring[g_ring_next];
                 e->node = f.node;
@@ -887,6 +985,41 @@ static PyObject *mod_configure(PyObject *m, PyObject *args, PyObject *kw) {
     Py_RETURN_NONE;
 }
 
+/* set_counters([(type, config), ...], exclude_kernel, taskclock_index): the events every thread opens. */
+static PyObject *mod_set_counters(PyObject *m, PyObject *args) {
+    PyObject *events;
+    int excl, tc;
+    if (!PyArg_ParseTuple(args, "Opi:set_counters", &events, &excl, &tc)) return NULL;
+    PyObject *seq = PySequence_Fast(events, "set_counters needs a list of (type, config) pairs");
+    if (!seq) return NULL;
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
+    if (n > PERF_MAX_EVENTS) {
+        Py_DECREF(seq);
+        return PyErr_Format(PyExc_ValueError, "at most %d counters can be read per stage, got %zd", PERF_MAX_EVENTS, n);
+    }
+    perf_event_desc d[PERF_MAX_EVENTS];
+    for (Py_ssize_t k = 0; k < n; k++) {
+        unsigned int type;
+        unsigned long long config;
+        if (!PyArg_ParseTuple(PySequence_Fast_GET_ITEM(seq, k), "IK", &type, &config)) { Py_DECREF(seq); return NULL; }
+        d[k].type = type;
+        d[k].config = config;
+    }
+    Py_DECREF(seq);
+    if (tc >= n) tc = -1;
+    /* counter slots of the old events would be misread under the new ones */
+    for (ThreadState *ts = g_threads; ts; ts = ts->next)
+        for (int32_t i = 0; i < ts->stats.n; i++) if (ts->stats.v[i]) { free(ts->stats.v[i]->ctr); ts->stats.v[i]->ctr = NULL; }
+    for (int32_t i = 0; i < g_retired.n; i++) if (g_retired.v[i]) { free(g_retired.v[i]->ctr); g_retired.v[i]->ctr = NULL; }
+    memcpy(g_ctr_desc, d, sizeof(perf_event_desc) * (size_t)n);
+    g_ctr_n = (int)n;
+    g_ctr_exclude_kernel = excl;
+    g_ctr_taskclock = tc;
+    g_ctr_gen++;
+    g_ctr_status_known = 0;
+    Py_RETURN_NONE;
+}
+
 static PyObject *mod_set_hooks(PyObject *m, PyObject *args) {
     PyObject *enter, *exit_;
     if (!PyArg_ParseTuple(args, "OO:set_hooks", &enter, &exit_)) return NULL;
@@ -936,12 +1069,23 @@ static PyObject *mod_collect(PyObject *m, PyObject *unused) {
         if (!s || !s->calls) continue;
         PyObject *h = hist_to_list(&s->h);
         if (!h) goto done;
+        PyObject *ctr = PyList_New(0);
+        if (!ctr) { Py_DECREF(h); goto done; }
+        for (int k = 0; s->ctr && k < g_ctr_n; k++) {
+            CounterStat *c = &s->ctr[k];
+            PyObject *t = Py_BuildValue("(ddKKKK)", c->total, c->self, (unsigned long long)c->enabled,
+                (unsigned long long)c->running, (unsigned long long)c->counted, (unsigned long long)c->scaled);
+            if (!t || PyList_Append(ctr, t) < 0) { Py_XDECREF(t); Py_DECREF(ctr); Py_DECREF(h); goto done; }
+            Py_DECREF(t);
+        }
         PyObject *t = Py_BuildValue("{s:i,s:K,s:K,s:L,s:L,s:L,s:L,s:K,s:L,s:L,s:N}", "node", id,
             "calls", (unsigned long long)s->calls, "errors", (unsigned long long)s->errors,
             "wall_total", (long long)s->wall_total, "wall_self", (long long)s->wall_self,
             "wall_min", (long long)s->wall_min, "wall_max", (long long)s->wall_max,
             "cpu_calls", (unsigned long long)s->cpu_calls, "cpu_total", (long long)s->cpu_total,
             "cpu_self", (long long)s->cpu_self, "hist", h);
+        if (t && PyDict_SetItemString(t, "counters", ctr) < 0) Py_CLEAR(t);
+        Py_DECREF(ctr);
         if (!t || PyList_Append(stats, t) < 0) { Py_XDECREF(t); goto done; }
         Py_DECREF(t);
     }
@@ -953,11 +1097,24 @@ static PyObject *mod_collect(PyObject *m, PyObject *unused) {
         if (!t || PyList_Append(events, t) < 0) { Py_XDECREF(t); goto done; }
         Py_DECREF(t);
     }
-    res = Py_BuildValue("{s:O,s:O,s:O,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:n,s:L}", "nodes", nodes, "stats", stats, "events", events,
+    PyObject *status = PyList_New(0);
+    if (!status) goto done;
+    for (int k = 0; k < g_ctr_n; k++) {
+        PyObject *v = g_ctr_status_known ? PyLong_FromLong(g_ctr_status[k]) : Py_NewRef(Py_None);
+        if (!v || PyList_Append(status, v) < 0) { Py_XDECREF(v); Py_DECREF(status); goto done; }
+        Py_DECREF(v);
+    }
+    res = Py_BuildValue("{s:N,s:O,s:O,s:O,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:n,s:L}", "counter_errno", status, "nodes", nodes, "stats", stats, "events", events,
         "events_dropped", (unsigned long long)(g_ring_total - n), "unmatched_exits", (unsigned long long)g_unmatched,
         "out_of_order_exits", (unsigned long long)g_out_of_order, "cross_thread_exits", (unsigned long long)g_cross_thread,
         "internal_failures", (unsigned long long)g_internal, "folded_calls", (unsigned long long)g_folded,
         "max_stages", (unsigned long long)g_max_nodes, "threads", (Py_ssize_t)live, "clock_ns", (long long)now_ns());
+    if (res && g_ctr_status_known) {
+        PyObject *x = Py_BuildValue("{s:O,s:O}", "exclude_kernel", g_ctr_excl_used ? Py_True : Py_False,
+                                    "rdpmc", g_ctr_rdpmc ? Py_True : Py_False);
+        if (!x || PyDict_SetItemString(res, "counter_open", x) < 0) Py_CLEAR(res);
+        Py_XDECREF(x);
+    }
 done:
     stats_array_clear(&all);
     Py_XDECREF(nodes);
@@ -994,6 +1151,12 @@ static PyObject *mod_reset(PyObject *m, PyObject *unused) {
 /* In a forked child: drop the parent's data; frames opened before the fork are not recorded. */
 static PyObject *mod_after_fork_child(PyObject *m, PyObject *unused) {
     zero_all();
+    for (ThreadState *ts = g_threads; ts; ts = ts->next) {
+        /* the inherited fds count the parent's threads: close them, reopen lazily */
+        if (ts->perf_gen) perf_set_close(&ts->perf);
+        ts->perf_gen = 0;
+    }
+    g_ctr_status_known = 0;
     g_epoch++;
     Py_RETURN_NONE;
 }
@@ -1022,6 +1185,7 @@ static PyObject *mod_current_path(PyObject *m, PyObject *unused) {
 static PyMethodDef native_methods[] = {
     {"stage", (PyCFunction)mod_stage, METH_O, "stage(name) -> Stage, one object per name"},
     {"configure", (PyCFunction)(void (*)(void))mod_configure, METH_VARARGS | METH_KEYWORDS, NULL},
+    {"set_counters", (PyCFunction)mod_set_counters, METH_VARARGS, "set_counters(events, exclude_kernel, taskclock_index)"},
     {"set_hooks", (PyCFunction)mod_set_hooks, METH_VARARGS, "set_hooks(enter, exit): called around every stage; None, None clears"},
     {"collect", (PyCFunction)mod_collect, METH_NOARGS, "everything recorded, merged over threads"},
     {"reset", (PyCFunction)mod_reset, METH_NOARGS, NULL},
@@ -1045,7 +1209,7 @@ PyMODINIT_FUNC PyInit__native(void) {
     g_other_name = PyUnicode_InternFromString(OTHER_NAME);
     g_stage_cache = PyDict_New();
     g_warn_once = PySet_New(NULL);
-    if (nvtx_add_functions(m) < 0) return NULL;
+    if (nvtx_add_functions(m) < 0 || perf_add_types(m) < 0) return NULL;
     if (!g_stack_var || !g_ts_key || !g_other_name || !g_stage_cache || !g_warn_once) return NULL;
     /* node 0 is the root */
     if (table_grow() < 0 || node_new(-1, Py_None, 0) != 0) return PyErr_NoMemory();

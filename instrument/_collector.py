@@ -50,17 +50,18 @@ def configure(**options: Any) -> _config.Config:
     global _config_now
     with _state_lock:
         new = _config_now.replace(**options)
-        _apply(new)
+        _apply(new, explicit_counters="counters" in options)
         _config_now = new
     return new
 
 
-def _apply(cfg: _config.Config) -> None:
+def _apply(cfg: _config.Config, explicit_counters: bool = False) -> None:
     if cfg.nvtx:
         from . import nvtx
         nvtx.init(cfg.nvtx_domain)
     backend.configure(enabled=cfg.enabled, cpu_clock=cfg.cpu_clock, max_stages=cfg.max_stages,
                       trace_events=cfg.trace_events, nvtx=cfg.nvtx)
+    _apply_counters(cfg.counters, explicit_counters)
     for hook in _apply_hooks:
         try:
             hook(cfg)
@@ -69,6 +70,45 @@ def _apply(cfg: _config.Config) -> None:
 
 
 _apply_hooks: list = []   # integrations register a callable(cfg) here
+_counter_names: tuple = ()
+_counter_probe: Optional[Dict[str, Any]] = None
+
+
+def _apply_counters(names: tuple, explicit: bool = False) -> None:
+    """Give the backend the events and probe them once, for meta and doctor.
+    Events asked for by name (configure or INSTRUMENT_COUNTERS) that cannot be
+    opened are warned about once; the default set stays quiet on machines
+    without them (a VM without a PMU is normal) and says so in meta."""
+    global _counter_names, _counter_probe
+    from . import counters
+    if tuple(names) == _counter_names and getattr(backend, "_counters_for", None) == names:
+        return
+    specs = [counters.resolve(n) for n in names]
+    tc = list(names).index("task-clock") if "task-clock" in names else -1
+    backend.set_counters([(t, c) for t, c, _ in specs], False, tc)
+    try:
+        backend._counters_for = names
+    except AttributeError:
+        pass
+    _counter_names = tuple(names)
+    _counter_probe = None
+    if names:
+        try:
+            _counter_probe = counters.probe(list(names))
+        except Exception as e:   # probing must never stop the service
+            _counter_probe = {"error": str(e), "events": {}}
+        bad = {n: v for n, v in _counter_probe.get("events", {}).items() if not v.get("available")}
+        if bad and (explicit or "INSTRUMENT_COUNTERS" in os.environ):
+            first = next(iter(bad.values()))
+            key = tuple(sorted(bad))
+            if key not in _warned_counters:
+                _warned_counters.add(key)
+                warnings.warn(f"instrument: perf counters unavailable: {', '.join(bad)} ({first['reason']}"
+                              f"{'; fix: ' + first['fix'] if first.get('fix') else ''}); stages are timed without "
+                              "them (instrument doctor tells more)", RuntimeWarning, stacklevel=4)
+
+
+_warned_counters: set = set()
 
 
 _styled: Dict[tuple, Any] = {}
@@ -203,7 +243,7 @@ def _meta(raw: Dict[str, Any]) -> Dict[str, Any]:
         "internal_failures": raw.get("internal_failures", 0),
         "folded_calls": raw.get("folded_calls", 0), "max_stages": raw.get("max_stages"),
         "events_dropped": raw.get("events_dropped", 0),
-        "counters": raw.get("counter_status") or {},
+        "counters": _counter_meta(raw),
     }
     for name, integ in list(_integrations.items()):
         try:
@@ -211,6 +251,33 @@ def _meta(raw: Dict[str, Any]) -> Dict[str, Any]:
         except Exception as e:
             meta[name] = {"error": str(e)}
     return meta
+
+
+def _counter_meta(raw: Dict[str, Any]) -> Dict[str, Any]:
+    from . import counters
+    events: Dict[str, Any] = {}
+    probed = (_counter_probe or {}).get("events", {})
+    for name, err in zip(_counter_names, raw.get("counter_errno") or [None] * len(_counter_names)):
+        if err is None:
+            events[name] = dict(probed.get(name, {"available": None, "reason": "not opened yet"}))
+        else:
+            reason, fix = counters.describe_errno(err, counters.resolve(name)[2])
+            events[name] = {"available": err == 0, "errno": err or None, "reason": reason, "fix": fix}
+    opened = raw.get("counter_open") or {}
+    return {"events": events, "exclude_kernel": opened.get("exclude_kernel", (_counter_probe or {}).get("exclude_kernel")),
+            "read": "rdpmc" if opened.get("rdpmc") else "read()" if events else None}
+
+
+def _counter_dict(names, rows) -> Dict[str, Dict[str, Any]]:
+    out = {}
+    for name, (total, self_, enabled, running, counted, scaled) in zip(names, rows):
+        if not counted:
+            out[name] = {"total": None, "self": None, "counted_calls": 0}
+            continue
+        out[name] = {"total": total, "self": self_, "counted_calls": counted, "scaled": bool(scaled),
+                     "enabled_ns": enabled, "running_ns": running,
+                     "running_fraction": running / enabled if enabled else None}
+    return out
 
 
 def snapshot() -> Snapshot:
@@ -244,7 +311,8 @@ def snapshot() -> Snapshot:
             path=path, calls=s["calls"], errors=s["errors"], wall_total=s["wall_total"], wall_self=s["wall_self"],
             wall_min=s["wall_min"], wall_max=s["wall_max"],
             cpu_total=s["cpu_total"] if cpu_ok else None, cpu_self=s["cpu_self"] if cpu_ok else None,
-            cpu_calls=s["cpu_calls"], hist=dict(s["hist"]), counters=s.get("counters") or {},
+            cpu_calls=s["cpu_calls"], hist=dict(s["hist"]),
+            counters=_counter_dict(_counter_names, s.get("counters") or []),
             other=s["node"] in others, **extra.pop(path, {})))
     for path, fields in extra.items():   # stages only an integration saw (e.g. GPU time of a still-open stage)
         stages.append(StageStats(path, 0, 0, 0, 0, None, None, None, None, 0, {}, **fields))
@@ -288,7 +356,7 @@ def _after_fork_child() -> None:
         pass
 
 
-_apply(_config_now)
+_apply(_config_now, explicit_counters="INSTRUMENT_COUNTERS" in os.environ)
 atexit.register(_save_at_exit)
 if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_after_fork_child)

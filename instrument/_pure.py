@@ -31,6 +31,11 @@ _hook_enter = None
 _hook_exit = None
 _nvtx = None          # instrument.nvtx module while NVTX emission is on
 _loop = None          # asyncio.events._get_running_loop once asyncio is imported
+_ctr_events: list = []          # [(type, config)] every thread opens
+_ctr_excl = False
+_ctr_taskclock = -1
+_ctr_gen = 1
+_ctr_first: Optional[dict] = None   # what the first thread's open gave: errno per event, exclude_kernel
 
 _lock = threading.Lock()          # guards node creation, thread registry, folding; never taken per stage
 _warned: set = set()
@@ -101,9 +106,10 @@ def _node_child(parent: int, name: str) -> int:
 
 
 # ----------------------------------------------------------- per-thread slots
-# slot: [calls, errors, cpu_calls, wall_total, wall_self, wall_min, wall_max, cpu_total, cpu_self, hist]
+# slot: [calls, errors, cpu_calls, wall_total, wall_self, wall_min, wall_max, cpu_total, cpu_self, hist, counters]
+# counters: None or a list per event of [total, self, enabled, running, counted, scaled]
 def _new_slot() -> list:
-    return [0, 0, 0, 0, 0, sys.maxsize, 0, 0, 0, {}]
+    return [0, 0, 0, 0, 0, sys.maxsize, 0, 0, 0, {}, None]
 
 
 def _merge_slot(d: list, s: list) -> None:
@@ -114,6 +120,12 @@ def _merge_slot(d: list, s: list) -> None:
     h = d[9]
     for i, c in s[9].items():
         h[i] = h.get(i, 0) + c
+    if s[10] is not None:
+        if d[10] is None:
+            d[10] = [[0.0, 0.0, 0, 0, 0, 0] for _ in s[10]]
+        for dc, sc in zip(d[10], s[10]):
+            for k in range(6):
+                dc[k] += sc[k]
 
 
 _retired: Dict[int, list] = {}
@@ -122,16 +134,20 @@ _threads: Dict[int, "_ThreadSlots"] = {}
 
 class _ThreadSlots:
     """One thread's slots; folded into the retired slots when the thread ends."""
-    __slots__ = ("stats", "native_id", "__weakref__")
+    __slots__ = ("stats", "native_id", "perf", "perf_gen", "__weakref__")
 
     def __init__(self) -> None:
         self.stats: Dict[int, list] = {}
+        self.perf = None
+        self.perf_gen = 0
         self.native_id = threading.get_native_id()
         with _lock:
             _threads[id(self)] = self
 
     def __del__(self) -> None:
         try:
+            if self.perf is not None:
+                self.perf.close()
             with _lock:
                 _threads.pop(id(self), None)
                 for nid, s in self.stats.items():
@@ -158,7 +174,21 @@ def _slots() -> _ThreadSlots:
 # ----------------------------------------------------------------- the stack
 class _Frame:
     __slots__ = ("stage", "node", "parent", "slots", "epoch", "t0", "cpu0", "child_wall", "child_cpu", "hook",
-                 "nvtx", "nvtx_id")
+                 "nvtx", "nvtx_id", "c0", "child_c")
+
+
+def _counters(slots: "_ThreadSlots"):
+    """The thread's counter group, opened on its first stage (or after the events changed)."""
+    global _ctr_first
+    if slots.perf_gen != _ctr_gen:
+        if slots.perf is not None:
+            slots.perf.close()
+        from ._perf_ctypes import CounterGroup
+        slots.perf = CounterGroup(_ctr_events, exclude_kernel=_ctr_excl)
+        slots.perf_gen = _ctr_gen
+        if _ctr_first is None:
+            _ctr_first = {"errno": list(slots.perf.status), "exclude_kernel": bool(slots.perf.exclude_kernel)}
+    return slots.perf
 
 
 def _in_event_loop() -> bool:
@@ -202,7 +232,15 @@ def _enter(stage: "Stage") -> None:
         _stack.set(f)
         global _open
         _open += 1
-        f.cpu0 = _thread_ns() if _cpu_clock else -1
+        f.c0 = None
+        f.cpu0 = -1
+        if _ctr_events:
+            f.c0 = (_ctr_gen, _counters(f.slots).read())
+            f.child_c = [0.0] * len(_ctr_events)
+            if _ctr_taskclock >= 0 and f.c0[1][_ctr_taskclock][2]:
+                f.cpu0 = f.c0[1][_ctr_taskclock][0]
+        if f.cpu0 < 0 and _cpu_clock:
+            f.cpu0 = _thread_ns()
         f.t0 = _perf_ns()
     except Exception:
         _internal_failure("stage enter")
@@ -225,7 +263,21 @@ def _exit(stage: "Stage", error: bool) -> None:
     _open -= 1
     try:
         slots = _slots()
-        cpu = _thread_ns() - f.cpu0 if f.cpu0 >= 0 and f.slots is slots else -1
+        cvals = None
+        cpu = -1
+        if f.c0 is not None and f.c0[0] == _ctr_gen and f.slots is slots and slots.perf_gen == _ctr_gen:
+            c1 = slots.perf.read()
+            cvals = []
+            for (v0, e0, r0), (v1, e1, r1) in zip(f.c0[1], c1):
+                de, dr = e1 - e0, r1 - r0
+                # multiplexed: scale by enabled/running; never ran: no value (not 0)
+                cvals.append((None if dr == 0 else float(v1 - v0) if dr == de else (v1 - v0) * (de / dr), de, dr))
+            tc = _ctr_taskclock
+            if tc >= 0 and f.c0[1][tc][2]:
+                cpu = c1[tc][0] - f.cpu0 if c1[tc][2] else -1
+        if cpu < 0 and f.cpu0 >= 0 and f.slots is slots and not (cvals is not None and _ctr_taskclock >= 0
+                                                                  and f.c0[1][_ctr_taskclock][2]):
+            cpu = _thread_ns() - f.cpu0
         if above is None:
             _stack.set(f.parent)
         else:
@@ -243,6 +295,10 @@ def _exit(stage: "Stage", error: bool) -> None:
             p.child_wall += wall
             if cpu >= 0:
                 p.child_cpu += cpu
+            if cvals is not None and p.c0 is not None and p.c0[0] == f.c0[0]:
+                for k, (v, _, _) in enumerate(cvals):
+                    if v is not None:
+                        p.child_c[k] += v
         if f.epoch == _epoch:
             s = slots.stats.get(f.node)
             if s is None:
@@ -263,6 +319,19 @@ def _exit(stage: "Stage", error: bool) -> None:
             i = _hist.index(wall)
             h = s[9]
             h[i] = h.get(i, 0) + 1
+            if cvals is not None:
+                if s[10] is None:
+                    s[10] = [[0.0, 0.0, 0, 0, 0, 0] for _ in cvals]
+                for k, (v, de, dr) in enumerate(cvals):
+                    if v is None:
+                        continue
+                    c = s[10][k]
+                    c[0] += v
+                    c[1] += max(v - f.child_c[k], 0.0)
+                    c[2] += de
+                    c[3] += dr
+                    c[4] += 1
+                    c[5] += dr != de
             if _ring:
                 _ring[_ring_next] = (f.node, slots.native_id, f.t0, wall, f.cpu0 if cpu >= 0 else -1, cpu)
                 _ring_next = (_ring_next + 1) % len(_ring)
@@ -377,6 +446,21 @@ def configure(*, enabled=None, cpu_clock=None, max_stages=None, trace_events=Non
         _ring_next = _ring_total = 0
 
 
+def set_counters(events, exclude_kernel, taskclock_index) -> None:
+    global _ctr_events, _ctr_excl, _ctr_taskclock, _ctr_gen, _ctr_first
+    events = [(int(t), int(c)) for t, c in events]
+    if len(events) > 16:
+        raise ValueError(f"at most 16 counters can be read per stage, got {len(events)}")
+    with _lock:
+        for src in [_retired] + [t.stats for t in _threads.values()]:
+            for slot in src.values():
+                slot[10] = None      # counter slots of the old events would be misread under the new ones
+    _ctr_events, _ctr_excl = events, bool(exclude_kernel)
+    _ctr_taskclock = taskclock_index if taskclock_index < len(events) else -1
+    _ctr_gen += 1
+    _ctr_first = None
+
+
 def set_hooks(enter, exit) -> None:
     global _hook_enter, _hook_exit
     if (enter is None) != (exit is None):
@@ -393,16 +477,21 @@ def collect() -> Dict[str, Any]:
                 d = merged.get(nid)
                 if d is None:
                     d = merged[nid] = _new_slot()
-                _merge_slot(d, [s[0], s[1], s[2], s[3], s[4], s[5], s[6], s[7], s[8], dict(s[9])])
+                _merge_slot(d, [s[0], s[1], s[2], s[3], s[4], s[5], s[6], s[7], s[8], dict(s[9]),
+                                None if s[10] is None else [list(c) for c in s[10]]])
         nodes = [(i, p, n, o) for i, (p, n, o) in enumerate(_nodes) if i > 0]
         threads = len(_threads)
     stats = [{"node": nid, "calls": s[0], "errors": s[1], "wall_total": s[3], "wall_self": s[4], "wall_min": s[5],
-              "wall_max": s[6], "cpu_calls": s[2], "cpu_total": s[7], "cpu_self": s[8], "hist": sorted(s[9].items())}
+              "wall_max": s[6], "cpu_calls": s[2], "cpu_total": s[7], "cpu_self": s[8], "hist": sorted(s[9].items()),
+              "counters": [tuple(c) for c in s[10]] if s[10] is not None else []}
              for nid, s in sorted(merged.items()) if s[0]]
     n = min(_ring_total, len(_ring))
     start = 0 if _ring_total < len(_ring) else _ring_next
     events = [_ring[(start + k) % len(_ring)] for k in range(n)]
-    return dict(nodes=nodes, stats=stats, events=events, events_dropped=_ring_total - n, max_stages=_max_nodes,
+    res = dict(counter_errno=[None] * len(_ctr_events) if _ctr_first is None else list(_ctr_first["errno"]))
+    if _ctr_first is not None:
+        res["counter_open"] = {"exclude_kernel": _ctr_first["exclude_kernel"], "rdpmc": False}
+    return dict(res, nodes=nodes, stats=stats, events=events, events_dropped=_ring_total - n, max_stages=_max_nodes,
                 threads=threads, clock_ns=_perf_ns(), **_counts)
 
 
@@ -428,9 +517,14 @@ def reset() -> None:
 
 
 def after_fork_child() -> None:
-    global _epoch, _lock
+    global _epoch, _lock, _ctr_first
     _lock = threading.Lock()
     _zero()
+    for t in list(_threads.values()):
+        if t.perf is not None:
+            t.perf.close()     # the inherited fds count the parent's threads
+        t.perf, t.perf_gen = None, 0
+    _ctr_first = None
     _epoch += 1
 
 

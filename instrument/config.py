@@ -80,14 +80,7 @@ def _path(name: str, v: Any) -> Optional[str]:
 
 
 def _counters(name: str, v: Any) -> Tuple[str, ...]:
-    try:
-        from . import counters
-    except ImportError:   # counters module not built into this tree yet
-        if isinstance(v, (tuple, list)):
-            return tuple(v)
-        if v in ("default", "none"):
-            return (v,)
-        raise ValueError(f"{name}: counters are not available in this build") from None
+    from . import counters
     try:
         return tuple(counters.parse_counters(v))
     except (TypeError, ValueError) as e:
