@@ -419,12 +419,14 @@ static PyObject *cg_read(CounterGroupObject *self, PyObject *unused)
         return PyErr_SetFromErrno(PyExc_OSError);
     PyObject *out = PyList_New(self->set.n);
     for (int i = 0; out && i < self->set.n; i++) {
-        PyObject *t = Py_BuildValue("(KKK)", (unsigned long long)r.value[i],
-                                    (unsigned long long)r.enabled[i], (unsigned long long)r.running[i]);
-        if (!t) {
+        PyObject *t = PyTuple_New(3), *v = PyLong_FromUnsignedLongLong(r.value[i]),
+                 *e = PyLong_FromUnsignedLongLong(r.enabled[i]), *u = PyLong_FromUnsignedLongLong(r.running[i]);
+        if (!t || !v || !e || !u) {
+            Py_XDECREF(t), Py_XDECREF(v), Py_XDECREF(e), Py_XDECREF(u);
             Py_CLEAR(out);
             break;
         }
+        PyTuple_SET_ITEM(t, 0, v), PyTuple_SET_ITEM(t, 1, e), PyTuple_SET_ITEM(t, 2, u);
         PyList_SET_ITEM(out, i, t);
     }
     return out;

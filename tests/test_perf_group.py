@@ -72,16 +72,24 @@ def test_page_faults_match_pages_touched(CounterGroup):
 
 
 def test_task_clock_agrees_with_thread_time(CounterGroup):
+    # task-clock runs on perf_clock, which on a VM includes time the host stole from the vCPU;
+    # CLOCK_THREAD_CPUTIME_ID excludes it.  Steal is sporadic, so one of a few spins must agree.
+    misses = []
     with CounterGroup(descs(["task-clock"])) as g:
-        t0 = time.thread_time_ns()
-        a = g.read()
-        while time.thread_time_ns() - t0 < 50_000_000:
-            pass
-        b = g.read()
-        t1 = time.thread_time_ns()
-    task = delta(a, b)[0]
-    assert abs(task - (t1 - t0)) <= 0.05 * (t1 - t0), (task, t1 - t0)
-    assert b[0][1] == b[0][2] > 0  # a lone software event is never multiplexed
+        for _ in range(5):
+            t0 = time.thread_time_ns()
+            a = g.read()
+            while time.thread_time_ns() - t0 < 50_000_000:
+                pass
+            b = g.read()
+            t1 = time.thread_time_ns()
+            task = delta(a, b)[0]
+            assert task >= 0.95 * (t1 - t0), (task, t1 - t0)  # never counts less than the thread ran
+            assert b[0][1] == b[0][2] > 0  # a lone software event is never multiplexed
+            if abs(task - (t1 - t0)) <= 0.05 * (t1 - t0):
+                return
+            misses.append((task, t1 - t0))
+    pytest.fail("task-clock vs thread_time, 5 spins: %r" % misses)
 
 
 def test_sleep_costs_no_cpu_and_switches_context(CounterGroup):
