@@ -9,6 +9,7 @@ import sys
 import threading
 import time
 import warnings
+import weakref
 from typing import Any, Dict, List, Optional
 
 from . import _hist
@@ -37,7 +38,7 @@ _ctr_taskclock = -1
 _ctr_gen = 1
 _ctr_first: Optional[dict] = None   # what the first thread's open gave: errno per event, exclude_kernel
 
-_lock = threading.Lock()          # guards node creation, thread registry, folding; never taken per stage
+_lock = threading.RLock()         # guards node creation, thread registry, folding; never taken per stage
 _warned: set = set()
 _counts = {"unmatched_exits": 0, "out_of_order_exits": 0, "cross_thread_exits": 0, "internal_failures": 0,
            "folded_calls": 0}
@@ -129,7 +130,7 @@ def _merge_slot(d: list, s: list) -> None:
 
 
 _retired: Dict[int, list] = {}
-_threads: Dict[int, "_ThreadSlots"] = {}
+_threads: "weakref.WeakValueDictionary[int, _ThreadSlots]" = weakref.WeakValueDictionary()  # live threads' slots
 
 
 class _ThreadSlots:
@@ -518,7 +519,7 @@ def reset() -> None:
 
 def after_fork_child() -> None:
     global _epoch, _lock, _ctr_first
-    _lock = threading.Lock()
+    _lock = threading.RLock()
     _zero()
     for t in list(_threads.values()):
         if t.perf is not None:

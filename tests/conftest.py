@@ -35,7 +35,8 @@ def _fresh():
     cfg = _collector.current_config()
     instrument.reset()
     yield
-    instrument.configure(**{k: v for k, v in cfg.values.items()})
+    _collector._config_now = cfg
+    _collector._apply(cfg)
     instrument.reset()
 
 
