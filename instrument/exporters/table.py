@@ -38,7 +38,11 @@ def pct(x: Optional[float]) -> str:
 
 
 def ratio(x: Optional[float], digits: int = 2) -> str:
-    return "n/a" if x is None else f"{x:.{digits}f}"
+    if x is None:
+        return "n/a"
+    if digits == 2 and x >= 9.995:   # keep to four characters
+        return f"{x:.0f}" if x < 99.5 else "99+"
+    return f"{x:.{digits}f}"
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,58 @@
+"""The C hot path's paths, exercised for `valgrind --tool=memcheck` (see .ci/run)."""
+import asyncio
+import threading
+import warnings
+
+import instrument
+
+warnings.simplefilter("ignore")
+instrument.configure(counters=["task-clock", "page-faults"], trace_events=64, max_stages=40)
+
+
+@instrument.region("leaf")
+def leaf(i):
+    if i % 5 == 0:
+        raise ValueError(i)
+    return i
+
+
+def work(k):
+    for i in range(200):
+        with instrument.stage("req"):
+            with instrument.stage(f"kind{k % 3}"):
+                try:
+                    leaf(i)
+                except ValueError:
+                    pass
+
+
+ts = [threading.Thread(target=work, args=(k,)) for k in range(4)]
+for t in ts:
+    t.start()
+for t in ts:
+    t.join()
+
+
+async def task(i):
+    with instrument.stage("task"):
+        await asyncio.sleep(0)
+        with instrument.stage("inner"):
+            await asyncio.sleep(0)
+
+
+async def main():
+    await asyncio.gather(*(task(i) for i in range(50)))
+
+asyncio.run(main())
+a, b = instrument.stage("a"), instrument.stage("b")
+a.__enter__(); b.__enter__(); a.__exit__(None, None, None); b.__exit__(None, None, None)
+b.__exit__(None, None, None)
+for i in range(100):
+    with instrument.stage(f"n{i}"):
+        pass
+snap = instrument.snapshot()
+assert snap["req"].calls == 800 and snap["task"].calls == 50
+instrument.reset()
+with instrument.stage("after_reset"):
+    pass
+print(len(instrument.snapshot()), "stages ok")
