@@ -319,7 +319,8 @@ def snapshot() -> Snapshot:
     events = [{"path": list(paths[e[0]]), "tid": e[1], "ts_ns": e[2] - _start_clock, "dur_ns": e[3],
                "tts_ns": e[4] if e[4] >= 0 else None, "tdur_ns": e[5] if e[5] >= 0 else None}
               for e in raw["events"] if e[0] in paths]
-    return Snapshot(stages, _meta(raw), events)
+    from .verdict import thresholds, with_verdicts
+    return with_verdicts(Snapshot(stages, _meta(raw), events), thresholds(_config_now))
 
 
 def report(file=None, **kwargs: Any) -> str:
