@@ -79,7 +79,41 @@ def collect(events=None):
         d.update(counters.probe(events))
     except Exception as exc:  # doctor reports, it does not fail
         d["probe_error"] = "%s: %s" % (type(exc).__name__, exc)
+    d.update(_integrations())
     return d
+
+
+def _integrations():
+    """Backend, NVTX, torch and CUDA status (doctor may import torch; the SDK never does)."""
+    import importlib.util
+    import sys
+    from . import _collector, nvtx
+    out = {"instrument": {"backend": _collector.backend_name, "reason": _collector.backend_reason,
+                          "version": _collector.__version__}}
+    cfg = _collector.current_config()
+    out["nvtx"] = {"emitter": nvtx.backend(), "enabled": bool(cfg.nvtx), "domain": cfg.nvtx_domain,
+                   "tool": os.environ.get("NVTX_INJECTION64_PATH") or None}
+    if importlib.util.find_spec("torch") is None:
+        out["torch"] = {"installed": False, "reason": "torch is not installed: profiler and GPU integration are off"}
+        out["cuda"] = {"available": False, "reason": "needs torch"}
+        return out
+    try:
+        import torch
+        out["torch"] = {"installed": True, "version": torch.__version__, "imported_before_doctor": "torch" in sys.modules}
+        try:
+            from . import torch_profiler
+            out["torch"].update(torch_profiler.status())
+        except ImportError:
+            pass
+        avail = bool(torch.cuda.is_available())
+        out["cuda"] = {"available": avail, "version": torch.version.cuda,
+                       "devices": [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())] if avail else [],
+                       "reason": None if avail else ("CPU-only torch build" if torch.version.cuda is None
+                                                     else "no CUDA device visible")}
+    except Exception as exc:
+        out["torch"] = {"installed": True, "reason": "import failed: %s" % exc}
+        out["cuda"] = {"available": False, "reason": "torch import failed"}
+    return out
 
 
 def _yn(v):
@@ -104,6 +138,19 @@ def format_text(d):
     ]
     if d.get("probe_error"):
         lines.append("probe failed      %s" % d["probe_error"])
+    ins, nv, tc, cu = (d.get(k) or {} for k in ("instrument", "nvtx", "torch", "cuda"))
+    if ins:
+        lines.append("instrument        %s backend%s" % (ins.get("backend"), " (%s)" % ins["reason"] if ins.get("reason") else ""))
+    if nv:
+        lines.append("NVTX              %s, emitter %s, domain %r, tool %s" % (
+            "on" if nv.get("enabled") else "off (INSTRUMENT_NVTX=0)", nv.get("emitter"), nv.get("domain"),
+            nv.get("tool") or "none attached (ranges cost a null check; run under nsys to record them)"))
+    if tc:
+        lines.append("torch             %s" % (("%s" % tc.get("version")) if tc.get("installed") and tc.get("version")
+                                               else tc.get("reason")))
+    if cu:
+        lines.append("CUDA              %s" % (", ".join(cu.get("devices") or []) if cu.get("available")
+                                               else "unavailable: %s" % cu.get("reason")))
     events = d.get("events") or {}
     width = max([len(n) for n in events] + [8])
     for name, e in events.items():
