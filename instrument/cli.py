@@ -21,6 +21,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Tuple
 
 from .snapshot import Snapshot, SnapshotError, load_many
@@ -321,6 +322,8 @@ def _cmd_run(a) -> int:
     if a.trace_events < 0:
         raise CLIError(f"run: --trace-events must be 0 or more, got {a.trace_events}")
     out = a.output
+    if out == "-":
+        raise CLIError("run: -o - is not supported (stdout is the program's); give a file name")
     if not os.path.isdir(os.path.dirname(os.path.abspath(out))):
         raise CLIError(f"run: {out}: the folder does not exist")
     env = run_env(out, a.trace_events)
@@ -341,12 +344,13 @@ def _cmd_run(a) -> int:
             proc.send_signal(signum)
         except OSError:
             pass
-    for name in ("SIGTERM", "SIGHUP", "SIGQUIT"):
-        sig = getattr(signal, name, None)
-        if sig is not None:
-            forwarded[sig] = signal.signal(sig, forward)
-    # Ctrl-C reaches the program from the terminal itself; a second copy would interrupt its exit-time save
-    forwarded[signal.SIGINT] = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    if threading.current_thread() is threading.main_thread():   # signal.signal works only there
+        for name in ("SIGTERM", "SIGHUP", "SIGQUIT"):
+            sig = getattr(signal, name, None)
+            if sig is not None:
+                forwarded[sig] = signal.signal(sig, forward)
+        # Ctrl-C reaches the program from the terminal itself; a second copy would interrupt its exit-time save
+        forwarded[signal.SIGINT] = signal.signal(signal.SIGINT, signal.SIG_IGN)
     try:
         rc = proc.wait()
     finally:
@@ -509,7 +513,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv is None:
+        argv = sys.argv[1:]
+        os.environ.pop("INSTRUMENT_OUTPUT", None)   # the command itself is not measured; run sets it for the program
+        from ._collector import configure
+        configure(output=None)
+    argv = list(argv)
     try:
         args = build_parser().parse_args(argv)
         if getattr(args, "func", None) is None:

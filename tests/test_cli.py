@@ -74,13 +74,14 @@ def test_run_writes_one_file_per_process_and_the_merge(tmp_path, method):
     assert {e["pid"] for e in merged.events} == {parent, child}  # trace events on by default, per process
 
 
-def test_run_entry_point_and_no_report(tmp_path):
-    exe = shutil.which("instrument")
-    if exe is None:
+@pytest.mark.parametrize("how", ["module", "entry point"])
+def test_run_entry_point_and_no_report(tmp_path, how):
+    exe = [sys.executable, "-m", "instrument.cli"] if how == "module" else [shutil.which("instrument")]
+    if exe[0] is None:
         pytest.skip("the `instrument` console script is not installed (pip install -e .)")
     (tmp_path / "app.py").write_text(APP)
-    r = subprocess.run([exe, "run", "--no-report", "--trace-events", "0", "-o", str(tmp_path / "x.json"), "--",
-                        sys.executable, str(tmp_path / "app.py"), "fork"], capture_output=True, text=True,
+    r = subprocess.run(exe + ["run", "--no-report", "--trace-events", "0", "-o", str(tmp_path / "x.json"), "--",
+                              sys.executable, str(tmp_path / "app.py"), "fork"], capture_output=True, text=True,
                        env=env(), timeout=120)
     assert r.returncode == 3, r.stderr
     assert "tokenize" not in r.stderr
