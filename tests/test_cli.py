@@ -12,7 +12,7 @@ import pytest
 
 from instrument import cli
 from instrument.snapshot import Snapshot
-from snapfactory import ROOT, cli as run_cli, env, snap, st
+from snapfactory import cli as run_cli, env, snap, st
 
 MS = 1_000_000
 

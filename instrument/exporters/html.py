@@ -12,7 +12,7 @@ from __future__ import annotations
 import html
 import json
 import time
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, Optional
 
 from ..snapshot import Snapshot, StageStats
 
