@@ -174,6 +174,11 @@ class _Writer:
         while not self.stop.wait(self.interval):
             _save_quietly(self.directory)
 
+    def close(self) -> None:
+        self.stop.set()
+        if self.thread.is_alive() and self.thread is not threading.current_thread():
+            self.thread.join(30)   # let a save in progress finish: a daemon killed mid-save leaves its temp file
+
 
 _writer: Optional[_Writer] = None
 _hooks_installed = False
@@ -197,9 +202,16 @@ def start_snapshot_writer(directory: Optional[str] = None, interval: float = 5.0
     _writer = _Writer(d, interval)
     if not _hooks_installed:
         _hooks_installed = True
-        atexit.register(lambda: _writer is not None and _save_quietly(_writer.directory))
+        atexit.register(_final_save)
         if hasattr(os, "register_at_fork"):
             os.register_at_fork(after_in_child=_restart_in_child)
+
+
+def _final_save() -> None:
+    w = _writer
+    if w is not None:
+        w.close()
+        _save_quietly(w.directory)
 
 
 def _restart_in_child() -> None:
@@ -211,7 +223,7 @@ def _restart_in_child() -> None:
 def stop_snapshot_writer() -> None:
     global _writer
     if _writer is not None:
-        _writer.stop.set()
+        _writer.close()
         _writer = None
 
 
