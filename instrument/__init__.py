@@ -17,3 +17,10 @@ from .snapshot import Snapshot, SnapshotError, StageStats
 
 __all__ = ["stage", "region", "snapshot", "report", "configure", "reset", "Snapshot", "StageStats",
            "SnapshotError", "current_config", "__version__"]
+
+
+def __getattr__(name):   # serve_metrics imports prometheus_client, so only when first used
+    if name == "serve_metrics":
+        from .exporters.prometheus import serve_metrics
+        return serve_metrics
+    raise AttributeError(f"module 'instrument' has no attribute {name!r}")

@@ -1,0 +1,549 @@
+"""The `instrument` command.
+
+    instrument run [-o run.json] [--trace-events N] [--no-report] -- python serve.py ...
+    instrument report FILE... [--sort total|self|calls|p99] [--depth N] [--fold] [--format ...] [--ops]
+    instrument diff BEFORE AFTER [--fail-if-slower PCT] [--format ...]
+    instrument merge FILE... -o all.json
+    instrument export --chrome|--prometheus|--hatchet|--html OUT FILE... [--diff]
+    instrument doctor [--json] | nsys ... | demo ... | advise ...
+
+Errors are one line on stderr (`instrument: <what>: <why>`) and exit status 2.
+"""
+from __future__ import annotations
+
+import argparse
+import glob
+import importlib
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Tuple
+
+from .snapshot import Snapshot, SnapshotError, load_many
+
+TABLE_FORMATS = ("table", "markdown", "csv", "json")
+EXPORTS = ("chrome", "prometheus", "hatchet", "html")
+
+
+class CLIError(Exception):
+    """A one-line reason; the command exits 2."""
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str):   # one line instead of argparse's usage block
+        what = self.prog[len("instrument"):].strip()
+        raise CLIError(f"{what + ': ' if what else ''}{message} (see `{self.prog} --help`)")
+
+
+def _err(msg: str) -> None:
+    print(f"instrument: {' '.join(str(msg).split())}", file=sys.stderr)
+
+
+# ------------------------------------------------------------------ helpers
+def _write(path: str, text: str) -> None:
+    """`-` is stdout; a file is replaced atomically, so a failed export leaves the old one."""
+    if path == "-":
+        sys.stdout.write(text if text.endswith("\n") else text + "\n")
+        return
+    d = os.path.dirname(os.path.abspath(path))
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=".instrument-", suffix=".tmp", dir=d)
+        try:
+            with os.fdopen(fd, "w", encoding="utf-8") as f:
+                f.write(text)
+            mask = os.umask(0)
+            os.umask(mask)
+            os.chmod(tmp, 0o666 & ~mask)   # mkstemp's 0600 is for secrets; a report is an ordinary file
+            os.replace(tmp, path)
+        except BaseException:
+            try:
+                os.unlink(tmp)
+            except OSError:
+                pass
+            raise
+    except OSError as e:
+        raise CLIError(f"{path}: cannot write: {e.strerror or e}") from None
+
+
+def _save(snap: Snapshot, path: str) -> None:
+    if path == "-":
+        sys.stdout.write(snap.to_json() + "\n")
+        return
+    try:
+        snap.save(path)
+    except OSError as e:
+        raise CLIError(f"{path}: cannot write: {e.strerror or e}") from None
+
+
+_VERSION_RE = re.compile(rb'^\s*\{\s*"format"\s*:\s*"[^"]*"\s*,\s*"version"\s*:\s*(-?\d+)')
+
+
+def declared_version(path: str) -> Optional[int]:
+    """The "version" a file declares, read from its head (where save() puts it)."""
+    try:
+        with open(path, "rb") as f:
+            m = _VERSION_RE.match(f.read(512))
+    except OSError:
+        return None
+    return int(m.group(1)) if m else None
+
+
+def merge_snapshots(snaps: Iterable[Snapshot], progress: Optional[Callable[[int], None]] = None) -> Snapshot:
+    """Exact merge (Snapshot.merge); timeline events keep their process (`pid`)
+    and are put on the merged snapshot's time base."""
+    acc: Optional[Snapshot] = None
+    events: List[Dict[str, Any]] = []
+    for k, s in enumerate(snaps, 1):
+        m = s.meta
+        base = round((m.get("start_time") or 0) * 1e9)
+        events += [dict(e, pid=e.get("pid", m.get("pid")), ts_ns=e["ts_ns"] + base) for e in s.events]
+        bare = Snapshot(s.stages, m)
+        acc = bare if acc is None else acc.merge(bare)
+        if progress:
+            progress(k)
+    if acc is None:
+        raise CLIError("no snapshot files given")
+    t0 = round((acc.meta.get("start_time") or 0) * 1e9)
+    return Snapshot(acc.stages, acc.meta, [dict(e, ts_ns=e["ts_ns"] - t0) for e in events])
+
+
+def _check_versions(paths: Sequence[str]) -> None:
+    seen: Dict[int, str] = {}
+    for p in paths:
+        v = declared_version(p)
+        if v is not None:
+            seen.setdefault(v, p)
+    if len(seen) > 1:
+        (va, pa), (vb, pb) = sorted(seen.items())[:2]
+        raise CLIError(f"merge: {pa} is snapshot version {va} but {pb} is version {vb}; "
+                       "files of different schema versions are not merged")
+
+
+class _Progress:
+    """`merging 37/120` on stderr: rewritten in place on a terminal, every 10 % otherwise."""
+
+    def __init__(self, total: int, enabled: bool) -> None:
+        self.total, self.enabled = total, enabled
+        self.tty = enabled and sys.stderr.isatty()
+        self.step = max(1, total // 10)
+
+    def __call__(self, k: int) -> None:
+        if not self.enabled:
+            return
+        if self.tty:
+            sys.stderr.write(f"\rinstrument: merging {k}/{self.total}")
+            if k == self.total:
+                sys.stderr.write("\n")
+        elif k % self.step == 0 or k == self.total:
+            sys.stderr.write(f"instrument: merging {k}/{self.total}\n")
+        sys.stderr.flush()
+
+
+def _load_all(paths: Sequence[str], progress: bool = False) -> Snapshot:
+    _check_versions(paths)
+    p = _Progress(len(paths), progress and len(paths) >= 10)
+    return merge_snapshots((Snapshot.load(f) for f in paths), p)
+
+
+def _optional(module: str, attr: str, cmd: str):
+    """A command implemented in a module this build may not have."""
+    try:
+        mod = importlib.import_module(module)
+    except ImportError as e:
+        if e.name and (e.name == module or module.startswith(e.name + ".")):
+            raise CLIError(f"{cmd} is not available in this build") from None
+        raise CLIError(f"{cmd}: cannot load {module}: {e}") from None
+    f = getattr(mod, attr, None)
+    if not callable(f):
+        raise CLIError(f"{cmd} is not available in this build")
+    return f
+
+
+def _rest(cmd: List[str]) -> List[str]:
+    return cmd[1:] if cmd[:1] == ["--"] else cmd
+
+
+# ------------------------------------------------------------------- report
+def _ops_lines(ops: Any, indent: str) -> List[str]:
+    """The torch operators of a stage, as far as the record has them."""
+    if not isinstance(ops, dict):
+        return []
+    from .exporters.table import ms, _printable
+    out = []
+    for key, title in (("by_self_cpu", "ops by self CPU"), ("by_device", "ops by device time")):
+        rows = ops.get(key)
+        if not isinstance(rows, list) or not rows:
+            continue
+        out.append(f"{indent}{title}:")
+        for r in rows[:10]:
+            if not isinstance(r, dict):
+                continue
+            name = _printable(str(r.get("name", "?")))
+            name = name if len(name) <= 40 else name[:39] + "…"
+            out.append(f"{indent}  {name:<40} {r.get('calls', 0):>7} calls  {ms(r.get('self_cpu_ns')):>8} ms CPU"
+                       f"  {ms(r.get('device_ns')):>8} ms device")
+    if ops.get("device_total_ns") is not None:
+        out.append(f"{indent}device total: {ms(ops['device_total_ns'])} ms")
+    return out
+
+
+def report_text(snap: Snapshot, sort: str = "tree", depth: Optional[int] = None, fold: bool = False,
+                format: str = "table", ops: bool = False, width: Optional[int] = None) -> str:
+    from .exporters import table
+    text = table.render(snap, sort=sort, depth=depth, fold=fold, format=format, width=width)
+    if not ops or format in ("csv", "json"):   # json rows carry `ops` already
+        return text
+    view = snap.fold() if fold else snap
+    rows = table.ordered(view, sort, depth)
+    if format == "markdown":
+        extra = []
+        for s in rows:
+            lines = _ops_lines(s.ops, "    ")
+            if lines:
+                extra += ["", f"**{table._md('/'.join(s.path))}**", "", "```", *lines, "```"]
+        return text + ("\n" + "\n".join(extra) if extra else "")
+    lines = text.split("\n")
+    head, body, tail = lines[:2], lines[2:2 + len(rows)], lines[2 + len(rows):]
+    out = head
+    for s, line in zip(rows, body):
+        out.append(line)
+        out += _ops_lines(s.ops, "  " * (s.depth + 2))
+    return "\n".join(out + tail)
+
+
+def _cmd_report(a) -> int:
+    snap = load_many(a.files)
+    print(report_text(snap, sort=a.sort, depth=a.depth, fold=a.fold, format=a.format, ops=a.ops))
+    return 0
+
+
+# --------------------------------------------------------------------- diff
+def _cmd_diff(a) -> int:
+    from .diff import diff, render
+    d = diff(Snapshot.load(a.before), Snapshot.load(a.after))
+    print(render(d, format=a.format))
+    if a.fail_if_slower is not None:
+        if d.change is None:
+            raise CLIError(f"diff: --fail-if-slower cannot judge: {d.headline}")
+        if round(d.change * 100, 9) > a.fail_if_slower:   # 27.5/25 is 10.000000000000009 % in floats
+            _err(f"diff: {'/'.join(d.stage or ())} is {d.change * 100:.1f}% slower per call, more than the "
+                 f"{a.fail_if_slower:g}% allowed")
+            return 1
+    return 0
+
+
+# -------------------------------------------------------------------- merge
+def _cmd_merge(a) -> int:
+    snap = _load_all(a.files, progress=True)
+    _save(snap, a.output)
+    if a.output != "-":
+        _err(f"merge: {len(a.files)} files ({len(snap.meta.get('merged_from') or [0])} processes, "
+             f"{len(snap)} stages) into {a.output}")
+    return 0
+
+
+# ------------------------------------------------------------------- export
+def _cmd_export(a) -> int:
+    fmt = next(f for f in EXPORTS if getattr(a, f) is not None)
+    out = getattr(a, fmt)
+    if a.diff and (fmt != "html" or len(a.files) != 2):
+        raise CLIError("export: --diff takes --html and exactly two snapshots: BEFORE AFTER")
+    if fmt == "chrome":
+        from .exporters import chrome
+        snaps = [Snapshot.load(f) for f in a.files]
+        try:
+            data = chrome.trace(*snaps)
+        except chrome.NoTimeline as e:
+            raise CLIError(f"export: {', '.join(a.files)}: {e}") from None
+        _write(out, json.dumps(data, allow_nan=False))
+        return 0
+    if fmt == "html":
+        from .exporters import html
+        if a.diff:
+            text = html.render(Snapshot.load(a.files[1]), before=Snapshot.load(a.files[0]), title=a.title)
+        else:
+            text = html.render(_load_all(a.files), title=a.title)
+        _write(out, text)
+        return 0
+    snap = _load_all(a.files)
+    if fmt == "prometheus":
+        try:
+            from .exporters import prometheus
+        except ImportError as e:
+            raise CLIError(f"export: --prometheus needs prometheus_client ({e}); pip install prometheus-client") from None
+        _write(out, prometheus.text(snap))
+    else:
+        from .exporters import hatchet
+        _write(out, json.dumps(hatchet.to_literal(snap), allow_nan=False))
+    return 0
+
+
+# ---------------------------------------------------------------------- run
+def run_env(output: str, trace_events: int = 100_000, environ: Optional[Dict[str, str]] = None) -> Dict[str, str]:
+    """The environment that turns the SDK on in a program and every Python process
+    it starts; each saves to `<dir>/<stem>.<pid>.json` beside `output`."""
+    env = dict(os.environ if environ is None else environ)
+    boot = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_bootstrap")
+    env["PYTHONPATH"] = os.pathsep.join([boot] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
+    env["INSTRUMENT_OUTPUT"] = _pattern(output)
+    env["INSTRUMENT_TRACE_EVENTS"] = str(trace_events)
+    return env
+
+
+def _pattern(output: str) -> str:
+    d, base = os.path.split(os.path.abspath(output))
+    stem = base[:-5] if base.endswith(".json") else base
+    return os.path.join(d, f"{stem}.{{pid}}.json")
+
+
+def _process_files(output: str) -> Dict[str, Tuple[int, int]]:
+    pat = _pattern(output)
+    rx = re.compile(re.escape(os.path.basename(pat)).replace(re.escape("{pid}"), r"\d+") + "$")
+    found = {}
+    for p in glob.glob(pat.replace("{pid}", "[0-9]*")):
+        if rx.match(os.path.basename(p)):
+            try:
+                st = os.stat(p)
+                found[p] = (st.st_ino, st.st_mtime_ns)
+            except OSError:
+                pass
+    return found
+
+
+def _cmd_run(a) -> int:
+    cmd = _rest(a.command)
+    if not cmd:
+        raise CLIError("run: no program given; usage: instrument run [-o run.json] -- python serve.py ...")
+    if a.trace_events < 0:
+        raise CLIError(f"run: --trace-events must be 0 or more, got {a.trace_events}")
+    out = a.output
+    if out == "-":
+        raise CLIError("run: -o - is not supported (stdout is the program's); give a file name")
+    if not os.path.isdir(os.path.dirname(os.path.abspath(out))):
+        raise CLIError(f"run: {out}: the folder does not exist")
+    env = run_env(out, a.trace_events)
+    from . import config
+    try:
+        config.from_env(env, strict=True)
+    except ValueError as e:
+        raise CLIError(f"run: {e}") from None
+    before = _process_files(out)
+    try:
+        proc = subprocess.Popen(cmd, env=env)
+    except OSError as e:
+        raise CLIError(f"run: cannot start {cmd[0]}: {e.strerror or e}") from None
+    forwarded = {}
+
+    def forward(signum, frame):
+        try:
+            proc.send_signal(signum)
+        except OSError:
+            pass
+    if threading.current_thread() is threading.main_thread():   # signal.signal works only there
+        for name in ("SIGTERM", "SIGHUP", "SIGQUIT"):
+            sig = getattr(signal, name, None)
+            if sig is not None:
+                forwarded[sig] = signal.signal(sig, forward)
+        # Ctrl-C reaches the program from the terminal itself; a second copy would interrupt its exit-time save
+        forwarded[signal.SIGINT] = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        rc = proc.wait()
+    finally:
+        for sig, h in forwarded.items():
+            signal.signal(sig, h)
+    status = rc if rc >= 0 else 128 - rc
+    produced = sorted((p for p, v in _process_files(out).items() if before.get(p) != v),
+                      key=lambda p: int(re.findall(r"\d+", os.path.basename(p))[-1]))
+    if not produced:
+        _err(f"run: the program wrote no snapshot (not Python, started with -I/-S/-E, or ended by SIGKILL?); "
+             f"nothing written to {out}")
+        return status
+    snaps = []
+    for p in produced:
+        try:
+            snaps.append(Snapshot.load(p))
+        except SnapshotError as e:
+            _err(f"run: skipped {e}")
+    if not snaps:
+        return status
+    merged = merge_snapshots(snaps)
+    _save(merged, out)
+    if not a.no_report:
+        print(report_text(merged), file=sys.stderr)
+    _err(f"run: {out} (merged from {len(snaps)} process{'es' if len(snaps) != 1 else ''}: "
+         f"{', '.join(os.path.basename(p) for p in produced[:8])}{' …' if len(produced) > 8 else ''})")
+    return status
+
+
+# ------------------------------------------------------- other engineers' commands
+def _cmd_doctor(a) -> int:
+    collect = _optional("instrument.doctor", "collect", "doctor")
+    d = collect()
+    if a.json:
+        print(json.dumps(d, indent=2, default=str))
+    else:
+        print(_optional("instrument.doctor", "format_text", "doctor")(d))
+    return 0
+
+
+def _cmd_nsys(a) -> int:
+    run = _optional("instrument.nsys", "run", "nsys")
+    cmd = _rest(a.command)
+    if not cmd:
+        raise CLIError("nsys: no program given; usage: instrument nsys [--dry-run] -- python serve.py ...")
+    kw: Dict[str, Any] = {"dry_run": a.dry_run, "output": a.output}
+    if a.capture is not None:
+        kw["capture"] = a.capture
+    if a.warmup is not None:
+        kw["warmup"] = a.warmup
+    return int(run(cmd, **kw) or 0)
+
+
+def _cmd_demo(a) -> int:
+    return int(_optional("instrument.demo", "run_demo", "demo")(_rest(a.args)) or 0)
+
+
+def _cmd_advise(a) -> int:
+    return int(_optional("instrument.advise", "main", "advise")(_rest(a.args)) or 0)
+
+
+# ------------------------------------------------------------------- parser
+def _positive(s: str) -> int:
+    try:
+        n = int(s)
+    except ValueError:
+        n = 0
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"must be a positive integer, got {s!r}")
+    return n
+
+
+def _count(s: str) -> int:
+    try:
+        n = int(s)
+    except ValueError:
+        n = -1
+    if n < 0:
+        raise argparse.ArgumentTypeError(f"must be an integer 0 or more, got {s!r}")
+    return n
+
+
+def _percent(s: str) -> float:
+    try:
+        x = float(s.rstrip("%"))
+    except ValueError:
+        x = float("nan")
+    if not x >= 0:
+        raise argparse.ArgumentTypeError(f"must be a percentage 0 or more, got {s!r}")
+    return x
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from .exporters.table import SORTS
+    p = _Parser(prog="instrument", description="Per-stage instrumentation for ML inference services.")
+    from ._collector import __version__
+    p.add_argument("--version", action="version", version=f"instrument {__version__}")
+    sub = p.add_subparsers(dest="cmd", metavar="COMMAND")
+
+    r = sub.add_parser("run", help="run a program with the SDK on; merge and report its processes' snapshots")
+    r.add_argument("-o", "--output", default="run.json", help="merged snapshot (default run.json); each process "
+                   "also leaves <stem>.<pid>.json beside it")
+    r.add_argument("--trace-events", type=_count, default=100_000, metavar="N",
+                   help="timeline events kept per process for the Chrome trace (default 100000, 0 = off)")
+    r.add_argument("--no-report", action="store_true", help="do not print the breakdown")
+    r.add_argument("command", nargs=argparse.REMAINDER, help="-- program and arguments")
+    r.set_defaults(func=_cmd_run)
+
+    rp = sub.add_parser("report", help="print the breakdown of snapshot files (merged)")
+    rp.add_argument("files", nargs="+", metavar="FILE")
+    rp.add_argument("--sort", choices=SORTS, default="tree")
+    rp.add_argument("--depth", type=_positive, metavar="N")
+    rp.add_argument("--fold", action="store_true", help="one row per stage name wherever it nested")
+    rp.add_argument("--format", choices=TABLE_FORMATS, default="table")
+    rp.add_argument("--ops", action="store_true", help="show the torch operators under each stage")
+    rp.set_defaults(func=_cmd_report)
+
+    d = sub.add_parser("diff", help="compare two snapshots stage by stage")
+    d.add_argument("before", metavar="BEFORE")
+    d.add_argument("after", metavar="AFTER")
+    d.add_argument("--format", choices=TABLE_FORMATS, default="table")
+    d.add_argument("--fail-if-slower", type=_percent, metavar="PCT",
+                   help="exit 1 when the headline stage got more than PCT percent slower per call")
+    d.set_defaults(func=_cmd_diff)
+
+    m = sub.add_parser("merge", help="merge snapshot files exactly")
+    m.add_argument("files", nargs="+", metavar="FILE")
+    m.add_argument("-o", "--output", default="-", help="merged snapshot (default: stdout)")
+    m.set_defaults(func=_cmd_merge)
+
+    e = sub.add_parser("export", help="write snapshots in another format")
+    g = e.add_mutually_exclusive_group(required=True)
+    g.add_argument("--chrome", metavar="OUT", help="Chrome Trace Event JSON (needs trace events)")
+    g.add_argument("--prometheus", metavar="OUT", help="Prometheus text exposition format")
+    g.add_argument("--hatchet", metavar="OUT", help="Hatchet literal JSON")
+    g.add_argument("--html", metavar="OUT", help="self-contained HTML report")
+    e.add_argument("files", nargs="+", metavar="SNAPSHOT")
+    e.add_argument("--diff", action="store_true", help="with --html BEFORE AFTER: a comparison")
+    e.add_argument("--title", help="HTML page title")
+    e.set_defaults(func=_cmd_export)
+
+    dr = sub.add_parser("doctor", help="what this machine allows (perf counters, NVTX, GPU)")
+    dr.add_argument("--json", action="store_true")
+    dr.set_defaults(func=_cmd_doctor)
+
+    n = sub.add_parser("nsys", help="run a program under Nsight Systems, capturing the steady state")
+    n.add_argument("--dry-run", action="store_true", help="print the nsys command only")
+    n.add_argument("--capture", metavar="NAME", help="NVTX capture range name")
+    n.add_argument("--warmup", type=_count, metavar="N", help="iterations before the capture range opens")
+    n.add_argument("-o", "--output", metavar="OUT", help="nsys report file")
+    n.add_argument("command", nargs=argparse.REMAINDER)
+    n.set_defaults(func=_cmd_nsys)
+
+    for name, func, helptext in (("demo", _cmd_demo, "run the demo inference service"),
+                                 ("advise", _cmd_advise, "advice from a snapshot")):
+        x = sub.add_parser(name, help=helptext, add_help=False)
+        x.add_argument("args", nargs=argparse.REMAINDER)
+        x.set_defaults(func=func)
+    return p
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    if argv is None:
+        argv = sys.argv[1:]
+        os.environ.pop("INSTRUMENT_OUTPUT", None)   # the command itself is not measured; run sets it for the program
+        from ._collector import configure
+        configure(output=None)
+    argv = list(argv)
+    try:
+        args = build_parser().parse_args(argv)
+        if getattr(args, "func", None) is None:
+            build_parser().print_help(sys.stderr)
+            return 2
+        return args.func(args)
+    except (CLIError, SnapshotError) as e:
+        _err(str(e))
+        return 2
+    except SystemExit as e:   # --help and --version
+        return e.code if isinstance(e.code, int) else 0 if e.code is None else 2
+    except KeyboardInterrupt:
+        return 130
+    except BrokenPipeError:
+        try:
+            sys.stdout = open(os.devnull, "w")   # the reader went away (| head): no error at exit
+        except OSError:
+            pass
+        return 0
+    except Exception as e:
+        if os.environ.get("INSTRUMENT_DEBUG"):
+            raise
+        _err(f"internal error: {type(e).__name__}: {e} (INSTRUMENT_DEBUG=1 shows the traceback)")
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,36 @@
+"""The stage tree in Hatchet's literal format, for call-tree analysis with llnl-hatchet.
+
+    json.dump(to_literal(snap), open("tree.json", "w"))
+    gf = hatchet.GraphFrame.from_literal(json.load(open("tree.json")))
+
+Every node carries the same metrics (Hatchet takes the metric names from one
+node): "time (inc)" and "time" (self) in seconds, "calls", "errors",
+"cpu (inc)" seconds, and each perf counter's total (null where a stage has none).
+"""
+from __future__ import annotations
+
+import json
+from typing import Any, Dict, List
+
+from ..snapshot import Snapshot, StageStats
+
+
+def to_literal(snap: Snapshot) -> List[Dict[str, Any]]:
+    events = list(dict.fromkeys(e for s in snap for e in s.counters))
+
+    def node(s: StageStats) -> Dict[str, Any]:
+        m: Dict[str, Any] = {"time (inc)": s.wall_total / 1e9, "time": s.wall_self / 1e9, "calls": s.calls,
+                             "errors": s.errors, "cpu (inc)": None if s.cpu_total is None else s.cpu_total / 1e9}
+        for e in events:
+            m[e] = s.counter(e)
+        d: Dict[str, Any] = {"frame": {"name": s.name, "type": "function"}, "metrics": m}
+        kids = snap.children(s.path)
+        if kids:
+            d["children"] = [node(k) for k in kids]
+        return d
+    return [node(r) for r in snap.roots]
+
+
+def write(path: str, snap: Snapshot) -> None:
+    with open(path, "w", encoding="utf-8") as f:
+        json.dump(to_literal(snap), f, allow_nan=False)

@@ -1,0 +1,107 @@
+import html as htmllib
+import json
+import os
+import re
+import shutil
+import subprocess
+
+import pytest
+
+from instrument import cli
+from instrument.exporters import html
+from snapfactory import snap, st
+
+MS = 1_000_000
+EVIL = [
+    "<script>alert(1)</script>",
+    "</script><script>document.title='INJECTED'</script>",
+    "<img src=x onerror=\"document.title='INJECTED'\">",
+    "<!-- <script>document.title='INJECTED'</script>",
+    "line\u2028sep\u2029x",
+]
+
+
+@pytest.fixture(scope="session")
+def chromium():
+    """Debian's chromium, installed with apt-get once when missing."""
+    exe = shutil.which("chromium")
+    if exe is None and shutil.which("apt-get") and os.geteuid() == 0:
+        env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
+        try:
+            subprocess.run(["apt-get", "update", "-qq"], env=env, capture_output=True, timeout=600)
+            subprocess.run(["apt-get", "install", "-y", "-qq", "chromium"], env=env, capture_output=True, timeout=900)
+        except (OSError, subprocess.TimeoutExpired):
+            pass
+        exe = shutil.which("chromium")
+    if exe is None:
+        pytest.skip("chromium is not installed and `apt-get install -y chromium` could not install it")
+    return exe
+
+
+def browse(chromium, page, tmp_path, what):
+    args = [chromium, "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+            "--disable-background-networking", "--disable-component-update", "--disable-sync",
+            f"--user-data-dir={tmp_path / 'profile'}", "--window-size=1280,900"]
+    if what == "dom":
+        args.append("--dump-dom")
+    else:
+        args.append(f"--screenshot={what}")
+    r = subprocess.run(args + [page.as_uri()], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr[-2000:]
+    return r.stdout
+
+
+def report_snapshots():
+    after = snap(st("request", 100, 25 * MS, self_ns=100 * MS, cpu_ns=2000 * MS), st("request/tokenize", 100, 3 * MS),
+                 st("request/model", 100, 17 * MS), st("request/model/encoder", 100, 12 * MS),
+                 st("request/postprocess", 100, 4 * MS), *(st(("request", e), 2, MS) for e in EVIL),
+                 st("batch", 10, 50 * MS), st("batch/collate", 10, 20 * MS))
+    before = snap(st("request", 100, 30 * MS), st("request/tokenize", 100, 3 * MS), st("request/model", 100, 23 * MS),
+                  st("request/model/encoder", 100, 19 * MS), st("request/legacy", 100, 1 * MS))
+    return before, after
+
+
+def test_embedded_data_cannot_break_out():
+    _, after = report_snapshots()
+    page = html.render(after)
+    data = re.search(r'<script type="application/json" id="data">(.*?)</script>', page, re.S).group(1)
+    assert "<" not in data and ">" not in data and "\u2028" not in data and "\u2029" not in data
+    assert {tuple(s["path"]) for s in json.loads(data)["after"]["stages"]} == {s.path for s in after}
+    assert page.count("<script") == 2 and "<!--" not in page
+    assert "http://" not in page and "https://" not in page      # nothing fetched from anywhere
+
+
+def test_page_in_headless_chromium(chromium, tmp_path):
+    before, after = report_snapshots()
+    page = tmp_path / "report.html"
+    html.write(str(page), after)
+    dom = browse(chromium, page, tmp_path, "dom")
+    assert 'data-rendered="1"' in dom                        # the script ran to the end
+    assert re.search(r"<title>([^<]*)</title>", dom).group(1) == "instrument: stage breakdown"   # nothing injected ran
+    icicle = re.search(r'<div id="icicle"[^>]*>(.*?)</div>\s*<div id="before-wrap"', dom, re.S).group(1)
+    cells = re.findall(r'data-path="([^"]*)"', icicle)
+    assert {"request", "request/model", "request/model/encoder", "batch", "batch/collate"} <= \
+        {htmllib.unescape(c) for c in cells}
+    text = htmllib.unescape(re.sub(r"<[^>]+>", " ", dom.split('<table id="table">', 1)[1]))
+    for name in ("tokenize", "encoder", "collate", "<script>alert(1)</script>", EVIL[2]):
+        assert name in text
+    assert "<script>alert(1)</script>" not in dom.split('<script type="application/json"')[0]   # escaped as text
+    shot = tmp_path / "report.png"
+    browse(chromium, page, tmp_path, str(shot))
+    assert shot.stat().st_size > 10_000
+
+
+def test_diff_page_in_headless_chromium(chromium, tmp_path):
+    before, after = report_snapshots()
+    before.save(tmp_path / "before.json")
+    after.save(tmp_path / "after.json")
+    page = tmp_path / "diff.html"
+    assert cli.main(["export", "--html", str(page), str(tmp_path / "before.json"), str(tmp_path / "after.json"),
+                     "--diff"]) == 0
+    dom = browse(chromium, page, tmp_path, "dom")
+    assert 'data-rendered="1"' in dom
+    assert "request: 30.0 ms → 25.0 ms (−16.7%)" in htmllib.unescape(dom)
+    assert 'id="before-wrap"' in dom and 'id="before-wrap" hidden' not in dom
+    before_cells = re.findall(r'data-path="([^"]*)"', dom.split('id="icicle-before"', 1)[1])
+    assert "request/legacy" in before_cells
+    assert "only before" in dom and "only after" in dom
