@@ -1151,6 +1151,7 @@ static PyObject *mod_reset(PyObject *m, PyObject *unused) {
 /* In a forked child: drop the parent's data; frames opened before the fork are not recorded. */
 static PyObject *mod_after_fork_child(PyObject *m, PyObject *unused) {
     zero_all();
+    if (tls_ts) tls_ts->native_id = PyThread_get_thread_native_id();   /* the child's thread has a new id */
     for (ThreadState *ts = g_threads; ts; ts = ts->next) {
         /* the inherited fds count the parent's threads: close them, reopen lazily */
         if (ts->perf_gen) perf_set_close(&ts->perf);

@@ -521,6 +521,9 @@ def after_fork_child() -> None:
     global _epoch, _lock, _ctr_first
     _lock = threading.RLock()
     _zero()
+    mine = getattr(_local, "slots", None)
+    if mine is not None:
+        mine.native_id = threading.get_native_id()
     for t in list(_threads.values()):
         if t.perf is not None:
             t.perf.close()     # the inherited fds count the parent's threads

@@ -217,8 +217,12 @@ def report_text(snap: Snapshot, sort: str = "tree", depth: Optional[int] = None,
 
 
 def _cmd_report(a) -> int:
-    snap = load_many(a.files)
+    from .verdict import render_advice, with_verdicts
+    snap = with_verdicts(load_many(a.files))
     print(report_text(snap, sort=a.sort, depth=a.depth, fold=a.fold, format=a.format, ops=a.ops))
+    if a.format == "table":
+        print()
+        print(render_advice(snap))
     return 0
 
 
@@ -409,7 +413,13 @@ def _cmd_demo(a) -> int:
 
 
 def _cmd_advise(a) -> int:
-    return int(_optional("instrument.advise", "main", "advise")(_rest(a.args)) or 0)
+    from .verdict import advise, render_advice
+    snap = load_many(a.files)
+    if a.json:
+        print(json.dumps(advise(snap, a.top), indent=2))
+    else:
+        print(render_advice(snap, a.top))
+    return 0
 
 
 # ------------------------------------------------------------------- parser
@@ -504,11 +514,15 @@ def build_parser() -> argparse.ArgumentParser:
     n.add_argument("command", nargs=argparse.REMAINDER)
     n.set_defaults(func=_cmd_nsys)
 
-    for name, func, helptext in (("demo", _cmd_demo, "run the demo inference service"),
-                                 ("advise", _cmd_advise, "advice from a snapshot")):
-        x = sub.add_parser(name, help=helptext, add_help=False)
-        x.add_argument("args", nargs=argparse.REMAINDER)
-        x.set_defaults(func=func)
+    ad = sub.add_parser("advise", help="the biggest stages' bottleneck verdicts and what to run next")
+    ad.add_argument("files", nargs="*", default=["run.json"], metavar="SNAPSHOT", help="default run.json")
+    ad.add_argument("--top", type=_positive, default=3, metavar="N")
+    ad.add_argument("--json", action="store_true")
+    ad.set_defaults(func=_cmd_advise)
+
+    x = sub.add_parser("demo", help="run the demo inference service", add_help=False)
+    x.add_argument("args", nargs=argparse.REMAINDER)
+    x.set_defaults(func=_cmd_demo)
     return p
 
 

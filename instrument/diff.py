@@ -44,6 +44,7 @@ class DiffRow:
     status: str                       # "both", "only before" or "only after"
     metrics: Mapping[str, Change]     # METRICS, in ns (calls: a count)
     counters: Mapping[str, Change]    # each counter's total
+    verdict: Tuple[Optional[str], Optional[str]] = (None, None)   # bottleneck verdict before, after
 
     @property
     def name(self) -> str:
@@ -52,7 +53,8 @@ class DiffRow:
     def to_dict(self) -> Dict[str, Any]:
         return {"path": list(self.path), "status": self.status,
                 **{k: c.to_dict() for k, c in self.metrics.items()},
-                "counters": {k: c.to_dict() for k, c in self.counters.items()}}
+                "counters": {k: c.to_dict() for k, c in self.counters.items()},
+                "verdict": {"before": self.verdict[0], "after": self.verdict[1]}}
 
 
 @dataclass(frozen=True)
@@ -79,7 +81,8 @@ def _row(path, b: Optional[StageStats], a: Optional[StageStats]) -> DiffRow:
     names = list(dict.fromkeys([*(b.counters if b else ()), *(a.counters if a else ())]))
     counters = {n: Change(b.counter(n) if b else None, a.counter(n) if a else None) for n in names}
     status = "both" if a is not None and b is not None else "only before" if b is not None else "only after"
-    return DiffRow(path, status, {k: Change(vb[k], va[k]) for k in METRICS}, counters)
+    verdict = tuple((s.verdict or {}).get("verdict") if s is not None else None for s in (b, a))
+    return DiffRow(path, status, {k: Change(vb[k], va[k]) for k in METRICS}, counters, verdict)
 
 
 def human(ns: Optional[float]) -> str:
@@ -130,6 +133,8 @@ def diff(before: Snapshot, after: Snapshot) -> Diff:
     """Per stage path of either snapshot: before, after, delta and ratio of
     calls, total, mean, p50, p99, CPU and each counter's total; rows sorted by
     the absolute change of total wall time."""
+    from .verdict import with_verdicts
+    before, after = with_verdicts(before), with_verdicts(after)
     paths = list(dict.fromkeys([*(s.path for s in before), *(s.path for s in after)]))
     rows = {p: _row(p, before.get(p), after.get(p)) for p in paths}
     headline, stage, change = _headline(rows)
@@ -172,8 +177,12 @@ def _label(r: DiffRow) -> str:
 
 
 def _counter_lines(r: DiffRow) -> List[str]:
-    return [f"{n}: {_num(c.before)} → {_num(c.after)} ({percent(c)})" for n, c in r.counters.items()
-            if c.before is not None or c.after is not None]
+    lines = [f"{n}: {_num(c.before)} → {_num(c.after)} ({percent(c)})" for n, c in r.counters.items()
+             if c.before is not None or c.after is not None]
+    if any(r.verdict):
+        b, a = (v or "-" for v in r.verdict)
+        lines.insert(0, f"verdict: {b}" + ("" if a == b else f" → {a}"))
+    return lines
 
 
 def _num(x: Optional[float]) -> str:
@@ -204,7 +213,7 @@ def render(d: Diff, format: str = "table", limit: Optional[int] = None) -> str:
                "| --- | " + " | ".join("---:" for _ in HEADERS) + " |"]
         for r in rows:
             label = _md(_label(r))
-            extra = "<br>" + "<br>".join(_md(x) for x in _counter_lines(r)) if r.counters else ""
+            extra = "<br>" + "<br>".join(_md(x) for x in _counter_lines(r)) if _counter_lines(r) else ""
             out.append(f"| {label}{extra} | " + " | ".join(_cells(r)) + " |")
         return "\n".join(out)
     table = [[_label(r)] + _cells(r) for r in rows]

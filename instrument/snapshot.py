@@ -350,6 +350,9 @@ class Snapshot:
         d = os.path.dirname(os.path.abspath(path))
         fd, tmp = tempfile.mkstemp(prefix=".instrument-", suffix=".tmp", dir=d)
         try:
+            umask = os.umask(0)
+            os.umask(umask)
+            os.fchmod(fd, 0o666 & ~umask)    # as open() would create it, not mkstemp's 0600
             with os.fdopen(fd, "wb") as f:
                 f.write(data)
                 f.flush()

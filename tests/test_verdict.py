@@ -29,11 +29,20 @@ def need_a_free_cpu():
 
 
 def test_sleep_is_waiting_spin_is_compute_bound(backend):
-    need_a_free_cpu()
     with instrument.stage("sleepy"):
         time.sleep(0.05)
-    with instrument.stage("busy"):
-        spin(0.05)
+    for _ in range(5):
+        instrument.reset()
+        with instrument.stage("busy"):
+            w0, c0 = time.perf_counter(), time.thread_time()
+            spin(0.05)
+            share = (time.thread_time() - c0) / (time.perf_counter() - w0)
+        if share >= 0.9:
+            break
+    else:
+        pytest.skip(f"machine overloaded: the spinning stage got {share:.0%} of a CPU")
+    with instrument.stage("sleepy"):
+        time.sleep(0.05)
     snap = instrument.snapshot()
     assert snap["sleepy"].verdict["verdict"] == "waiting"
     assert snap["sleepy"].verdict["evidence"]["cpu_per_wall"] < 0.2
@@ -117,3 +126,12 @@ def test_advice_names_the_right_next_step(backend):
     assert 0.5 < adv[0]["saving_upper_bound"] < 1
     text = verdict.render_advice(snap)
     assert "request/tokenize: compute-bound" in text and "at most" in text
+
+
+def test_diff_shows_each_stage_verdict_before_and_after():
+    from instrument.diff import diff, render
+    busy = StageStats(("req",), 10, 0, 50_000_000, 50_000_000, 1, 9, 49_000_000, 49_000_000, 10, {})
+    idle = StageStats(("req",), 10, 0, 30_000_000, 30_000_000, 1, 9, 1_000_000, 1_000_000, 10, {})
+    d = diff(Snapshot([busy]), Snapshot([idle]))
+    assert d.rows[0].verdict == ("compute-bound", "waiting")
+    assert "verdict: compute-bound → waiting" in render(d)
