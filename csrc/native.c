@@ -534,7 +534,8 @@ static void stage_exit(Stage *self, int error) {
         return;
     }
     int64_t cpu1 = -1;
-    ThreadState *ts = tls_ts;
+    ThreadState *ts = ts_get();   /* a thread given another's context may not have its own slots yet */
+    if (!ts) PyErr_Clear();
     Frame *fp = &st->frames[i];
     perf_reading c1;
     int have_ctr = fp->ctr_gen && fp->ctr_gen == g_ctr_gen && fp->ts == ts && ts && ts->perf_gen == fp->ctr_gen;
