@@ -270,6 +270,8 @@ def _after_fork_child() -> None:
         pass
 
 
+from . import _torchwatch  # noqa: E402  (torch integrations: installed only once torch is imported)
+_apply_hooks.append(_torchwatch.on_configure)
 _apply(_config_now)
 atexit.register(_save_at_exit)
 if hasattr(os, "register_at_fork"):

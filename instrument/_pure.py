@@ -173,12 +173,12 @@ def _enter(stage: "Stage") -> None:
         f.epoch = _epoch
         f.child_wall = f.child_cpu = 0
         f.hook = None
+        _stack.set(f)   # before the hook, as in the C backend: current_path() includes this stage
         if _hook_enter is not None:
             try:
                 f.hook = _hook_enter(stage.name)
             except Exception:
                 _internal_failure("integration enter hook")
-        _stack.set(f)
         f.cpu0 = _thread_ns() if _cpu_clock else -1
         f.t0 = _perf_ns()
     except Exception:
