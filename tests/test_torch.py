@@ -2,6 +2,7 @@
 bookkeeping (with stand-in events; real CUDA checks are in tests/gpu)."""
 import json
 import sys
+import time
 
 import pytest
 
@@ -158,6 +159,34 @@ def test_accumulated_cycles_are_folded_once(data):
             step(x, t)
             prof.step()
     assert instrument.snapshot()["step/loss"].ops["profiled_calls"] == 3
+
+
+def test_worker_thread_stages_opened_before_recording(backend):
+    import threading
+    try:
+        cfg = torch._C._profiler._ExperimentalConfig(profile_all_threads=True)   # torch records other threads
+    except (AttributeError, TypeError):
+        pytest.skip("this torch cannot profile all threads")
+    started, stop = threading.Event(), threading.Event()
+
+    def worker():
+        with instrument.stage("worker"):
+            started.set()
+            while not stop.is_set():
+                with instrument.stage("item"):
+                    torch.ones(16, 16).matmul(torch.ones(16, 16))
+                time.sleep(0.002)   # a few dozen items while recording
+    th = threading.Thread(target=worker)
+    th.start()
+    started.wait()
+    try:
+        with instrument.profile(activities=CPU, experimental_config=cfg):
+            stop.wait(0.1)
+    finally:
+        stop.set()
+        th.join()
+    snap = instrument.snapshot()
+    assert snap.get("item") is None and "aten::mm" in op_names(snap["worker/item"].ops)
 
 
 def test_profile_opened_inside_a_stage_keeps_the_full_path(data):
