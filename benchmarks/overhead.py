@@ -129,6 +129,44 @@ def memory(calls: int) -> dict:
     return {"calls": calls, "rss_before": before, "rss_after": after, "delta_bytes": after - before}
 
 
+def torch_overhead(rounds: int, number: int) -> dict:
+    """One reused stage with torch not yet imported, imported with no profiler (no hooks: must match),
+    under a recording torch profiler (one range per stage), and with GPU events (only where CUDA is)."""
+    base_cfg = _collector.current_config().values
+    instrument.configure(enabled=True, counters="none", cpu_clock=False, nvtx=False, trace_events=0)
+    tm = timeit.Timer("with s: pass", globals={"s": instrument.stage("bench")})
+    loop = timeit.Timer("pass").timeit(number) / number
+
+    def run(n=number, k=rounds):
+        gc.disable()
+        try:
+            return statistics.median((tm.timeit(n) / n - loop) * 1e9 for _ in range(k))
+        finally:
+            gc.enable()
+    out = {}
+    if "torch" not in sys.modules:
+        out["stage, torch not imported"] = run()
+    try:
+        import torch
+    except ImportError:
+        instrument.configure(**base_cfg)
+        return out
+    out["stage, torch imported, no profiler"] = run()
+    rf = timeit.Timer("with rf('bench'): pass", globals={"rf": torch.profiler.record_function})
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]):
+        n, k = max(number // 50, 100), min(rounds, 5)
+        out["stage, torch profiler recording"] = run(n, k)
+        out["record_function, profiler recording"] = statistics.median((rf.timeit(n) / n - loop) * 1e9
+                                                                      for _ in range(k))
+    if torch.cuda.is_available():
+        torch.cuda.init()
+        instrument.configure(gpu="on")
+        out["stage, GPU events on"] = run(n=max(number // 10, 100))
+        torch.cuda.synchronize()
+    instrument.configure(**base_cfg)
+    return out
+
+
 RATIOS = [
     ("instrument timing, reused", "nvtx.annotate inline", 0.5),
     ("instrument timing, inline stage()", "nvtx.annotate inline", 0.5),
@@ -189,6 +227,7 @@ def main(argv=None) -> int:
     ap.add_argument("--memory-calls", type=int, default=10_000_000)
     ap.add_argument("--json", help="also write the figures to this file")
     a = ap.parse_args(argv)
+    tres = torch_overhead(a.rounds, a.number)   # first: the no-torch figure needs torch not yet imported
     res = measure(a.rounds, a.number)
     print(f"backend: {_collector.backend_name}; python {platform.python_version()}; {platform.machine()}, "
           f"{os.cpu_count()} cores; median of {a.rounds} rounds x {a.number} enter+exit, loop overhead removed")
@@ -202,6 +241,10 @@ def main(argv=None) -> int:
             r = res[num] / res[den]
             ratios.append({"candidate": num, "anchor": den, "ratio": r, "target": target, "met": r <= target})
             print(f"  {num} / {den} = {r:.2f}  (target <= {target}: {'met' if r <= target else 'NOT met'})")
+    if tres:
+        print("torch integration (median ns per enter+exit):")
+        for k, v in tres.items():
+            print(f"  {k:<{max(w, *map(len, tres))}}  {v:8.1f} ns")
     mem = memory(a.memory_calls) if a.memory_calls else None
     if mem:
         print(f"memory over {mem['calls']:,} stage calls: RSS {mem['rss_before'] / 2**20:.1f} MiB -> "
@@ -216,7 +259,7 @@ def main(argv=None) -> int:
         print("perf stat comparison:", ps)
     if a.json:
         with open(a.json, "w") as f:
-            json.dump({"ns": res, "ratios": ratios, "memory": mem, "perf_stat": ps, "backend": _collector.backend_name,
+            json.dump({"ns": res, "torch": tres, "ratios": ratios, "memory": mem, "perf_stat": ps, "backend": _collector.backend_name,
                        "date": time.strftime("%Y-%m-%d"), "machine": platform.platform()}, f, indent=2)
     return 0
 

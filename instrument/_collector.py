@@ -357,6 +357,8 @@ def _after_fork_child() -> None:
         pass
 
 
+from . import _torchwatch  # noqa: E402  (torch integrations: installed only once torch is imported)
+_apply_hooks.append(_torchwatch.on_configure)
 _apply(_config_now, explicit_counters="INSTRUMENT_COUNTERS" in os.environ)
 atexit.register(_save_at_exit)
 if hasattr(os, "register_at_fork"):

@@ -218,23 +218,21 @@ def _enter(stage: "Stage") -> None:
         f.epoch = _epoch
         f.child_wall = f.child_cpu = 0
         f.hook = None
+        f.nvtx, f.c0, f.cpu0, f.t0 = 0, None, -1, _perf_ns()
+        _stack.set(f)   # before the hook, as in the C backend: current_path() includes this stage
         if _hook_enter is not None:
             try:
                 f.hook = _hook_enter(stage.name)
             except Exception:
                 _internal_failure("integration enter hook")
-        f.nvtx = 0
         if _nvtx is not None:
             if _in_event_loop():
                 f.nvtx, f.nvtx_id = 2, _nvtx.start(stage.name, stage.color, stage.category)
             else:
                 f.nvtx = 1
                 _nvtx.push(stage.name, stage.color, stage.category)
-        _stack.set(f)
         global _open
         _open += 1
-        f.c0 = None
-        f.cpu0 = -1
         if _ctr_events:
             f.c0 = (_ctr_gen, _counters(f.slots).read())
             f.child_c = [0.0] * len(_ctr_events)

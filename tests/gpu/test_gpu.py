@@ -1,0 +1,140 @@
+"""GPU timing per stage, checked against CUDA events; skipped where CUDA is absent.
+
+    bash tests/gpu/run_gpu_checks.sh        (or: PYTHONPATH=. python -m pytest tests/gpu -v -s)
+
+Figures (GPU ms per stage vs torch.cuda.Event ms, host return µs) are printed with -s.
+"""
+import subprocess
+import sys
+import time
+
+import pytest
+
+torch = pytest.importorskip("torch")
+import instrument  # noqa: E402
+
+pytestmark = pytest.mark.skipif(not torch.cuda.is_available(),
+                                reason="CUDA is not available (no GPU, or a CPU-only torch build)")
+
+
+def figure(msg):
+    print(f"\n[gpu figure] {msg}")
+
+
+@pytest.fixture(autouse=True)
+def gpu_on(backend):
+    torch.cuda.synchronize()
+    instrument.configure(gpu="on")
+    instrument.reset()
+    yield
+    torch.cuda.synchronize()
+
+
+def sleep_cycles(ms):
+    """torch.cuda._sleep cycles that keep the GPU busy for about `ms` milliseconds."""
+    e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    torch.cuda._sleep(1000)
+    e0.record()
+    torch.cuda._sleep(10_000_000)
+    e1.record()
+    e1.synchronize()
+    return int(ms / (e0.elapsed_time(e1) / 10_000_000))
+
+
+def test_gpu_time_matches_cuda_events():
+    a, b = torch.randn(4096, 4096, device="cuda"), torch.randn(4096, 4096, device="cuda")
+    for _ in range(3):
+        a @ b
+    torch.cuda.synchronize()
+    instrument.reset()
+    st, ref = instrument.stage("matmul"), []
+    for _ in range(20):
+        e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        with st:
+            e0.record()
+            for _ in range(4):
+                a @ b
+            e1.record()
+        ref.append((e0, e1))
+    g = instrument.snapshot()["matmul"].gpu
+    torch.cuda.synchronize()
+    ref_ms = sorted(e0.elapsed_time(e1) for e0, e1 in ref)
+    figure(f"matmul stage: GPU {g['total_ns'] / 20 / 1e6:.3f} ms/stage (p50 {g['p50_ns'] / 1e6:.3f}) vs "
+           f"cuda.Event {sum(ref_ms) / 20:.3f} ms/stage (p50 {ref_ms[10]:.3f})")
+    assert g["samples"] == 20 and g["dropped"] == 0 and g["errors"] == 0
+    assert g["total_ns"] == pytest.approx(sum(ref_ms) * 1e6, rel=0.10)
+    assert g["p50_ns"] == pytest.approx(ref_ms[10] * 1e6, rel=0.10)
+
+
+def test_stage_does_not_wait_for_the_gpu():
+    cycles = sleep_cycles(50)
+    st = instrument.stage("sleepy")
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    with st:
+        torch.cuda._sleep(cycles)
+    host = time.perf_counter() - t0
+    still_running = not torch.cuda.current_stream().query()
+    loop = []
+    for _ in range(32):   # exits that try to resolve (every 16th) must not wait either
+        t1 = time.perf_counter()
+        with st:
+            torch.cuda._sleep(cycles // 10)
+        loop.append(time.perf_counter() - t1)
+    g = instrument.snapshot()["sleepy"].gpu
+    figure(f"~50 ms kernel: host return {host * 1e6:.0f} µs, GPU {g['max_ns'] / 1e6:.1f} ms; 32 x ~5 ms kernels: "
+           f"host max {max(loop) * 1e6:.0f} µs, GPU total {g['total_ns'] / 1e6:.1f} ms")
+    assert still_running, "the kernel had finished when the stage returned: the stage waited for it"
+    assert host < 0.005 and max(loop) < 0.005
+    assert g["samples"] == 33 and g["max_ns"] >= 40e6
+
+
+def test_pool_overflow_is_counted():
+    instrument.configure(gpu_events=4)
+    x = torch.ones(16, device="cuda")
+    torch.cuda._sleep(sleep_cycles(300))   # the stream is busy: no pair can resolve
+    for _ in range(100):
+        with instrument.stage("tiny"):
+            x.add_(1)
+    g = instrument.snapshot()["tiny"].gpu
+    figure(f"pool of 4: samples {g['samples']}, dropped {g['dropped']}")
+    assert g["samples"] == 4 and g["dropped"] == 96 and g["errors"] == 0
+
+
+def test_side_stream_is_the_one_timed():
+    cycles, s = sleep_cycles(20), torch.cuda.Stream()
+    with torch.cuda.stream(s):
+        with instrument.stage("side"):
+            torch.cuda._sleep(cycles)
+    g = instrument.snapshot()["side"].gpu
+    figure(f"side stream ~20 ms kernel: GPU {g['total_ns'] / 1e6:.1f} ms")
+    assert g["samples"] == 1 and g["total_ns"] >= 15e6
+
+
+def test_profile_attributes_kernels_to_stages():
+    model, x = torch.nn.Linear(1024, 1024).cuda(), torch.randn(256, 1024, device="cuda")
+    acts = [torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]
+    with instrument.profile(activities=acts):
+        for _ in range(3):
+            with instrument.stage("forward"):
+                model(x)
+            with instrument.stage("scale"):
+                x * 2
+        torch.cuda.synchronize()
+    snap = instrument.snapshot()
+    fwd, sc = snap["forward"].ops, snap["scale"].ops
+    figure(f"profiled forward: device {fwd['device_total_ns'] / 1e3:.1f} µs, top {fwd['by_device'][:2]}")
+    assert fwd["device_total_ns"] > 0 and sc["device_total_ns"] > 0
+    assert {r["name"] for r in fwd["by_device"]} & {"aten::addmm", "aten::mm", "aten::linear", "aten::matmul"}
+    assert "aten::mul" in {r["name"] for r in sc["by_device"]}
+
+
+def test_auto_turns_on_when_cuda_initialises():
+    code = ("import instrument, torch\n"
+            "assert not instrument.gpu.status()['timing'], 'on before CUDA was initialised'\n"
+            "x = torch.ones(4, device='cuda')\n"
+            "with instrument.stage('s'):\n"
+            "    x.add_(1)\n"
+            "g = instrument.snapshot()['s'].gpu; assert g and g['samples'] == 1, g\n")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
