@@ -97,14 +97,18 @@ class OptimizedInputs:
             raise DemoUnavailable() from exc
         self.torch = torch = _torch()
         self.device = device
+        # Rayon workers spinning after a small batch take the cores torch needs (2-5x slower here).
+        os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
         self.tokenizer = Tokenizer.from_file(str(folder / "tokenizer.json"))
         self.tokenizer.enable_truncation(max_length=max_length)
         self.tokenizer.enable_padding(pad_id=0, pad_token="[PAD]")  # to the longest in the batch
         # Row n holds n ones then zeros, so a batch's mask is one gather and a slice.
         self.mask_table = torch.ones(max_length + 1, max_length, dtype=torch.long, device=device).tril(-1)
+        # Offsets are not needed; encode_batch_fast skips them where the library has it.
+        self.encode_batch = getattr(self.tokenizer, "encode_batch_fast", self.tokenizer.encode_batch)
 
     def tokenize(self, texts):
-        encodings = self.tokenizer.encode_batch(texts)
+        encodings = self.encode_batch(texts)
         ids = self.torch.tensor([e.ids for e in encodings], device=self.device)
         lengths = self.torch.tensor([e.attention_mask.count(1) for e in encodings], device=self.device)
         return ids, lengths
