@@ -1,0 +1,5 @@
+import sys
+
+from . import run_demo
+
+sys.exit(run_demo())

