@@ -534,6 +534,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         configure(output=None)
     argv = list(argv)
     try:
+        if argv[:1] == ["demo"]:   # the demo parses its own options
+            return int(_optional("instrument.demo", "run_demo", "demo")(argv[1:]) or 0)
         args = build_parser().parse_args(argv)
         if getattr(args, "func", None) is None:
             build_parser().print_help(sys.stderr)

@@ -178,7 +178,7 @@ def _label(r: DiffRow) -> str:
 
 def _counter_lines(r: DiffRow) -> List[str]:
     lines = [f"{n}: {_num(c.before)} → {_num(c.after)} ({percent(c)})" for n, c in r.counters.items()
-             if c.before is not None or c.after is not None]
+             if c.before or c.after]   # counters that stayed 0 or were never counted say nothing
     if any(r.verdict):
         b, a = (v or "-" for v in r.verdict)
         lines.insert(0, f"verdict: {b}" + ("" if a == b else f" → {a}"))

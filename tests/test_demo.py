@@ -123,6 +123,16 @@ def test_demo_run_writes_both_snapshots(model, tmp_path, capsys):
         stages = _stage_paths(json.loads(path.read_text()))
         assert STAGE_PATHS <= set(stages)
         assert all(stages[p]["calls"] == 3 for p in STAGE_PATHS)  # the warm-up requests are not counted
+    assert (tmp_path / "report.html").read_text().count("tokenize") >= 1
+    assert "perf counters:" in out and "NVTX:" in out and "Where to look next" in out
+    # the verdicts: the tokenizers are CPU work, never judged as waiting; the advice starts with the
+    # stage of the largest self time, whichever it is on this machine
+    base = instrument.Snapshot.load(tmp_path / "baseline.json")
+    assert base["request/tokenize"].verdict["verdict"] in ("compute-bound", "mixed")
+    from instrument.verdict import advise
+    top = advise(base)[0]
+    assert top["path"] == list(max((s for s in base if s.calls), key=lambda s: s.wall_self).path)
+    assert top["path"][-1] + ": " + top["verdict"] in out.replace("request/", "")
 
 
 def test_demo_without_model_package_exits_2(tmp_path):

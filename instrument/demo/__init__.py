@@ -4,6 +4,7 @@ The heavy packages (torch, transformers, tokenizers, the model) are imported onl
 demo runs, so ``import instrument`` stays light.
 """
 import argparse
+import os
 import sys
 from pathlib import Path
 
@@ -25,59 +26,38 @@ def batches(sentences, count, size):
         yield [sentences[(i * size + k) % len(sentences)] for k in range(size)]
 
 
-def tree_order(paths):
-    """Paths depth-first, parents before children, siblings in the order first seen."""
-    rank = {p: i for i, p in reversed(list(enumerate(paths)))}
-    return sorted(paths, key=lambda p: [rank.get(p[:k + 1], len(rank)) for k in range(len(p))])
-
-
 def render_breakdown(snap) -> str:
-    """The per-stage table: the SDK's table exporter where it exists, a plain one until then."""
-    try:
-        from instrument.exporters.table import render
-    except ImportError:
-        render = None
-    if render is not None:
-        return render(snap)
-    lines = [f"{'stage':<28}{'calls':>7}{'total ms':>11}{'mean ms':>10}{'p50 ms':>9}{'p99 ms':>9}"]
-    by_path = {tuple(s.path): s for s in snap.stages}
-    for path in tree_order(list(by_path)):
-        s, w = by_path[path], by_path[path].wall_ns
-        name = "  " * (len(path) - 1) + path[-1]
-        lines.append(f"{name:<28}{s.calls:>7}{w['total'] / 1e6:>11.1f}{w['mean'] / 1e6:>10.2f}"
-                     f"{w['p50'] / 1e6:>9.2f}{w['p99'] / 1e6:>9.2f}")
-    return "\n".join(lines)
-
-
-def _mean_ms(snap, path):
-    for s in snap.stages:
-        if tuple(s.path) == tuple(path):
-            return s.wall_ns["mean"] / 1e6
-    return None
-
-
-def _change(before, after, digits):
-    pct = (after - before) / before * 100 if before else 0.0
-    return f"{before:.{digits}f} ms → {after:.{digits}f} ms ({'−' if pct < 0 else '+'}{abs(pct):.0f}%)"
-
-
-def headline(before, after) -> str:
-    """End-to-end change of the mean ``request`` latency, e.g. 'request: 25.0 ms → 18.1 ms (−28%)'."""
-    return "request: " + _change(_mean_ms(before, ("request",)), _mean_ms(after, ("request",)), 1)
+    from instrument.exporters.table import render
+    return render(snap)
 
 
 def render_diff(before, after) -> str:
-    """Headline, then every stage's mean before → after (until the SDK has its own diff)."""
-    lines = [headline(before, after)]
-    paths = tree_order(list(dict.fromkeys(tuple(s.path) for s in list(before.stages) + list(after.stages))))
-    for path in paths:
-        b, a = _mean_ms(before, path), _mean_ms(after, path)
-        name = "/".join(path)
-        if b is None or a is None:
-            lines.append(f"  {name:<26} only {'after' if b is None else 'before'}")
-        else:
-            lines.append(f"  {name:<26} {_change(b, a, 2)}")
-    return "\n".join(lines)
+    """The SDK's diff: the headline (end-to-end request latency before → after), then every stage."""
+    from instrument.diff import diff, render
+    return render(diff(before, after))
+
+
+def headline(before, after) -> str:
+    from instrument.diff import diff
+    return diff(before, after).headline
+
+
+def status_lines(snap) -> list:
+    """What `instrument doctor` would say, one line each: counters, NVTX, torch."""
+    ev = (snap.meta.get("counters") or {}).get("events") or {}
+    ok = [n for n, e in ev.items() if e.get("available")]
+    bad = {n: e for n, e in ev.items() if not e.get("available")}
+    line = f"perf counters: {', '.join(ok) or 'none'} counted"
+    if bad:
+        first = next(iter(bad.values()))
+        line += f"; unavailable: {', '.join(bad)} ({first.get('reason')}{'; fix: ' + first['fix'] if first.get('fix') else ''})"
+    from instrument import nvtx
+    cfg = snap.meta.get("config") or {}
+    tool = "a tool is attached" if os.environ.get("NVTX_INJECTION64_PATH") else \
+        "no tool attached (run under `instrument nsys -- ...` to record them)"
+    nv = f"NVTX: ranges in domain '{cfg.get('nvtx_domain')}' via {nvtx.backend()}, {tool}" if cfg.get("nvtx") \
+        else "NVTX: off"
+    return [line, nv]
 
 
 def _parser():
@@ -92,14 +72,27 @@ def _parser():
     return p
 
 
-def _measure(service, sentences, args, progress):
-    for texts in batches(sentences, WARMUP_REQUESTS, args.batch_size):
-        service.embed(texts)
-    instrument.reset()  # between the variants, and so the warm-up requests are not counted
-    for texts in batches(sentences, args.requests, args.batch_size):
-        service.embed(texts)
-        progress.update(1)
-    return instrument.snapshot()
+CHUNK = 10   # requests per turn: the variants take turns, so machine noise falls on both alike
+
+
+def _measure(services, sentences, args, progress):
+    """Alternate the variants chunk by chunk; each chunk's snapshot is taken and
+    the collector reset, and a variant's chunks are merged (exactly) at the end."""
+    for service in services.values():
+        for texts in batches(sentences, WARMUP_REQUESTS, args.batch_size):
+            service.embed(texts)
+    instrument.reset()   # the warm-up requests are not counted
+    parts = {v: [] for v in services}
+    stream = list(batches(sentences, args.requests, args.batch_size))
+    for start in range(0, len(stream), CHUNK):
+        for variant, service in services.items():
+            progress.set_postfix_str(variant)
+            for texts in stream[start:start + CHUNK]:
+                service.embed(texts)
+                progress.update(1)
+            parts[variant].append(instrument.snapshot())
+            instrument.reset()
+    return {v: p[0].merge(*p[1:]) for v, p in parts.items()}
 
 
 def run_demo(argv=None) -> int:
@@ -124,22 +117,31 @@ def run_demo(argv=None) -> int:
     sentences = load_sentences()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    snapshots, written = {}, []
+    written = []
     with tqdm(total=args.requests * len(variants), unit="req", desc="instrument demo") as progress:
-        for variant in variants:
-            progress.set_postfix_str(variant)
-            snapshots[variant] = _measure(EmbeddingService(variant, device, model=model), sentences, args, progress)
-            path = out / f"{variant}.json"
-            snapshots[variant].save(str(path))
-            written.append(path)
-
+        services = {v: EmbeddingService(v, device, model=model) for v in variants}
+        snapshots = _measure(services, sentences, args, progress)
+    from instrument.exporters import html
+    from instrument.verdict import render_advice, with_verdicts
     for variant, snap in snapshots.items():
+        snapshots[variant] = snap = with_verdicts(snap)
+        written.append(Path(snap.save(str(out / f"{variant}.json"))))
         print(f"\n== {variant}: {args.requests} requests of {args.batch_size} sentences on {device} ==")
         print(render_breakdown(snap))
     if len(snapshots) == 2:
         print("\n== baseline → optimized ==")
         print(render_diff(snapshots["baseline"], snapshots["optimized"]))
+        report = html.render(snapshots["optimized"], before=snapshots["baseline"], title="instrument demo: baseline → optimized")
+    else:
+        report = html.render(next(iter(snapshots.values())), title=f"instrument demo: {variants[0]}")
+    page = out / "report.html"
+    page.write_text(report, encoding="utf-8")
+    written.append(page)
     print()
+    print(render_advice(snapshots[variants[0]]))
+    print()
+    for line in status_lines(snapshots[variants[0]]):
+        print(line)
     for path in written:
         print(f"wrote {path}")
     return 0
