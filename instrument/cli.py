@@ -20,11 +20,10 @@ import re
 import signal
 import subprocess
 import sys
-import tempfile
 import threading
 from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Tuple
 
-from .snapshot import Snapshot, SnapshotError, load_many
+from .snapshot import Snapshot, SnapshotError, atomic_write, load_many
 
 TABLE_FORMATS = ("table", "markdown", "csv", "json")
 EXPORTS = ("chrome", "prometheus", "hatchet", "html")
@@ -50,22 +49,8 @@ def _write(path: str, text: str) -> None:
     if path == "-":
         sys.stdout.write(text if text.endswith("\n") else text + "\n")
         return
-    d = os.path.dirname(os.path.abspath(path))
     try:
-        fd, tmp = tempfile.mkstemp(prefix=".instrument-", suffix=".tmp", dir=d)
-        try:
-            with os.fdopen(fd, "w", encoding="utf-8") as f:
-                f.write(text)
-            mask = os.umask(0)
-            os.umask(mask)
-            os.chmod(tmp, 0o666 & ~mask)   # mkstemp's 0600 is for secrets; a report is an ordinary file
-            os.replace(tmp, path)
-        except BaseException:
-            try:
-                os.unlink(tmp)
-            except OSError:
-                pass
-            raise
+        atomic_write(path, text.encode("utf-8"))
     except OSError as e:
         raise CLIError(f"{path}: cannot write: {e.strerror or e}") from None
 

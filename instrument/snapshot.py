@@ -10,7 +10,6 @@ JSON: {"format": "instrument-snapshot", "version": 1, "meta": {...},
 from __future__ import annotations
 
 import json
-import math
 import os
 import tempfile
 from dataclasses import dataclass, field, replace
@@ -345,26 +344,7 @@ class Snapshot:
     def save(self, path: "os.PathLike[str] | str") -> str:
         """Atomically: written to a temporary file beside `path`, fsynced, renamed.
         On failure the previous file at `path` is left as it was."""
-        path = os.fspath(path)
-        data = self.to_json().encode()
-        d = os.path.dirname(os.path.abspath(path))
-        fd, tmp = tempfile.mkstemp(prefix=".instrument-", suffix=".tmp", dir=d)
-        try:
-            umask = os.umask(0)
-            os.umask(umask)
-            os.fchmod(fd, 0o666 & ~umask)    # as open() would create it, not mkstemp's 0600
-            with os.fdopen(fd, "wb") as f:
-                f.write(data)
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(tmp, path)
-        except BaseException:
-            try:
-                os.unlink(tmp)
-            except OSError:
-                pass
-            raise
-        return path
+        return atomic_write(os.fspath(path), self.to_json().encode())
 
     @classmethod
     def from_dict(cls, d: Any) -> "Snapshot":
@@ -426,6 +406,28 @@ class Snapshot:
         return isinstance(other, Snapshot) and self.to_dict() == other.to_dict()
 
     __hash__ = None  # type: ignore[assignment]
+
+
+def atomic_write(path: str, data: bytes) -> str:
+    """Write `data` to a temporary file beside `path`, fsync, rename: on failure
+    the previous file at `path` is left as it was and no temporary remains."""
+    fd, tmp = tempfile.mkstemp(prefix=".instrument-", suffix=".tmp", dir=os.path.dirname(os.path.abspath(path)))
+    try:
+        umask = os.umask(0)
+        os.umask(umask)
+        os.fchmod(fd, 0o666 & ~umask)    # as open() would create it, not mkstemp's 0600
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+    return path
 
 
 def _source(meta: Mapping[str, Any]) -> Dict[str, Any]:

@@ -4,7 +4,6 @@ import mmap
 import os
 import threading
 import time
-import warnings
 
 import pytest
 
