@@ -71,6 +71,7 @@ def _apply(cfg: _config.Config, explicit_counters: bool = False) -> None:
 
 _apply_hooks: list = []   # integrations register a callable(cfg) here
 _counter_names: tuple = ()
+_applied_counters: Dict[str, tuple] = {}   # backend module -> the events it was given
 _counter_probe: Optional[Dict[str, Any]] = None
 
 
@@ -81,16 +82,12 @@ def _apply_counters(names: tuple, explicit: bool = False) -> None:
     without them (a VM without a PMU is normal) and says so in meta."""
     global _counter_names, _counter_probe
     from . import counters
-    if tuple(names) == _counter_names and getattr(backend, "_counters_for", None) == names:
+    if _applied_counters.get(backend.__name__) == tuple(names):
         return
     specs = [counters.resolve(n) for n in names]
     tc = list(names).index("task-clock") if "task-clock" in names else -1
-    backend.set_counters([(t, c) for t, c, _ in specs], False, tc)
-    try:
-        backend._counters_for = names
-    except AttributeError:
-        pass
-    _counter_names = tuple(names)
+    backend.set_counters([(t, c) for t, c, _ in specs], False, tc)   # kernel counted where allowed, as perf does
+    _applied_counters[backend.__name__] = _counter_names = tuple(names)
     _counter_probe = None
     if names:
         try:
