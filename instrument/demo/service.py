@@ -88,7 +88,7 @@ class BaselineInputs:
 
 
 class OptimizedInputs:
-    """Rust fast tokenizer; masks gathered from a precomputed table."""
+    """Rust fast tokenizer; masks from a precomputed position table compared with the lengths."""
 
     def __init__(self, folder: Path, device: str, max_length: int = MAX_LENGTH):
         try:
@@ -102,8 +102,8 @@ class OptimizedInputs:
         self.tokenizer = Tokenizer.from_file(str(folder / "tokenizer.json"))
         self.tokenizer.enable_truncation(max_length=max_length)
         self.tokenizer.enable_padding(pad_id=0, pad_token="[PAD]")  # to the longest in the batch
-        # Row n holds n ones then zeros, so a batch's mask is one gather and a slice.
-        self.mask_table = torch.ones(max_length + 1, max_length, dtype=torch.long, device=device).tril(-1)
+        # Positions 0..max_length-1 made once: a batch's mask is one broadcast comparison, no Python loop.
+        self.positions = torch.arange(max_length, device=device)
         # Offsets are not needed; encode_batch_fast skips them where the library has it.
         self.encode_batch = getattr(self.tokenizer, "encode_batch_fast", self.tokenizer.encode_batch)
 
@@ -114,7 +114,7 @@ class OptimizedInputs:
         return ids, lengths
 
     def attention_mask(self, lengths, width):
-        return self.mask_table[lengths, :width]
+        return (self.positions[:width] < lengths[:, None]).long()
 
 
 def mean_pool(hidden, mask):
