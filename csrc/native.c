@@ -363,6 +363,7 @@ typedef struct {
     PyObject *hook;      /* what the enter hook returned */
     int32_t node;
     uint32_t epoch;
+    uint64_t seq;        /* identifies the frame after Python code may have moved it */
     uint8_t nvtx;        /* 0 none, 1 push/pop, 2 start/end */
     uint64_t nvtx_id;
     uint32_t ctr_gen;    /* 0: no counter reading at entry */
@@ -445,7 +446,7 @@ static int in_event_loop(void) {
     return r;
 }
 
-static void nvtx_open(Stage *self, Frame *f) {
+static void nvtx_open(Stage *self, Frame *f, int in_loop) {
     uint32_t gen = nvtx_emit_generation();
     if (self->nvtx_gen != gen || !self->nvtx_message) {
         const char *utf8 = PyUnicode_AsUTF8(self->name);
@@ -453,7 +454,7 @@ static void nvtx_open(Stage *self, Frame *f) {
         self->nvtx_message = nvtx_emit_register(utf8);
         self->nvtx_gen = gen;
     }
-    if (in_event_loop()) {
+    if (in_loop) {
         f->nvtx = 2;
         f->nvtx_id = nvtx_emit_start(self->nvtx_message, self->color, self->category);
     } else {
@@ -477,21 +478,31 @@ static int counters_ready(ThreadState *ts) {
     return 1;
 }
 
+static uint64_t g_frame_seq = 0;
+
+/* Our frame after Python code ran (a hook may enter, exit or grow the stack). */
+static Frame *frame_by_seq(Stack *st, uint64_t seq) {
+    for (int32_t j = st->depth - 1; j >= 0; j--)
+        if (st->frames[j].seq == seq) return &st->frames[j];
+    return NULL;
+}
+
 static void stage_enter(Stage *self) {
     if (!g_enabled) return;
     ThreadState *ts = ts_get();
     Stack *st = ts ? stack_current(1) : NULL;
     if (!st) { internal_failure("stage enter"); return; }
-    if (st->depth == st->cap) {
-        int32_t ncap = st->cap ? st->cap * 2 : 8;
-        Frame *f = realloc(st->frames, (size_t)ncap * sizeof(Frame));
-        if (!f) { internal_failure("stage enter"); return; }
-        st->frames = f;
-        st->cap = ncap;
-    }
+    int loop = g_nvtx ? in_event_loop() : 0;   /* may run Python: before any frame pointer is taken */
     int32_t parent = st->depth ? st->frames[st->depth - 1].node : st->base;
     int32_t node = node_child(parent, self->name);
     if (node < 0) { internal_failure("stage enter"); return; }
+    if (st->depth == st->cap) {
+        int32_t ncap = st->cap ? st->cap * 2 : 8;
+        Frame *nf = realloc(st->frames, (size_t)ncap * sizeof(Frame));
+        if (!nf) { internal_failure("stage enter"); return; }
+        st->frames = nf;
+        st->cap = ncap;
+    }
     Frame *f = &st->frames[st->depth++];
     g_open_frames++;
     Py_INCREF(self);
@@ -499,16 +510,21 @@ static void stage_enter(Stage *self) {
     f->ts = ts;
     f->node = node;
     f->epoch = g_epoch;
+    f->seq = ++g_frame_seq;
     f->child_wall = f->child_cpu = 0;
     f->hook = NULL;
-    if (g_hook_enter) {
-        f->hook = PyObject_CallOneArg(g_hook_enter, self->name);
-        if (!f->hook) internal_failure("integration enter hook");
-    }
     f->nvtx = 0;
-    if (g_nvtx) nvtx_open(self, f);
     f->ctr_gen = 0;
     f->cpu0 = -1;
+    f->t0 = now_ns();
+    if (g_hook_enter) {
+        uint64_t seq = f->seq;
+        PyObject *h = PyObject_CallOneArg(g_hook_enter, self->name);
+        if (!h) internal_failure("integration enter hook");
+        if (!(f = frame_by_seq(st, seq))) { Py_XDECREF(h); return; }   /* closed by the hook itself */
+        f->hook = h;
+    }
+    if (g_nvtx) nvtx_open(self, f, loop);
     if (g_ctr_n && counters_ready(ts)) {
         perf_set_read(&ts->perf, &f->c0);
         f->ctr_gen = g_ctr_gen;

@@ -378,3 +378,37 @@ def test_hostile_names_round_trip_and_print_safely(name, backend, tmp_path):
         assert name in text
     else:
         assert name not in text and len(text.splitlines()) == 4   # no row broken by a control character
+
+
+def test_integration_hook_that_enters_stages_itself(backend):
+    """An enter hook runs Python code: it may open stages on the same context
+    (growing the stack under the frame being entered) or fail; neither may
+    corrupt the stage that called it."""
+    inner = [instrument.stage(f"hook{i}") for i in range(40)]
+    seen = []
+
+    def enter(name):
+        if name == "outer":
+            for s in inner:
+                s.__enter__()
+            for s in reversed(inner):
+                s.__exit__(None, None, None)
+        if name == "bad":
+            raise RuntimeError("hook failure")
+        seen.append(name)
+        return name
+
+    backend.set_hooks(enter, lambda h: None)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            for _ in range(3):
+                with instrument.stage("outer"):
+                    with instrument.stage("bad"):
+                        pass
+    finally:
+        backend.set_hooks(None, None)
+    p = by_path(instrument.snapshot())
+    assert p[("outer",)].calls == 3 and p[("outer", "bad")].calls == 3
+    assert p[("outer",) + tuple(f"hook{i}" for i in range(40))].calls == 3
+    assert instrument.snapshot().meta["internal_failures"] >= 1
