@@ -34,11 +34,14 @@ def _stage(snap: Snapshot, s: StageStats) -> Dict[str, Any]:
 
 def _side(snap: Snapshot, label: str) -> Dict[str, Any]:
     m = snap.meta
-    procs = m.get("merged_from") or [m]
+    procs = list({(p.get("pid"), p.get("host")): p for p in (m.get("merged_from") or [m])}.values())
+    span = None   # merged: the wall span of the sources, not the last one's duration
+    if m.get("merged_from") and m.get("start_time") is not None and m.get("end_time") is not None:
+        span = int((m["end_time"] - m["start_time"]) * 1e9)
     return {"label": label, "stages": [_stage(snap, s) for s in snap], "total": snap.total_ns,
             "processes": len(procs), "pids": [p.get("pid") for p in procs][:50], "host": m.get("host"),
             "argv": m.get("argv"), "start": m.get("start_time"), "end": m.get("end_time"),
-            "duration": m.get("duration_ns")}
+            "duration": span if span is not None else m.get("duration_ns")}
 
 
 def render(snap: Snapshot, before: Optional[Snapshot] = None, title: Optional[str] = None) -> str:
