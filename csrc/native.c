@@ -62,7 +62,8 @@ static PyObject *g_ts_key = NULL;
 static PyObject *g_stage_cache = NULL;   /* name -> Stage */
 static PyObject *g_warn_once = NULL;     /* set of warning keys already shown */
 
-static int64_t g_open_frames = 0;  /* frames open in any stack: the node table can only be rebuilt at 0 */
+static int64_t g_open_frames = 0;
+static uint32_t g_node_gen = 1;    /* bumped when the node table is rebuilt: older node ids are void */  /* frames open in any stack: the node table can only be rebuilt at 0 */
 static uint64_t g_unmatched = 0, g_out_of_order = 0, g_cross_thread = 0, g_internal = 0, g_folded = 0;
 
 /* ----------------------------------------------------------------- warnings */
@@ -289,6 +290,7 @@ typedef struct ThreadState {
     StatsArray stats;
     perf_set perf;
     uint32_t perf_gen;           /* g_ctr_gen the set was opened for; 0 = not open */
+    uint64_t serial;             /* unique per thread state: addresses are reused after a thread ends */
     unsigned long native_id;
     struct ThreadState *prev, *next;
 } ThreadState;
@@ -323,6 +325,8 @@ static ThreadState *ts_create(void) {
     ts->stats.v = NULL;
     ts->stats.n = 0;
     ts->perf_gen = 0;
+    static uint64_t next_serial = 0;
+    ts->serial = ++next_serial;
     ts->native_id = PyThread_get_thread_native_id();
     ts->prev = NULL;
     ts->next = g_threads;
@@ -359,7 +363,8 @@ static PyTypeObject Stage_Type;
 
 typedef struct {
     Stage *stage;
-    ThreadState *ts;     /* thread that entered it: CPU times are only comparable on it */
+    uint64_t ts_serial;  /* thread that entered it: CPU times and counters are only comparable on it */
+    uint8_t cpu_src;     /* where cpu0 came from: 0 nowhere, 1 the thread CPU clock, 2 task-clock */
     PyObject *hook;      /* what the enter hook returned */
     int32_t node;
     uint32_t epoch;
@@ -375,20 +380,34 @@ typedef struct {
 
 typedef struct {
     PyObject_HEAD
-    void *owner;         /* the Context this stack was made for (compared, never dereferenced) */
+    PyObject *owner;     /* the Context this stack was made for: held, so its address cannot be reused */
     int32_t base;        /* node under which the stack's outermost stages nest */
+    uint32_t base_gen;   /* g_node_gen when base was taken */
     int32_t depth, cap;
     Frame *frames;
 } Stack;
 
+static int Stack_traverse(Stack *st, visitproc visit, void *arg) {
+    Py_VISIT(st->owner);
+    for (int32_t i = 0; i < st->depth; i++) Py_VISIT(st->frames[i].hook);
+    return 0;
+}
+
+static int Stack_clear(Stack *st) {
+    Py_CLEAR(st->owner);
+    return 0;
+}
+
 static void Stack_dealloc(Stack *st) {
+    PyObject_GC_UnTrack(st);
     g_open_frames -= st->depth;
     for (int32_t i = 0; i < st->depth; i++) {
         Py_XDECREF(st->frames[i].hook);
         Py_DECREF(st->frames[i].stage);
     }
     free(st->frames);
-    PyObject_Free(st);
+    Py_CLEAR(st->owner);
+    PyObject_GC_Del(st);
 }
 
 static PyTypeObject Stack_Type = {
@@ -396,8 +415,12 @@ static PyTypeObject Stack_Type = {
     .tp_name = "instrument._native._Stack",
     .tp_basicsize = sizeof(Stack),
     .tp_dealloc = (destructor)Stack_dealloc,
-    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC,
+    .tp_traverse = (traverseproc)Stack_traverse,
+    .tp_clear = (inquiry)Stack_clear,
 };
+
+static inline int32_t stack_base(const Stack *st) { return st->base_gen == g_node_gen ? st->base : 0; }
 
 /* The stack of the current context.  A context copied from another (asyncio
  * task, copy_context) first sees its parent's stack: it then gets its own,
@@ -405,25 +428,27 @@ static PyTypeObject Stack_Type = {
 static Stack *stack_current(int create) {
     PyObject *val;
     if (PyContextVar_Get(g_stack_var, NULL, &val) < 0) return NULL;
-    void *ctx = (void *)PyThreadState_GET()->context;
+    PyObject *ctx = PyThreadState_GET()->context;
     Stack *st = (Stack *)val;
     if (st) {
         Py_DECREF(val);   /* the context keeps it alive */
         if (st->owner == ctx) return st;
     }
     if (!create) return NULL;
-    Stack *ns = PyObject_New(Stack, &Stack_Type);
+    Stack *ns = PyObject_GC_New(Stack, &Stack_Type);
     if (!ns) return NULL;
     ns->owner = NULL;
-    ns->base = st ? (st->depth ? st->frames[st->depth - 1].node : st->base) : 0;
+    ns->base = st ? (st->depth ? st->frames[st->depth - 1].node : stack_base(st)) : 0;
+    ns->base_gen = g_node_gen;
     ns->depth = 0;
     ns->cap = 0;
     ns->frames = NULL;
+    PyObject_GC_Track(ns);
     PyObject *tok = PyContextVar_Set(g_stack_var, (PyObject *)ns);
     Py_DECREF(ns);
     if (!tok) return NULL;
     Py_DECREF(tok);
-    ns->owner = (void *)PyThreadState_GET()->context;   /* set() creates the context if there was none */
+    ns->owner = Py_XNewRef(PyThreadState_GET()->context);   /* set() creates the context if there was none */
     return ns;
 }
 
@@ -493,7 +518,7 @@ static void stage_enter(Stage *self) {
     Stack *st = ts ? stack_current(1) : NULL;
     if (!st) { internal_failure("stage enter"); return; }
     int loop = g_nvtx ? in_event_loop() : 0;   /* may run Python: before any frame pointer is taken */
-    int32_t parent = st->depth ? st->frames[st->depth - 1].node : st->base;
+    int32_t parent = st->depth ? st->frames[st->depth - 1].node : stack_base(st);
     int32_t node = node_child(parent, self->name);
     if (node < 0) { internal_failure("stage enter"); return; }
     if (st->depth == st->cap) {
@@ -507,7 +532,7 @@ static void stage_enter(Stage *self) {
     g_open_frames++;
     Py_INCREF(self);
     f->stage = self;
-    f->ts = ts;
+    f->ts_serial = ts->serial;
     f->node = node;
     f->epoch = g_epoch;
     f->seq = ++g_frame_seq;
@@ -516,6 +541,7 @@ static void stage_enter(Stage *self) {
     f->nvtx = 0;
     f->ctr_gen = 0;
     f->cpu0 = -1;
+    f->cpu_src = 0;
     f->t0 = now_ns();
     if (g_hook_enter) {
         uint64_t seq = f->seq;
@@ -529,9 +555,12 @@ static void stage_enter(Stage *self) {
         perf_set_read(&ts->perf, &f->c0);
         f->ctr_gen = g_ctr_gen;
         memset(f->child_c, 0, sizeof(double) * (size_t)g_ctr_n);
-        if (g_ctr_taskclock >= 0 && f->c0.running[g_ctr_taskclock]) f->cpu0 = (int64_t)f->c0.value[g_ctr_taskclock];
+        if (g_ctr_taskclock >= 0 && f->c0.running[g_ctr_taskclock]) {
+            f->cpu0 = (int64_t)f->c0.value[g_ctr_taskclock];
+            f->cpu_src = 2;
+        }
     }
-    if (f->cpu0 < 0 && g_cpu_clock) f->cpu0 = thread_cpu_ns();
+    if (f->cpu_src == 0 && g_cpu_clock && (f->cpu0 = thread_cpu_ns()) >= 0) f->cpu_src = 1;
     f->t0 = now_ns();
 }
 
@@ -550,20 +579,20 @@ static void stage_exit(Stage *self, int error) {
         return;
     }
     int64_t cpu1 = -1;
+    PyObject *et, *ev, *tb;
+    PyErr_Fetch(&et, &ev, &tb);   /* a Region exit carries the function's exception */
     ThreadState *ts = ts_get();   /* a thread given another's context may not have its own slots yet */
     if (!ts) PyErr_Clear();
+    PyErr_Restore(et, ev, tb);
+    uint64_t serial = ts ? ts->serial : 0;
     Frame *fp = &st->frames[i];
     perf_reading c1;
-    int have_ctr = fp->ctr_gen && fp->ctr_gen == g_ctr_gen && fp->ts == ts && ts && ts->perf_gen == fp->ctr_gen;
-    if (have_ctr) {
-        perf_set_read(&ts->perf, &c1);
-        if (g_ctr_taskclock >= 0 && fp->c0.running[g_ctr_taskclock] && c1.running[g_ctr_taskclock])
-            cpu1 = (int64_t)c1.value[g_ctr_taskclock];
-    }
-    if (cpu1 < 0 && fp->cpu0 >= 0 && fp->ts == ts) {
-        if (have_ctr && g_ctr_taskclock >= 0 && fp->c0.running[g_ctr_taskclock]) cpu1 = -1;  /* task-clock stopped */
-        else cpu1 = thread_cpu_ns();
-    }
+    int same_thread = ts && fp->ts_serial == serial;
+    int have_ctr = fp->ctr_gen && fp->ctr_gen == g_ctr_gen && same_thread && ts->perf_gen == fp->ctr_gen;
+    if (have_ctr) perf_set_read(&ts->perf, &c1);
+    /* CPU time only from the clock cpu0 came from, on the thread that read it */
+    if (fp->cpu_src == 2 && have_ctr && c1.running[g_ctr_taskclock]) cpu1 = (int64_t)c1.value[g_ctr_taskclock];
+    else if (fp->cpu_src == 1 && same_thread) cpu1 = thread_cpu_ns();
     double cval[PERF_MAX_EVENTS];
     uint64_t cen[PERF_MAX_EVENTS], crun[PERF_MAX_EVENTS];
     if (have_ctr) {
@@ -584,7 +613,7 @@ static void stage_exit(Stage *self, int error) {
     }
     st->depth--;
     g_open_frames--;
-    if (f.ts != ts) {
+    if (!same_thread) {
         g_cross_thread++;
         warn_once("thread", "instrument: stage '%U' was exited on another thread than it was entered on; its CPU "
                   "time is not recorded for that call", self->name);
@@ -654,7 +683,7 @@ static void stage_exit(Stage *self, int error) {
         Py_DECREF(f.hook);
     }
     if (f.nvtx == 2) nvtx_emit_end(f.nvtx_id);
-    else if (f.nvtx == 1 && f.ts == ts) nvtx_emit_pop();   /* a pop on another thread would close its range */
+    else if (f.nvtx == 1 && same_thread) nvtx_emit_pop();   /* a pop on another thread would close its range */
     Py_DECREF(f.stage);
 }
 
@@ -938,8 +967,6 @@ static PyObject *Region_repr(Region *self) { return PyUnicode_FromFormat("<instr
 static PyMemberDef Region_members[] = {
     {"stage", T_OBJECT, offsetof(Region, stage), READONLY, "the stage the calls are timed in"},
     {"__wrapped__", T_OBJECT, offsetof(Region, func), READONLY, "the wrapped function"},
-    {"__dictoffset__", T_PYSSIZET, offsetof(Region, dict), READONLY},
-    {"__vectorcalloffset__", T_PYSSIZET, offsetof(Region, vectorcall), READONLY},
     {NULL}
 };
 
@@ -1154,6 +1181,7 @@ static void drop_nodes(void) {
     for (int32_t id = 1; id < g_n_nodes; id++) Py_DECREF(g_nodes[id].name);
     g_n_nodes = 1;
     g_n_named = 0;
+    g_node_gen++;
     memset(g_table, 0xff, (g_table_mask + 1) * sizeof(int32_t));
     size_t i = node_hash(-1, Py_None) & g_table_mask;
     g_table[i] = 0;
@@ -1189,7 +1217,7 @@ static PyObject *mod_hist_index(PyObject *m, PyObject *v) {
 
 static PyObject *mod_current_path(PyObject *m, PyObject *unused) {
     Stack *st = stack_current(0);
-    int32_t node = st ? (st->depth ? st->frames[st->depth - 1].node : st->base) : 0;
+    int32_t node = st ? (st->depth ? st->frames[st->depth - 1].node : stack_base(st)) : 0;
     PyObject *l = PyList_New(0);
     for (; l && node > 0; node = g_nodes[node].parent) {
         if (PyList_Insert(l, 0, g_nodes[node].name) < 0) Py_CLEAR(l);

@@ -48,6 +48,7 @@ _nodes: List[tuple] = [(-1, None, 0)]
 _node_ids: Dict[tuple, int] = {}
 _named = 0
 _open = 0      # frames open anywhere: the node table can only be rebuilt at 0
+_node_gen = 1  # bumped when the node table is rebuilt: frames of older generations name no node
 
 _ring: List[Optional[tuple]] = []
 _ring_next = 0
@@ -175,7 +176,7 @@ def _slots() -> _ThreadSlots:
 # ----------------------------------------------------------------- the stack
 class _Frame:
     __slots__ = ("stage", "node", "parent", "slots", "epoch", "t0", "cpu0", "child_wall", "child_cpu", "hook",
-                 "nvtx", "nvtx_id", "c0", "child_c")
+                 "nvtx", "nvtx_id", "c0", "child_c", "gen", "cpu_src")
 
 
 def _counters(slots: "_ThreadSlots"):
@@ -213,13 +214,16 @@ def _enter(stage: "Stage") -> None:
         f = _Frame()
         f.stage = stage
         f.parent = parent
-        f.node = _node_child(parent.node if parent is not None else 0, stage.name)
+        f.node = _node_child(parent.node if parent is not None and parent.gen == _node_gen else 0, stage.name)
+        f.gen = _node_gen
         f.slots = _slots()
         f.epoch = _epoch
         f.child_wall = f.child_cpu = 0
         f.hook = None
-        f.nvtx, f.c0, f.cpu0, f.t0 = 0, None, -1, _perf_ns()
+        f.nvtx, f.c0, f.cpu0, f.cpu_src, f.t0 = 0, None, -1, 0, _perf_ns()
         _stack.set(f)   # before the hook, as in the C backend: current_path() includes this stage
+        global _open
+        _open += 1
         if _hook_enter is not None:
             try:
                 f.hook = _hook_enter(stage.name)
@@ -231,15 +235,13 @@ def _enter(stage: "Stage") -> None:
             else:
                 f.nvtx = 1
                 _nvtx.push(stage.name, stage.color, stage.category)
-        global _open
-        _open += 1
         if _ctr_events:
             f.c0 = (_ctr_gen, _counters(f.slots).read())
             f.child_c = [0.0] * len(_ctr_events)
             if _ctr_taskclock >= 0 and f.c0[1][_ctr_taskclock][2]:
-                f.cpu0 = f.c0[1][_ctr_taskclock][0]
-        if f.cpu0 < 0 and _cpu_clock:
-            f.cpu0 = _thread_ns()
+                f.cpu0, f.cpu_src = f.c0[1][_ctr_taskclock][0], 2
+        if f.cpu_src == 0 and _cpu_clock:
+            f.cpu0, f.cpu_src = _thread_ns(), 1
         f.t0 = _perf_ns()
     except Exception:
         _internal_failure("stage enter")
@@ -271,11 +273,9 @@ def _exit(stage: "Stage", error: bool) -> None:
                 de, dr = e1 - e0, r1 - r0
                 # multiplexed: scale by enabled/running; never ran: no value (not 0)
                 cvals.append((None if dr == 0 else float(v1 - v0) if dr == de else (v1 - v0) * (de / dr), de, dr))
-            tc = _ctr_taskclock
-            if tc >= 0 and f.c0[1][tc][2]:
-                cpu = c1[tc][0] - f.cpu0 if c1[tc][2] else -1
-        if cpu < 0 and f.cpu0 >= 0 and f.slots is slots and not (cvals is not None and _ctr_taskclock >= 0
-                                                                  and f.c0[1][_ctr_taskclock][2]):
+            if f.cpu_src == 2 and c1[_ctr_taskclock][2]:
+                cpu = c1[_ctr_taskclock][0] - f.cpu0
+        if f.cpu_src == 1 and f.slots is slots:   # CPU time only from the clock cpu0 came from
             cpu = _thread_ns() - f.cpu0
         if above is None:
             _stack.set(f.parent)
@@ -506,10 +506,11 @@ def _zero() -> None:
 
 
 def reset() -> None:
-    global _named
+    global _named, _node_gen
     _zero()
     with _lock:
         if _open == 0:
+            _node_gen += 1
             del _nodes[1:]
             _node_ids.clear()
             _named = 0
@@ -532,7 +533,7 @@ def after_fork_child() -> None:
 
 def current_path() -> tuple:
     f = _stack.get()
-    node = f.node if f is not None else 0
+    node = f.node if f is not None and f.gen == _node_gen else 0
     out = []
     while node > 0:
         parent, name, _ = _nodes[node]

@@ -412,3 +412,53 @@ def test_integration_hook_that_enters_stages_itself(backend):
     assert p[("outer",)].calls == 3 and p[("outer", "bad")].calls == 3
     assert p[("outer",) + tuple(f"hook{i}" for i in range(40))].calls == 3
     assert instrument.snapshot().meta["internal_failures"] >= 1
+
+
+def test_reset_while_a_copied_context_holds_an_empty_stack(backend):
+    import contextvars
+    a, b, c = (instrument.stage(n) for n in "abc")
+    with a:
+        ctx = contextvars.copy_context()
+    ctx.run(lambda: b.__exit__(None, None, None) if b.__enter__() else None)
+    instrument.reset()                      # no stage open: the tree is rebuilt
+    ctx.run(lambda: c.__exit__(None, None, None) if c.__enter__() else None)
+    assert ctx.run(_collector.backend.current_path) == ()
+    assert [s.path for s in instrument.snapshot()] == [("c",)]
+
+
+def test_exit_on_a_new_thread_after_the_entering_thread_ended(backend):
+    """Thread states are told apart by a serial, not by a reusable address."""
+    import contextvars
+    s = instrument.stage("handoff")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        for _ in range(50):
+            ctx = contextvars.copy_context()
+            ta = threading.Thread(target=ctx.run, args=(s.__enter__,))
+            ta.start()
+            ta.join()
+            tb = threading.Thread(target=ctx.run, args=(s.__exit__, None, None, None))
+            tb.start()
+            tb.join()
+    snap = instrument.snapshot()
+    assert snap["handoff"].calls == 50 and snap["handoff"].cpu_calls == 0
+    assert snap.meta["exits"]["cross_thread_exits"] == 50
+
+
+def test_context_copied_from_a_dead_owner_does_not_share_its_stack(backend):
+    import contextvars
+    A, B, C = (instrument.stage(n) for n in ("A", "B", "C"))
+    c1 = contextvars.copy_context()
+    c1.run(A.__enter__)
+    c2 = c1.copy()
+    del c1
+    gc.collect()
+    c3 = c2.copy()
+    c3.run(B.__enter__)
+
+    def inner():
+        with C:
+            return _collector.backend.current_path()
+    assert c2.run(inner) == ("A", "C")
+    c3.run(B.__exit__, None, None, None)
+    c2.run(A.__exit__, None, None, None)
