@@ -1,4 +1,5 @@
 """The demo: tokenizers, embeddings, the demo run, and the example service started for real."""
+import contextlib
 import importlib.util
 import json
 import os
@@ -183,8 +184,9 @@ def test_load_script_refuses_other_hosts(capsys):
     assert "refusing" in capsys.readouterr().err
 
 
-@pytest.fixture(scope="module")
-def service_url():
+@contextlib.contextmanager
+def running_service():
+    """The example service under uvicorn on a free 127.0.0.1 port: yields (url, process)."""
     httpx = pytest.importorskip("httpx")
     pytest.importorskip("fastapi")
     pytest.importorskip("uvicorn")
@@ -207,7 +209,7 @@ def service_url():
             if time.monotonic() > deadline:
                 pytest.fail("the example service did not come up within 180 s")
             time.sleep(0.5)
-        yield url
+        yield url, proc
     finally:
         proc.terminate()
         try:
@@ -215,6 +217,12 @@ def service_url():
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
+
+
+@pytest.fixture(scope="module")
+def service_url():
+    with running_service() as (url, _):
+        yield url
 
 
 @needs_stages

@@ -4,8 +4,6 @@ CI runs it for INSTRUMENT_SOAK_SECONDS (default 20); the full five minutes:
     INSTRUMENT_SOAK_SECONDS=300 pytest tests/test_soak.py -s
 """
 import os
-import subprocess
-import sys
 import time
 
 import pytest
@@ -15,7 +13,7 @@ httpx = pytest.importorskip("httpx")
 pytest.importorskip("fastapi")
 pytest.importorskip("uvicorn")
 
-from test_demo import ROOT, _env, _free_port, _stage_paths  # noqa: E402
+from test_demo import _stage_paths, running_service  # noqa: E402
 
 SECONDS = float(os.environ.get("INSTRUMENT_SOAK_SECONDS", "20"))
 
@@ -27,23 +25,7 @@ def proc_stats(pid):
 
 
 def test_soak_rss_and_fds_flat_and_every_request_counted():
-    port = _free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "uvicorn", "app:app", "--app-dir",
-                             str(ROOT / "examples" / "embedding_service"), "--host", "127.0.0.1", "--port", str(port),
-                             "--log-level", "warning"], cwd=ROOT, env=_env(), stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 180
-        while True:
-            assert proc.poll() is None, "the example service exited"
-            try:
-                if httpx.get(url + "/healthz", timeout=2, trust_env=False).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            assert time.monotonic() < deadline, "the example service did not come up"
-            time.sleep(0.5)
+    with running_service() as (url, proc):
         sent = 0
         samples = []
         texts = ["a short sentence", "the quick brown fox jumps over the lazy dog", "número 42, café"]
@@ -65,10 +47,3 @@ def test_soak_rss_and_fds_flat_and_every_request_counted():
         assert len(samples) >= 3
         assert max(fds) - min(fds) <= 2
         assert rss[-1] - rss[0] < 8 * 2**20        # flat after warm-up (allocator noise allowed)
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
