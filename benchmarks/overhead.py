@@ -21,7 +21,7 @@ import time
 import timeit
 
 import instrument
-from instrument import _collector
+from instrument.live import backend as live_backend, collector as _collector
 
 
 def rss_bytes() -> int:
@@ -73,7 +73,8 @@ def candidates():
     out["instrument timing + NVTX, no tool"] = ({"s": s}, "with s: pass", dict(timing, nvtx=True))
 
     # perf_event: the default software group, beside the floor of two raw read()s of that same group
-    from instrument import _perf_ctypes, counters
+    from instrument import counters
+    from instrument.live import perf_ctypes as _perf_ctypes
     sw = ["task-clock", "page-faults", "context-switches", "cpu-migrations"]
     lead = _perf_ctypes.perf_event_open(*counters.resolve(sw[0])[:2], exclude_kernel=False)
     if lead >= 0:
@@ -229,7 +230,7 @@ def main(argv=None) -> int:
     a = ap.parse_args(argv)
     tres = torch_overhead(a.rounds, a.number)   # first: the no-torch figure needs torch not yet imported
     res = measure(a.rounds, a.number)
-    print(f"backend: {_collector.backend_name}; python {platform.python_version()}; {platform.machine()}, "
+    print(f"backend: {live_backend.name}; python {platform.python_version()}; {platform.machine()}, "
           f"{os.cpu_count()} cores; median of {a.rounds} rounds x {a.number} enter+exit, loop overhead removed")
     w = max(map(len, res))
     for k, v in res.items():
@@ -259,7 +260,7 @@ def main(argv=None) -> int:
         print("perf stat comparison:", ps)
     if a.json:
         with open(a.json, "w") as f:
-            json.dump({"ns": res, "torch": tres, "ratios": ratios, "memory": mem, "perf_stat": ps, "backend": _collector.backend_name,
+            json.dump({"ns": res, "torch": tres, "ratios": ratios, "memory": mem, "perf_stat": ps, "backend": live_backend.name,
                        "date": time.strftime("%Y-%m-%d"), "machine": platform.platform()}, f, indent=2)
     return 0
 

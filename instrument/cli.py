@@ -23,6 +23,12 @@ import sys
 import threading
 from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Tuple
 
+from . import config
+from ._version import __version__
+from .analysis.advice import advise
+from .analysis.diff import diff
+from .analysis.verdict import with_verdicts
+from .exporters import table
 from .snapshot import Snapshot, SnapshotError, atomic_write, load_many
 
 TABLE_FORMATS = ("table", "markdown", "csv", "json")
@@ -154,71 +160,23 @@ def _rest(cmd: List[str]) -> List[str]:
 
 
 # ------------------------------------------------------------------- report
-def _ops_lines(ops: Any, indent: str) -> List[str]:
-    """The torch operators of a stage, as far as the record has them."""
-    if not isinstance(ops, dict):
-        return []
-    from .exporters.table import ms, _printable
-    out = []
-    for key, title in (("by_self_cpu", "ops by self CPU"), ("by_device", "ops by device time")):
-        rows = ops.get(key)
-        if not isinstance(rows, list) or not rows:
-            continue
-        out.append(f"{indent}{title}:")
-        for r in rows[:10]:
-            if not isinstance(r, dict):
-                continue
-            name = _printable(str(r.get("name", "?")))
-            name = name if len(name) <= 40 else name[:39] + "…"
-            out.append(f"{indent}  {name:<40} {r.get('calls', 0):>7} calls  {ms(r.get('self_cpu_ns')):>8} ms CPU"
-                       f"  {ms(r.get('device_ns')):>8} ms device")
-    if ops.get("device_total_ns") is not None:
-        out.append(f"{indent}device total: {ms(ops['device_total_ns'])} ms")
-    return out
-
-
-def report_text(snap: Snapshot, sort: str = "tree", depth: Optional[int] = None, fold: bool = False,
-                format: str = "table", ops: bool = False, width: Optional[int] = None) -> str:
-    from .exporters import table
-    text = table.render(snap, sort=sort, depth=depth, fold=fold, format=format, width=width)
-    if not ops or format in ("csv", "json"):   # json rows carry `ops` already
-        return text
-    view = snap.fold() if fold else snap
-    rows = table.ordered(view, sort, depth)
-    if format == "markdown":
-        extra = []
-        for s in rows:
-            lines = _ops_lines(s.ops, "    ")
-            if lines:
-                extra += ["", f"**{table._md('/'.join(s.path))}**", "", "```", *lines, "```"]
-        return text + ("\n" + "\n".join(extra) if extra else "")
-    lines = text.split("\n")
-    head, body, tail = lines[:2], lines[2:2 + len(rows)], lines[2 + len(rows):]
-    out = head
-    for s, line in zip(rows, body):
-        out.append(line)
-        out += _ops_lines(s.ops, "  " * (s.depth + 2))
-    return "\n".join(out + tail)
-
-
 def _cmd_report(a) -> int:
-    from .verdict import render_advice, with_verdicts
     snap = with_verdicts(load_many(a.files))
-    print(report_text(snap, sort=a.sort, depth=a.depth, fold=a.fold, format=a.format, ops=a.ops))
+    render = table.render_with_ops if a.ops else table.render
+    print(render(snap, sort=a.sort, depth=a.depth, fold=a.fold, format=a.format))
     if a.format == "table":
         print()
-        print(render_advice(snap))
+        print(table.render_advice(advise(snap)))
     return 0
 
 
 # --------------------------------------------------------------------- diff
 def _cmd_diff(a) -> int:
-    from .diff import diff, render
     d = diff(Snapshot.load(a.before), Snapshot.load(a.after))
-    print(render(d, format=a.format))
+    print(table.render_diff(d, format=a.format))
     if a.fail_if_slower is not None:
         if d.change is None:
-            raise CLIError(f"diff: --fail-if-slower cannot judge: {d.headline}")
+            raise CLIError(f"diff: --fail-if-slower cannot judge: {table.headline(d)}")
         if round(d.change * 100, 9) > a.fail_if_slower:   # 27.5/25 is 10.000000000000009 % in floats
             _err(f"diff: {'/'.join(d.stage or ())} is {d.change * 100:.1f}% slower per call, more than the "
                  f"{a.fail_if_slower:g}% allowed")
@@ -246,10 +204,10 @@ def _cmd_export(a) -> int:
         from .exporters import chrome
         snaps = [Snapshot.load(f) for f in a.files]
         try:
-            data = chrome.trace(*snaps)
+            text = chrome.render(*snaps)
         except chrome.NoTimeline as e:
             raise CLIError(f"export: {', '.join(a.files)}: {e}") from None
-        _write(out, json.dumps(data, allow_nan=False))
+        _write(out, text)
         return 0
     if fmt == "html":
         from .exporters import html
@@ -265,10 +223,10 @@ def _cmd_export(a) -> int:
             from .exporters import prometheus
         except ImportError as e:
             raise CLIError(f"export: --prometheus needs prometheus_client ({e}); pip install prometheus-client") from None
-        _write(out, prometheus.text(snap))
+        _write(out, prometheus.render(snap))
     else:
         from .exporters import hatchet
-        _write(out, json.dumps(hatchet.to_literal(snap), allow_nan=False))
+        _write(out, hatchet.render(snap))
     return 0
 
 
@@ -279,8 +237,7 @@ def run_env(output: str, trace_events: int = 100_000, environ: Optional[Dict[str
     env = dict(os.environ if environ is None else environ)
     boot = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_bootstrap")
     env["PYTHONPATH"] = os.pathsep.join([boot] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
-    env["INSTRUMENT_OUTPUT"] = _pattern(output)
-    env["INSTRUMENT_TRACE_EVENTS"] = str(trace_events)
+    env.update(config.to_env(output=_pattern(output), trace_events=trace_events))
     return env
 
 
@@ -316,7 +273,6 @@ def _cmd_run(a) -> int:
     if not os.path.isdir(os.path.dirname(os.path.abspath(out))):
         raise CLIError(f"run: {out}: the folder does not exist")
     env = run_env(out, a.trace_events)
-    from . import config
     try:
         config.from_env(env, strict=True)
     except ValueError as e:
@@ -363,7 +319,7 @@ def _cmd_run(a) -> int:
     merged = merge_snapshots(snaps)
     _save(merged, out)
     if not a.no_report:
-        print(report_text(merged), file=sys.stderr)
+        print(table.render(with_verdicts(merged)), file=sys.stderr)
     _err(f"run: {out} (merged from {len(snaps)} process{'es' if len(snaps) != 1 else ''}: "
          f"{', '.join(os.path.basename(p) for p in produced[:8])}{' …' if len(produced) > 8 else ''})")
     return status
@@ -371,12 +327,12 @@ def _cmd_run(a) -> int:
 
 # ------------------------------------------------------- other engineers' commands
 def _cmd_doctor(a) -> int:
-    collect = _optional("instrument.doctor", "collect", "doctor")
+    collect = _optional("instrument.live.doctor", "collect", "doctor")
     d = collect()
     if a.json:
         print(json.dumps(d, indent=2, default=str))
     else:
-        print(_optional("instrument.doctor", "format_text", "doctor")(d))
+        print(_optional("instrument.live.doctor", "format_text", "doctor")(d))
     return 0
 
 
@@ -398,12 +354,8 @@ def _cmd_demo(a) -> int:
 
 
 def _cmd_advise(a) -> int:
-    from .verdict import advise, render_advice
-    snap = load_many(a.files)
-    if a.json:
-        print(json.dumps(advise(snap, a.top), indent=2))
-    else:
-        print(render_advice(snap, a.top))
+    advice = advise(load_many(a.files), a.top)
+    print(json.dumps(advice, indent=2) if a.json else table.render_advice(advice))
     return 0
 
 
@@ -439,9 +391,7 @@ def _percent(s: str) -> float:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from .exporters.table import SORTS
     p = _Parser(prog="instrument", description="Per-stage instrumentation for ML inference services.")
-    from ._collector import __version__
     p.add_argument("--version", action="version", version=f"instrument {__version__}")
     sub = p.add_subparsers(dest="cmd", metavar="COMMAND")
 
@@ -456,7 +406,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     rp = sub.add_parser("report", help="print the breakdown of snapshot files (merged)")
     rp.add_argument("files", nargs="+", metavar="FILE")
-    rp.add_argument("--sort", choices=SORTS, default="tree")
+    rp.add_argument("--sort", choices=table.SORTS, default="tree")
     rp.add_argument("--depth", type=_positive, metavar="N")
     rp.add_argument("--fold", action="store_true", help="one row per stage name wherever it nested")
     rp.add_argument("--format", choices=TABLE_FORMATS, default="table")
@@ -514,8 +464,8 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Optional[Sequence[str]] = None) -> int:
     if argv is None:
         argv = sys.argv[1:]
-        os.environ.pop("INSTRUMENT_OUTPUT", None)   # the command itself is not measured; run sets it for the program
-        from ._collector import configure
+        config.unset_in_env("output")   # the command itself is not measured; run sets it for the program
+        from . import configure
         configure(output=None)
     argv = list(argv)
     try:
@@ -540,9 +490,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             pass
         return 0
     except Exception as e:
-        if os.environ.get("INSTRUMENT_DEBUG"):
+        if config.debug():
             raise
-        _err(f"internal error: {type(e).__name__}: {e} (INSTRUMENT_DEBUG=1 shows the traceback)")
+        _err(f"internal error: {type(e).__name__}: {e} ({config.DEBUG_VARIABLE}=1 shows the traceback)")
         return 2
 
 

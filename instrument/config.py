@@ -53,6 +53,14 @@ def _int(lo: int, hi: Optional[int] = None) -> Callable[[str, Any], int]:
     return parse
 
 
+def _optional_int(lo: int) -> Callable[[str, Any], Optional[int]]:
+    parse_int = _int(lo)
+
+    def parse(name: str, v: Any) -> Optional[int]:
+        return None if v is None or (isinstance(v, str) and not v.strip()) else parse_int(name, v)
+    return parse
+
+
 def _float(lo: float, hi: float) -> Callable[[str, Any], float]:
     def parse(name: str, v: Any) -> float:
         try:
@@ -115,8 +123,10 @@ OPTIONS: Tuple[Option, ...] = (
            "time stages on the GPU with CUDA events (auto: when torch has initialised CUDA)"),
     Option("gpu_events", "INSTRUMENT_GPU_EVENTS", 4096, _int(2, 1_000_000),
            "bound of the pool of unresolved CUDA event pairs; samples beyond it are counted as dropped"),
-    Option("capture", "INSTRUMENT_CAPTURE", "steady", _text, "name of the NVTX capture range for nsys -p NAME@domain"),
-    Option("warmup", "INSTRUMENT_WARMUP", 0, _int(0), "iterations before the capture range opens"),
+    Option("capture", "INSTRUMENT_CAPTURE", "steady", _text,
+           "name of the NVTX capture range that instrument.capture()/capture_every() open (nsys -p NAME@domain)"),
+    Option("warmup", "INSTRUMENT_WARMUP", None, _optional_int(0),
+           "iterations before the capture range opens (unset: 0 for capture(), 20 for capture_every())"),
     Option("verdict_wait_cpu", "INSTRUMENT_VERDICT_WAIT_CPU", 0.5, _float(0.0, 1.0),
            "CPU/wall below which a stage is judged waiting"),
     Option("verdict_compute_cpu", "INSTRUMENT_VERDICT_COMPUTE_CPU", 0.85, _float(0.0, 1.0),
@@ -134,7 +144,9 @@ BY_NAME: Dict[str, Option] = {o.name: o for o in OPTIONS}
 ENV_ONLY = {
     "INSTRUMENT_DISABLE": "1 turns every stage into a no-op (same as configure(enabled=False))",
     "INSTRUMENT_PURE_PYTHON": "1 uses the pure-Python backend even when the C extension is built (read at import)",
+    "INSTRUMENT_DEBUG": "1 lets the command line show the traceback of an internal error",
 }
+PREFIX = "INSTRUMENT_"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -192,6 +204,64 @@ def from_env(environ: Optional[Mapping[str, str]] = None, strict: bool = False) 
         for p in problems:
             warnings.warn(f"instrument: {p}; using the default", RuntimeWarning, stacklevel=3)
     return Config(values)
+
+
+def verdict_thresholds(cfg: Optional[Config] = None) -> Dict[str, float]:
+    """The verdict_* options of `cfg` (default: the defaults) without their prefix: {"wait_cpu": 0.5, ...}."""
+    cfg = defaults() if cfg is None else cfg
+    return {k[len("verdict_"):]: v for k, v in cfg.values.items() if k.startswith("verdict_")}
+
+
+def env_name(option: str) -> str:
+    """The environment variable of an option (`counters` -> INSTRUMENT_COUNTERS)."""
+    o = BY_NAME.get(option)
+    if o is None or o.env is None:
+        raise KeyError(f"option {option!r} has no environment variable")
+    return o.env
+
+
+def set_in_env(option: str, environ: Optional[Mapping[str, str]] = None) -> bool:
+    """Whether the environment sets this option (a value asked for by name, not a default)."""
+    env = os.environ if environ is None else environ
+    o = BY_NAME.get(option)
+    return bool(o is not None and o.env and o.env in env)
+
+
+def to_env(**options: Any) -> Dict[str, str]:
+    """Variables that give a child process these options (validated first):
+    to_env(output="run.json", trace_events=100) -> {"INSTRUMENT_OUTPUT": ..., ...}."""
+    out: Dict[str, str] = {}
+    for k, v in options.items():
+        if k not in BY_NAME or BY_NAME[k].env is None:
+            raise TypeError(f"option {k!r} cannot be passed through the environment; those that can: "
+                            f"{', '.join(o.name for o in OPTIONS if o.env)}")
+        x = BY_NAME[k].parse(k, v)
+        out[env_name(k)] = ",".join(x) if isinstance(x, tuple) else "" if x is None else str(x)
+    return out
+
+
+def unset_in_env(option: str, environ: Optional[Dict[str, str]] = None) -> None:
+    """Remove an option's variable (the command line does not measure itself)."""
+    (os.environ if environ is None else environ).pop(env_name(option), None)
+
+
+def pure_python_requested(environ: Optional[Mapping[str, str]] = None) -> bool:
+    """INSTRUMENT_PURE_PYTHON=1: the backend is the pure-Python twin even when the C extension is built."""
+    env = os.environ if environ is None else environ
+    try:
+        return _bool("INSTRUMENT_PURE_PYTHON", env.get("INSTRUMENT_PURE_PYTHON", "0") or "0")
+    except ValueError:
+        return False   # from_env() reports the bad value once
+
+
+PURE_PYTHON_REASON = "INSTRUMENT_PURE_PYTHON=1"
+DEBUG_VARIABLE = "INSTRUMENT_DEBUG"
+
+
+def debug(environ: Optional[Mapping[str, str]] = None) -> bool:
+    """INSTRUMENT_DEBUG=1: internal errors of the command line show their traceback."""
+    env = os.environ if environ is None else environ
+    return env.get("INSTRUMENT_DEBUG", "").strip().lower() in TRUE
 
 
 def describe() -> str:

@@ -1,13 +1,13 @@
-"""perf_event catalogue, spec parsing, errno meanings, probing, scaling and derived ratios.
+"""perf_event catalogue, spec parsing, errno meanings, scaling and derived ratios.
 
-Importing this module does no I/O; only :func:`probe` touches the kernel.
+Pure data and arithmetic: no I/O (opening events is instrument.live.perf).
 """
 import errno as _errno
 import os
 import re
 
-__all__ = ["EVENTS", "DEFAULT", "KERNEL_CONTEXT_EVENTS", "resolve", "parse_counters", "describe_errno",
-           "counter_group_class", "probe", "scale", "derived"]
+__all__ = ["EVENTS", "DEFAULT", "KERNEL_CONTEXT_EVENTS", "PERM_FIX", "resolve", "parse_counters", "describe_errno",
+           "scale", "derived"]
 
 PERF_TYPE_HARDWARE, PERF_TYPE_SOFTWARE, PERF_TYPE_RAW = 0, 1, 4
 
@@ -81,7 +81,7 @@ def parse_counters(spec):
 
 
 _NO_PMU_FIX = "-cpu host for KVM, or run on bare metal"
-_PERM_FIX = "sysctl kernel.perf_event_paranoid=1, or grant CAP_PERFMON (docker: --cap-add PERFMON)"
+PERM_FIX = "sysctl kernel.perf_event_paranoid=1, or grant CAP_PERFMON (docker: --cap-add PERFMON)"
 
 
 def describe_errno(err, event_kind="hardware"):
@@ -98,10 +98,10 @@ def describe_errno(err, event_kind="hardware"):
     if err == _errno.ENODEV:
         return ("the CPU or PMU lacks the feature this event needs", _NO_PMU_FIX if hw else None)
     if err == _errno.EACCES:
-        return ("not permitted by kernel.perf_event_paranoid without CAP_PERFMON", _PERM_FIX)
+        return ("not permitted by kernel.perf_event_paranoid without CAP_PERFMON", PERM_FIX)
     if err == _errno.EPERM:
         return ("not permitted: perf_event_paranoid/CAP_PERFMON, or a seccomp profile refusing "
-                "perf_event_open (docker's default)", _PERM_FIX + ", or allow perf_event_open in the seccomp profile")
+                "perf_event_open (docker's default)", PERM_FIX + ", or allow perf_event_open in the seccomp profile")
     if err == _errno.EMFILE:
         return ("out of file descriptors (RLIMIT_NOFILE): one fd per event per thread",
                 "raise the limit (ulimit -n) or count fewer events")
@@ -123,39 +123,6 @@ def describe_errno(err, event_kind="hardware"):
     if err == _errno.EOVERFLOW:
         return ("sample_max_stack above kernel.perf_event_max_stack", None)
     return (os.strerror(err), None)
-
-
-def counter_group_class():
-    """The C CounterGroup when the extension is built, else the ctypes one."""
-    try:
-        from instrument._native import CounterGroup  # absent too when built without csrc/perf.c
-    except ImportError:
-        from instrument._perf_ctypes import CounterGroup
-    return CounterGroup
-
-
-def probe(events=None, exclude_kernel=False):
-    """Opens the events once on the calling thread, as one CounterGroup, and reports what worked.
-
-    exclude_kernel=False asks for kernel counting the way perf does and reports whether the
-    fallback to user-only was needed.  Returns::
-
-        {"events": {name: {"available", "errno", "reason", "fix", "kind"}},
-         "exclude_kernel": bool, "rdpmc": bool, "backend": "native" | "ctypes"}
-    """
-    names = parse_counters(events)
-    cls = counter_group_class()
-    specs = [resolve(n) for n in names]
-    with cls([(t, c) for t, c, _ in specs], exclude_kernel=exclude_kernel) as group:
-        status, excl, rdpmc = list(group.status), bool(group.exclude_kernel), bool(group.rdpmc)
-    out = {}
-    for name, (_, _, kind), err in zip(names, specs, status):
-        reason, fix = describe_errno(err, kind)
-        if not err and excl and name in KERNEL_CONTEXT_EVENTS:
-            reason, fix = "opens, but counts 0: the kernel is excluded and it is counted in kernel context", _PERM_FIX
-        out[name] = {"available": not err, "errno": err or None, "reason": reason, "fix": fix, "kind": kind}
-    return {"events": out, "exclude_kernel": excl, "rdpmc": rdpmc,
-            "backend": "native" if cls.__module__ == "instrument._native" else "ctypes"}
 
 
 def scale(delta_value, delta_enabled, delta_running):

@@ -3,10 +3,10 @@
 ``build_command(["python", "serve.py"])`` gives::
 
     nsys profile -t cuda,nvtx,osrt -c nvtx -p steady@instrument --capture-range-end=stop \\
-        -e INSTRUMENT_CAPTURE=steady,INSTRUMENT_WARMUP=20 -- python serve.py
+        -e <capture and warmup options as variables> -- python serve.py
 
 ``-c nvtx`` (``--capture-range=nvtx``) with ``-p NAME@DOMAIN`` (``--nvtx-capture``) starts
-collection when the range opened by ``instrument.nvtx.capture(NAME)`` begins; nsys
+collection when the range opened by ``instrument.capture(NAME)`` begins; nsys
 matches registered strings by default, which is what the capture range uses.
 """
 from __future__ import annotations
@@ -18,18 +18,20 @@ import subprocess
 import sys
 from typing import Mapping, Optional, Sequence, TextIO
 
+from . import config
+
 __all__ = ["build_command", "child_env", "run"]
 
 _RANGE_END = re.compile(r"none|stop|stop-shutdown|repeat(:[1-9][0-9]*)?|repeat-shutdown:[1-9][0-9]*")
 
 
 def child_env(warmup: int = 20, capture: str = "steady") -> dict:
-    """The INSTRUMENT_* variables that make the child open capture window ``capture``
-    after ``warmup`` iterations (read by ``instrument.nvtx.capture_defaults``)."""
+    """The variables of the `capture` and `warmup` options that make the child's
+    ``instrument.capture()`` open window ``capture`` after ``warmup`` iterations."""
     if isinstance(warmup, bool) or not isinstance(warmup, int) or warmup < 0:
         raise ValueError(f"warmup must be an int >= 0, got {warmup!r}")
     _check_name("capture", capture)
-    return {"INSTRUMENT_CAPTURE": capture, "INSTRUMENT_WARMUP": str(warmup)}
+    return config.to_env(capture=capture, warmup=warmup)
 
 
 def _check_name(what: str, value) -> None:

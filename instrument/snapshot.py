@@ -2,7 +2,8 @@
 
 An immutable tree of per-stage statistics plus `meta`.  Reports, diff, merge,
 every exporter and the CLI read Snapshots; none of them touches the live
-collector, so a saved file can do everything a live snapshot can.
+collector, so a saved file can do everything a live snapshot can.  This module
+imports nothing of the package but the histogram scheme.
 
 JSON: {"format": "instrument-snapshot", "version": 1, "meta": {...},
        "stages": [...], "events": [...]}; the schema is in docs/schema.md.
@@ -15,12 +16,14 @@ import tempfile
 from dataclasses import dataclass, field, replace
 from typing import Any, Dict, Iterable, Iterator, List, Mapping, Optional, Sequence, Tuple
 
-from . import _hist
+from . import histogram as _hist
 
 FORMAT = "instrument-snapshot"
 VERSION = 1
 MAX_FILE_BYTES = 1 << 30          # refuse to read snapshot files over 1 GiB
 QUANTILES = (("p50", 0.5), ("p90", 0.9), ("p99", 0.99), ("p999", 0.999))
+TOP_OPS = 10                                            # operators kept per ranking in a stage's `ops`
+OP_FIELDS = ("calls", "self_cpu_ns", "cpu_total_ns", "device_ns")
 
 
 class SnapshotError(ValueError):
@@ -175,20 +178,63 @@ def merge_stage(a: StageStats, b: StageStats) -> StageStats:
     def mx(x, y):
         return y if x is None else x if y is None else max(x, y)
 
-    gpu = a.gpu
-    if b.gpu is not None:
-        from . import gpu as _gpu
-        gpu = _gpu.merge_stats(a.gpu, b.gpu)
-    ops = a.ops
-    if b.ops is not None:
-        from . import torch_profiler
-        ops = torch_profiler.merge_ops(a.ops, b.ops)
+    gpu = a.gpu if b.gpu is None else merge_gpu(a.gpu, b.gpu)
+    ops = a.ops if b.ops is None else merge_ops(a.ops, b.ops)
     return replace(a, calls=a.calls + b.calls, errors=a.errors + b.errors, wall_total=a.wall_total + b.wall_total,
                    wall_self=a.wall_self + b.wall_self, wall_min=mn(a.wall_min, b.wall_min),
                    wall_max=mx(a.wall_max, b.wall_max), cpu_total=_add(a.cpu_total, b.cpu_total),
                    cpu_self=_add(a.cpu_self, b.cpu_self), cpu_calls=a.cpu_calls + b.cpu_calls,
                    hist=_hist.merge(a.hist, b.hist), counters=merge_counters(a.counters, b.counters),
                    gpu=gpu, ops=ops, other=a.other or b.other, verdict=None)
+
+
+def gpu_fields(total: int, samples: int, dropped: int, errors: int, lo: Optional[int], hi: Optional[int],
+               hist: Mapping[int, int]) -> Dict[str, Any]:
+    """A stage's `gpu` dict from its sums and histogram of CUDA-event times."""
+    p50, p99 = _hist.quantiles(hist, (0.5, 0.99), lo, hi)
+    return {"total_ns": total, "samples": samples, "mean_ns": total / samples if samples else None, "min_ns": lo,
+            "max_ns": hi, "p50_ns": p50, "p99_ns": p99, "dropped": dropped, "errors": errors,
+            "hist": {"scheme": _hist.SCHEME, "buckets": [[i, c] for i, c in sorted(hist.items())]}}
+
+
+def merge_gpu(a: Optional[Mapping[str, Any]], b: Optional[Mapping[str, Any]]) -> Optional[Dict[str, Any]]:
+    """Two `gpu` dicts as one: sums exact, percentiles from the merged histograms."""
+    if a is None or b is None:
+        return dict(b if a is None else a) if (a is not None or b is not None) else None
+
+    def mm(f, k):
+        xs = [d.get(k) for d in (a, b) if d.get(k) is not None]
+        return f(xs) if xs else None
+    h = _hist.merge(_hist.from_pairs((a.get("hist") or {}).get("buckets", [])),
+                    _hist.from_pairs((b.get("hist") or {}).get("buckets", [])))
+    total, samples, dropped, errors = (sum(int(d.get(k) or 0) for d in (a, b))
+                                       for k in ("total_ns", "samples", "dropped", "errors"))
+    return gpu_fields(total, samples, dropped, errors, mm(min, "min_ns"), mm(max, "max_ns"), h)
+
+
+def ranked_ops(entries: Mapping[str, Mapping[str, int]], device_total: int, profiled: int) -> Dict[str, Any]:
+    """A stage's `ops` dict: its operators ranked by self CPU time and by device time."""
+    rows = list(entries.values())
+    return {"by_self_cpu": sorted(rows, key=lambda r: (-r["self_cpu_ns"], r["name"]))[:TOP_OPS],
+            "by_device": sorted((r for r in rows if r["device_ns"] > 0),
+                                key=lambda r: (-r["device_ns"], r["name"]))[:TOP_OPS],
+            "device_total_ns": int(device_total), "profiled_calls": int(profiled)}
+
+
+def merge_ops(a: Optional[Mapping[str, Any]], b: Optional[Mapping[str, Any]]) -> Optional[Dict[str, Any]]:
+    """Two `ops` dicts as one: summed by operator name and ranked again (operators
+    outside both top lists stay out; the totals are exact)."""
+    if a is None or b is None:
+        return dict(b if a is None else a) if (a is not None or b is not None) else None
+    ops: Dict[str, Dict[str, Any]] = {}
+    for d in (a, b):
+        side = {r["name"]: r for key in ("by_self_cpu", "by_device") for r in d.get(key) or ()}
+        for name, r in side.items():
+            acc = ops.setdefault(name, {"name": name, **{f: 0 for f in OP_FIELDS}})
+            for f in OP_FIELDS:
+                acc[f] += int(r.get(f) or 0)
+    return ranked_ops(ops, int(a.get("device_total_ns") or 0) + int(b.get("device_total_ns") or 0),
+                      int(a.get("profiled_calls") or 0) + int(b.get("profiled_calls") or 0))
 
 
 def _tree_order(stages: Iterable[StageStats]) -> List[StageStats]:
@@ -323,15 +369,7 @@ class Snapshot:
         meta["merged_from"] = sources
         return Snapshot(stages.values(), meta, events)
 
-    def diff(self, after: "Snapshot"):
-        from .diff import diff
-        return diff(self, after)
-
     # --------------------------------------------------------------- output
-    def report(self, **kwargs: Any) -> str:
-        from .exporters import table
-        return table.render(self, **kwargs)
-
     def to_dict(self) -> Dict[str, Any]:
         out = {"format": FORMAT, "version": VERSION, "meta": self.meta, "stages": [s.to_dict() for s in self._stages]}
         if self._events:

@@ -4,7 +4,7 @@ import sys
 import pytest
 
 import instrument
-from instrument import _collector, _pure
+from instrument.live import backend as live_backend, collector as _collector, pure as _pure
 
 try:
     from instrument import _native
@@ -20,14 +20,12 @@ def backend(request):
     mod = BACKENDS[request.param]
     if mod is None:
         pytest.skip("C extension not built")
-    old = _collector.backend
-    _collector.backend = mod
-    _collector._apply(_collector.current_config())
+    old = live_backend.current
+    _collector.use_backend(mod)
     instrument.reset()
     yield mod
     instrument.reset()
-    _collector.backend = old
-    _collector._apply(_collector.current_config())
+    _collector.use_backend(old)
 
 
 @pytest.fixture(autouse=True)

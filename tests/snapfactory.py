@@ -3,7 +3,7 @@ import os
 import subprocess
 import sys
 
-from instrument import _hist
+from instrument import histogram as _hist
 from instrument.snapshot import Snapshot, StageStats
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

@@ -321,9 +321,10 @@ def test_import_instrument_stays_light():
     mods = {line.split("|")[-1].strip() for line in r.stderr.splitlines() if "|" in line}
     assert "instrument" in mods
     assert not {m for m in mods if m.split(".")[0] in ("prometheus_client", "opentelemetry", "torch")}
-    r = subprocess.run([sys.executable, "-c", "import instrument, sys; f = instrument.serve_metrics; "
-                        "print('prometheus_client' in sys.modules)"], capture_output=True, text=True, env=env())
-    assert r.stdout.strip() == "True", r.stderr
+    r = subprocess.run([sys.executable, "-c", "import instrument, sys; print('prometheus_client' in sys.modules); "
+                        "s = instrument.serve_metrics(0); print('prometheus_client' in sys.modules); s.shutdown()"],
+                       capture_output=True, text=True, env=env(), timeout=60)
+    assert r.stdout.split() == ["False", "True"], r.stderr   # imported when the server starts, not before
 
 
 def test_advise_and_report_give_verdicts_and_next_steps(capsys, tmp_path):

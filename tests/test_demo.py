@@ -130,7 +130,7 @@ def test_demo_run_writes_both_snapshots(model, tmp_path, capsys):
     # stage of the largest self time, whichever it is on this machine
     base = instrument.Snapshot.load(tmp_path / "baseline.json")
     assert base["request/tokenize"].verdict["verdict"] in ("compute-bound", "mixed")
-    from instrument.verdict import advise
+    from instrument.analysis.advice import advise
     top = advise(base)[0]
     assert top["path"] == list(max((s for s in base if s.calls), key=lambda s: s.wall_self).path)
     assert top["path"][-1] + ": " + top["verdict"] in out.replace("request/", "")

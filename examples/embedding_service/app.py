@@ -36,7 +36,7 @@ app = FastAPI(title="instrument embedding example", lifespan=lifespan)
 def metrics_text() -> str:
     """Prometheus text exposition of this process's stages, from the SDK's exporter."""
     from instrument.exporters import prometheus
-    return prometheus.text(instrument.snapshot())
+    return prometheus.render(instrument.snapshot())
 
 
 @app.post("/embed")

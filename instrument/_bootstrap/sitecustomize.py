@@ -11,8 +11,8 @@ _HERE = os.path.dirname(os.path.abspath(__file__))
 
 def _save():
     try:
-        from instrument import _collector
-        _collector._save_at_exit()
+        from instrument.live import collector
+        collector._save_at_exit()
     except Exception:
         pass
 

@@ -33,13 +33,13 @@ def render_breakdown(snap) -> str:
 
 def render_diff(before, after) -> str:
     """The SDK's diff: the headline (end-to-end request latency before → after), then every stage."""
-    from instrument.diff import diff, render
-    return render(diff(before, after))
+    from instrument.exporters.table import render_diff
+    return render_diff(instrument.diff(before, after))
 
 
 def headline(before, after) -> str:
-    from instrument.diff import diff
-    return diff(before, after).headline
+    from instrument.exporters.table import headline
+    return headline(instrument.diff(before, after))
 
 
 def status_lines(snap) -> list:
@@ -51,11 +51,11 @@ def status_lines(snap) -> list:
     if bad:
         first = next(iter(bad.values()))
         line += f"; unavailable: {', '.join(bad)} ({first.get('reason')}{'; fix: ' + first['fix'] if first.get('fix') else ''})"
-    from instrument import nvtx
     cfg = snap.meta.get("config") or {}
+    emitter = (snap.meta.get("nvtx") or {}).get("emitter")
     tool = "a tool is attached" if os.environ.get("NVTX_INJECTION64_PATH") else \
         "no tool attached (run under `instrument nsys -- ...` to record them)"
-    nv = f"NVTX: ranges in domain '{cfg.get('nvtx_domain')}' via {nvtx.backend()}, {tool}" if cfg.get("nvtx") \
+    nv = f"NVTX: ranges in domain '{cfg.get('nvtx_domain')}' via {emitter}, {tool}" if cfg.get("nvtx") \
         else "NVTX: off"
     return [line, nv]
 
@@ -121,8 +121,10 @@ def run_demo(argv=None) -> int:
     with tqdm(total=args.requests * len(variants), unit="req", desc="instrument demo") as progress:
         services = {v: EmbeddingService(v, device, model=model) for v in variants}
         snapshots = _measure(services, sentences, args, progress)
+    from instrument.analysis.advice import advise
+    from instrument.analysis.verdict import with_verdicts
     from instrument.exporters import html
-    from instrument.verdict import render_advice, with_verdicts
+    from instrument.exporters.table import render_advice
     for variant, snap in snapshots.items():
         snapshots[variant] = snap = with_verdicts(snap)
         written.append(Path(snap.save(str(out / f"{variant}.json"))))
@@ -138,7 +140,7 @@ def run_demo(argv=None) -> int:
     page.write_text(report, encoding="utf-8")
     written.append(page)
     print()
-    print(render_advice(snapshots[variants[0]]))
+    print(render_advice(advise(snapshots[variants[0]])))
     print()
     for line in status_lines(snapshots[variants[0]]):
         print(line)

@@ -50,7 +50,7 @@ def trace(*snaps: Snapshot) -> Dict[str, Any]:
     """The trace of one or more snapshots (each its own process, on one time axis)."""
     if not any(s.events for s in snaps):
         raise NoTimeline("the snapshot has no timeline events: record with instrument.configure(trace_events=N) "
-                         "or INSTRUMENT_TRACE_EVENTS=N, or use `instrument run --trace-events N`")
+                         "or use `instrument run --trace-events N`")
     metas = [s.meta for s in snaps]
     starts = [m["start_time"] for m in metas if isinstance(m.get("start_time"), (int, float))]
     t0 = min(starts) if starts else 0.0
@@ -101,7 +101,12 @@ def trace(*snaps: Snapshot) -> Dict[str, Any]:
             "otherData": {"source": "instrument", "events_dropped": dropped, "start_time": t0}}
 
 
+def render(*snaps: Snapshot, indent: Optional[int] = None) -> str:
+    """The Chrome Trace Event JSON of the snapshots' timelines (NoTimeline when they have none)."""
+    return json.dumps(trace(*snaps), indent=indent, allow_nan=False)
+
+
 def write(path: str, *snaps: Snapshot, indent: Optional[int] = None) -> None:
-    data = json.dumps(trace(*snaps), indent=indent, allow_nan=False)
+    data = render(*snaps, indent=indent)
     with open(path, "w", encoding="utf-8") as f:
         f.write(data)

@@ -31,6 +31,11 @@ def to_literal(snap: Snapshot) -> List[Dict[str, Any]]:
     return [node(r) for r in snap.roots]
 
 
+def render(snap: Snapshot) -> str:
+    """Hatchet's literal format (`GraphFrame.from_literal`) as JSON."""
+    return json.dumps(to_literal(snap), allow_nan=False)
+
+
 def write(path: str, snap: Snapshot) -> None:
     with open(path, "w", encoding="utf-8") as f:
-        json.dump(to_literal(snap), f, allow_nan=False)
+        f.write(render(snap))

@@ -1,7 +1,7 @@
 """Optional OpenTelemetry bridge: stage durations into an OTel histogram.
 
     from instrument.exporters import otel
-    bridge = otel.OTelBridge(meter)     # meter: opentelemetry.metrics.Meter (default: the global provider's)
+    bridge = otel.OTelBridge(meter, source=instrument.snapshot)   # meter: default the global provider's
     bridge.record()                     # call periodically: records what is new since the previous call
     bridge.start(10.0)                  # or: a daemon thread doing it every 10 s
 
@@ -13,19 +13,20 @@ counts equal the snapshot's calls exactly.
 from __future__ import annotations
 
 import threading
-from typing import Any, Dict, Optional, Tuple
+from typing import Any, Callable, Dict, Optional, Tuple
 
-from .. import _hist
+from .. import histogram as _hist
+from .._version import __version__
 from ..snapshot import Snapshot
 
 BOUNDS_S = [((1 << k) - 1) / 1e9 for k in range(10, 37)]   # the same edges as the Prometheus exporter
 
 
 class OTelBridge:
-    def __init__(self, meter: Any = None) -> None:
+    def __init__(self, meter: Any = None, source: Optional[Callable[[], Snapshot]] = None) -> None:
+        self.source = source
         if meter is None:
             from opentelemetry import metrics
-            from .. import __version__
             meter = metrics.get_meter("instrument", __version__)
         kw = dict(unit="s", description="Wall time of completed calls of a stage")
         try:
@@ -43,8 +44,10 @@ class OTelBridge:
         """Record the calls added since the previous call (all of them the first
         time; a stage whose count went down is taken as reset); returns how many."""
         if snap is None:
-            import instrument
-            snap = instrument.snapshot()
+            if self.source is None:
+                raise ValueError("OTelBridge.record() needs a Snapshot, or a bridge made with source= "
+                                 "(such as instrument.snapshot)")
+            snap = self.source()
         n = 0
         with self._lock:
             for s in snap:
@@ -88,9 +91,8 @@ class OTelBridge:
 _bridges: Dict[int, Tuple[Any, OTelBridge]] = {}
 
 
-def record(snap: Optional[Snapshot] = None, meter: Any = None) -> int:
-    """Record `snap` (default: instrument.snapshot()) through one bridge per meter,
-    so repeated calls record only what is new."""
+def record(snap: Snapshot, meter: Any = None) -> int:
+    """Record `snap` through one bridge per meter, so repeated calls record only what is new."""
     key = id(meter)
     if key not in _bridges or _bridges[key][0] is not meter:
         _bridges[key] = (meter, OTelBridge(meter))

@@ -2,8 +2,11 @@
 
     from prometheus_client import REGISTRY
     from instrument.exporters.prometheus import InstrumentCollector
-    REGISTRY.register(InstrumentCollector())        # reads instrument.snapshot() at each scrape
-    instrument.serve_metrics(9464)                   # or: its own HTTP server on 127.0.0.1:9464
+    REGISTRY.register(InstrumentCollector(instrument.snapshot))   # a snapshot at each scrape
+    instrument.serve_metrics(9464)          # or: its own HTTP server on 127.0.0.1:9464
+
+The live side is never imported here: whatever needs live snapshots is given a
+snapshot function (`source`), as the facade's `serve_metrics` does.
 
 Per stage, labels `stage` (its name) and `path` ("a/b"):
 
@@ -16,7 +19,7 @@ Per stage, labels `stage` (its name) and `path` ("a/b"):
 - `instrument_stage_ipc`, `..._cache_miss_ratio`, ... derived ratios where the counters allow
 
 Several processes (gunicorn workers, multiprocessing): each worker saves its
-snapshot into a shared folder (`start_snapshot_writer()`, every few seconds and
+snapshot into a shared folder (`start_snapshot_writer(source=instrument.snapshot)`, every few seconds and
 at exit) and `multiprocess_collector(dir)` serves their exact merge.  With
 `PROMETHEUS_MULTIPROC_DIR` set, both default to that folder and `serve_metrics`
 uses the merging collector.  Clear the folder when the service starts, as for
@@ -35,7 +38,8 @@ from prometheus_client import CollectorRegistry, generate_latest, start_http_ser
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.utils import floatToGoString
 
-from .. import _hist
+from .. import counters
+from .. import histogram as _hist
 from ..snapshot import Snapshot, SnapshotError, StageStats
 
 POWERS = range(10, 37)
@@ -58,10 +62,6 @@ def buckets(s: StageStats) -> List[tuple]:
 
 
 def _derived(s: StageStats) -> dict:
-    try:
-        from .. import counters
-    except ImportError:
-        return {}
     totals = {k: v.get("total") for k, v in s.counters.items()}
     try:
         return counters.derived(totals, s.wall_total, s.cpu_total)
@@ -105,10 +105,10 @@ def families(snap: Snapshot) -> List[Metric]:
 class InstrumentCollector:
     """A prometheus_client collector: `source()` gives the Snapshot to expose at each scrape."""
 
-    def __init__(self, source: Optional[Callable[[], Snapshot]] = None) -> None:
-        if source is None:
-            import instrument
-            source = instrument.snapshot
+    def __init__(self, source: Callable[[], Snapshot]) -> None:
+        if not callable(source):
+            raise TypeError(f"source must be a function returning a Snapshot (such as instrument.snapshot), "
+                            f"got {type(source).__name__}")
         self.source = source
 
     def describe(self) -> List[Metric]:
@@ -118,17 +118,20 @@ class InstrumentCollector:
         yield from families(self.source())
 
 
-def text(snap: Snapshot) -> str:
+def render(snap: Snapshot) -> str:
     """The Prometheus text exposition format of `snap`."""
     reg = CollectorRegistry()
     reg.register(InstrumentCollector(lambda: snap))
     return generate_latest(reg).decode()
 
 
-def write_textfile(path: str, snap: Optional[Snapshot] = None) -> None:
-    """Atomically, for node_exporter's textfile collector; snap defaults to instrument.snapshot()."""
+text = render
+
+
+def write_textfile(path: str, snap: Snapshot) -> None:
+    """Atomically, for node_exporter's textfile collector."""
     reg = CollectorRegistry()
-    reg.register(InstrumentCollector((lambda: snap) if snap is not None else None))
+    reg.register(InstrumentCollector(lambda: snap))
     write_to_textfile(path, reg)
 
 
@@ -157,22 +160,21 @@ def multiprocess_collector(directory: Optional[str] = None) -> InstrumentCollect
     return InstrumentCollector(lambda: merged_snapshot(d))
 
 
-def save_snapshot(directory: Optional[str] = None) -> str:
-    """Save this process's snapshot as <folder>/instrument.<pid>.json (atomic)."""
-    import instrument
-    return instrument.snapshot().save(os.path.join(_dir(directory), f"instrument.{os.getpid()}.json"))
+def save_snapshot(source: Callable[[], Snapshot], directory: Optional[str] = None) -> str:
+    """Save this process's snapshot (`source()`) as <folder>/instrument.<pid>.json (atomic)."""
+    return source().save(os.path.join(_dir(directory), f"instrument.{os.getpid()}.json"))
 
 
 class _Writer:
-    def __init__(self, directory: str, interval: float) -> None:
-        self.directory, self.interval = directory, interval
+    def __init__(self, source: Callable[[], Snapshot], directory: str, interval: float) -> None:
+        self.source, self.directory, self.interval = source, directory, interval
         self.stop = threading.Event()
         self.thread = threading.Thread(target=self._loop, name="instrument-snapshot-writer", daemon=True)
         self.thread.start()
 
     def _loop(self) -> None:
         while not self.stop.wait(self.interval):
-            _save_quietly(self.directory)
+            _save_quietly(self.source, self.directory)
 
     def close(self) -> None:
         self.stop.set()
@@ -184,22 +186,27 @@ _writer: Optional[_Writer] = None
 _hooks_installed = False
 
 
-def _save_quietly(directory: str) -> None:
+def _save_quietly(source: Callable[[], Snapshot], directory: str) -> None:
     try:
-        save_snapshot(directory)
+        save_snapshot(source, directory)
     except Exception:
         pass   # a full disk must not take the worker down; the next save tries again
 
 
-def start_snapshot_writer(directory: Optional[str] = None, interval: float = 5.0) -> None:
-    """Save this process's snapshot into the folder every `interval` seconds and at
-    exit; processes forked afterwards (gunicorn workers) start their own writer."""
+def start_snapshot_writer(directory: Optional[str] = None, interval: float = 5.0,
+                          source: Optional[Callable[[], Snapshot]] = None) -> None:
+    """Save this process's snapshot (`source()`, e.g. instrument.snapshot) into the
+    folder every `interval` seconds and at exit; processes forked afterwards
+    (gunicorn workers) start their own writer."""
     global _writer, _hooks_installed
     d = _dir(directory)
+    if not callable(source):
+        raise TypeError("start_snapshot_writer needs source=, a function returning the process's Snapshot "
+                        "(instrument.snapshot)")
     if interval <= 0:
         raise ValueError(f"interval must be positive, got {interval!r}")
     stop_snapshot_writer()
-    _writer = _Writer(d, interval)
+    _writer = _Writer(source, d, interval)
     if not _hooks_installed:
         _hooks_installed = True
         atexit.register(_final_save)
@@ -211,13 +218,13 @@ def _final_save() -> None:
     w = _writer
     if w is not None:
         w.close()
-        _save_quietly(w.directory)
+        _save_quietly(w.source, w.directory)
 
 
 def _restart_in_child() -> None:
     global _writer
     if _writer is not None:
-        _writer = _Writer(_writer.directory, _writer.interval)   # threads do not survive fork
+        _writer = _Writer(_writer.source, _writer.directory, _writer.interval)   # threads do not survive fork
 
 
 def stop_snapshot_writer() -> None:
@@ -231,12 +238,15 @@ def serve_metrics(port: int, addr: str = "127.0.0.1", source: Optional[Callable[
                   registry: Optional[CollectorRegistry] = None):
     """Serve /metrics on addr:port (127.0.0.1 unless told) in a daemon thread and
     return the HTTP server (`.server_port`, `.shutdown()`).  With
-    PROMETHEUS_MULTIPROC_DIR set and no `source`, serves the merge of the
-    workers' snapshot files."""
+    PROMETHEUS_MULTIPROC_DIR set, serves the merge of the workers' snapshot files;
+    otherwise `source()` (instrument.serve_metrics passes instrument.snapshot)."""
     if registry is None:
         registry = CollectorRegistry()
-    if source is None and os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
+    if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
         registry.register(multiprocess_collector())
+    elif source is None:
+        raise TypeError("serve_metrics needs source=, a function returning a Snapshot (or use "
+                        "instrument.serve_metrics, which serves this process's)")
     else:
         registry.register(InstrumentCollector(source))
     r = start_http_server(port, addr=addr, registry=registry)

@@ -1,7 +1,9 @@
-"""The per-stage breakdown as text: an indented tree, one row per stage.
+"""Text forms: the per-stage breakdown (an indented tree, one row per stage),
+a before/after diff, the advice, and a stage's torch operators.
 
 Columns appear when the snapshot has their data (counters, GPU time, verdicts);
-the base set fits an 80-column terminal.
+the base set fits an 80-column terminal.  Each renders as a terminal table,
+markdown, CSV or JSON.
 """
 from __future__ import annotations
 
@@ -10,39 +12,15 @@ import io
 import json
 import shutil
 from dataclasses import dataclass
-from typing import Callable, List, Optional, Sequence
+from typing import Any, Callable, Dict, List, Optional, Sequence
 
+from .. import counters
+from ..analysis.diff import METRICS, Change, Diff, DiffRow
 from ..snapshot import Snapshot, StageStats
+from .format import MINUS, count, human, md, ms, pct, printable, ratio, signed_percent
 
 SORTS = ("tree", "total", "self", "calls", "p99", "mean", "name", "cpu")
 FORMATS = ("table", "markdown", "csv", "json")
-
-
-def ms(ns: Optional[float]) -> str:
-    if ns is None:
-        return "n/a"
-    v = ns / 1e6
-    if v >= 10000:
-        return f"{v:.0f}"
-    if v >= 100:
-        return f"{v:.1f}"
-    if v >= 1:
-        return f"{v:.2f}"
-    if v >= 0.01:
-        return f"{v:.3f}"
-    return f"{v:.4f}"
-
-
-def pct(x: Optional[float]) -> str:
-    return "n/a" if x is None else f"{100 * x:.1f}"
-
-
-def ratio(x: Optional[float], digits: int = 2) -> str:
-    if x is None:
-        return "n/a"
-    if digits == 2 and x >= 9.995:   # keep to four characters
-        return f"{x:.0f}" if x < 99.5 else "99+"
-    return f"{x:.{digits}f}"
 
 
 @dataclass(frozen=True)
@@ -55,7 +33,6 @@ class Column:
 
 
 def _counter_derived(s: StageStats, key: str):
-    from .. import counters
     totals = {k: v.get("total") for k, v in s.counters.items()}
     return counters.derived(totals, s.wall_total, s.cpu_total).get(key)
 
@@ -168,7 +145,7 @@ def render(snap: Snapshot, sort: str = "tree", depth: Optional[int] = None, fold
         lines = ["| stage | " + " | ".join(c.header for c in cols) + " |",
                  "| --- | " + " | ".join("---:" for _ in cols) + " |"]
         for s in rows:
-            name = "&nbsp;" * (2 * s.depth) + _md(s.name)
+            name = "&nbsp;" * (2 * s.depth) + md(s.name)
             lines.append(f"| {name} | " + " | ".join(c.value(snap, s) for c in cols) + " |")
         return "\n".join(lines)
     name_w = max(10, min(40, (width or 80) - sum(c.width + 1 for c in cols)))
@@ -178,7 +155,7 @@ def render(snap: Snapshot, sort: str = "tree", depth: Optional[int] = None, fold
         lines.append(title)
     lines += [head, "-" * len(head)]
     for s in rows:
-        label = "  " * s.depth + _printable(s.name)
+        label = "  " * s.depth + printable(s.name)
         if len(label) > name_w:
             label = label[: name_w - 1] + "…"
         lines.append(f"{label:<{name_w}}" + "".join(f" {c.value(snap, s):>{c.width}}" for c in cols))
@@ -189,10 +166,174 @@ def render(snap: Snapshot, sort: str = "tree", depth: Optional[int] = None, fold
     return "\n".join(lines)
 
 
-def _printable(name: str) -> str:
-    """Control characters shown escaped, so a stage name cannot move the cursor."""
-    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in name)
+# ------------------------------------------------------------------ operators
+def ops_lines(ops: Any, indent: str) -> List[str]:
+    """The torch operators of a stage, as far as the record has them."""
+    if not isinstance(ops, dict):
+        return []
+    out = []
+    for key, title in (("by_self_cpu", "ops by self CPU"), ("by_device", "ops by device time")):
+        rows = ops.get(key)
+        if not isinstance(rows, list) or not rows:
+            continue
+        out.append(f"{indent}{title}:")
+        for r in rows[:10]:
+            if not isinstance(r, dict):
+                continue
+            name = printable(str(r.get("name", "?")))
+            name = name if len(name) <= 40 else name[:39] + "…"
+            out.append(f"{indent}  {name:<40} {r.get('calls', 0):>7} calls  {ms(r.get('self_cpu_ns')):>8} ms CPU"
+                       f"  {ms(r.get('device_ns')):>8} ms device")
+    if ops.get("device_total_ns") is not None:
+        out.append(f"{indent}device total: {ms(ops['device_total_ns'])} ms")
+    return out
 
 
-def _md(name: str) -> str:
-    return _printable(name).replace("|", "\\|").replace("<", "&lt;").replace(">", "&gt;")
+def render_with_ops(snap: Snapshot, sort: str = "tree", depth: Optional[int] = None, fold: bool = False,
+                    format: str = "table", width: Optional[int] = None) -> str:
+    """The breakdown with each stage's torch operators under its row (table and markdown)."""
+    text = render(snap, sort=sort, depth=depth, fold=fold, format=format, width=width)
+    if format in ("csv", "json"):   # json rows carry `ops` already
+        return text
+    view = snap.fold() if fold else snap
+    rows = ordered(view, sort, depth)
+    if format == "markdown":
+        extra = []
+        for s in rows:
+            lines = ops_lines(s.ops, "    ")
+            if lines:
+                extra += ["", f"**{md('/'.join(s.path))}**", "", "```", *lines, "```"]
+        return text + ("\n" + "\n".join(extra) if extra else "")
+    lines = text.split("\n")
+    head, body, tail = lines[:2], lines[2:2 + len(rows)], lines[2 + len(rows):]
+    out = head
+    for s, line in zip(rows, body):
+        out.append(line)
+        out += ops_lines(s.ops, "  " * (s.depth + 2))
+    return "\n".join(out + tail)
+
+
+# ---------------------------------------------------------------------- advice
+def render_advice(advice: Sequence[Dict[str, Any]]) -> str:
+    """instrument.analysis.advice.advise()'s list as text."""
+    lines = ["Where to look next (the stages with the most self time):"]
+    for i, a in enumerate(advice, 1):
+        share = a["saving_upper_bound"]
+        lines.append(f"{i}. {'/'.join(printable(p) for p in a['path'])}: {a['verdict']} — {a['reason']}")
+        lines.append(f"   self {a['self_ns'] / 1e6:.2f} ms"
+                     + (f"; removing it would save at most {share:.0%} of end-to-end time" if share is not None else ""))
+        lines.append(f"   next: {a['next']}")
+    if len(lines) == 1:
+        lines.append("   (no stages recorded)")
+    return "\n".join(lines)
+
+
+# ------------------------------------------------------------------------ diff
+DIFF_HEADERS = ["calls", "total ms", "→", "Δ ms", "Δ%", "mean ms", "→", "Δ%", "p50 Δ%", "p99 ms", "→", "Δ%", "CPU Δ%"]
+
+
+def percent(c: Change) -> str:
+    if c.ratio is None:
+        return "n/a" if c.before is None or c.after is None or not c.after else "new"
+    return signed_percent(c.ratio)
+
+
+def headline(d: Diff) -> str:
+    """One line on the top-level stage: `request: 25.0 ms → 18.1 ms (−27.6%)`."""
+    top = d.row(d.stage) if d.stage else None
+    if top is None:
+        return "no stages on either side"
+    name = printable(top.name)
+    tot = top.metrics["total"]
+    if top.status != "both":
+        side = tot.before if top.status == "only before" else tot.after
+        return f"{name}: {top.status} ({human(side)} total)"
+    mean, calls = top.metrics["mean"], top.metrics["calls"]
+    if d.basis != "mean":
+        return f"{name}: total {human(tot.before)} → {human(tot.after)} ({percent(tot)})"
+    text = f"{name}: {human(mean.before)} → {human(mean.after)} ({percent(mean)})"
+    if calls.before != calls.after:
+        text += (f" per call; total {human(tot.before)} → {human(tot.after)} ({percent(tot)}) over "
+                 f"{calls.before:.0f} → {calls.after:.0f} calls")
+    return text
+
+
+def _ms_or_dash(x: Optional[float]) -> str:
+    return ms(x) if x is not None else "-"
+
+
+def _int_or_dash(x: Optional[float]) -> str:
+    return "-" if x is None else f"{x:.0f}"
+
+
+def _signed_ms(x: Optional[float]) -> str:
+    if x is None:
+        return "-"
+    return "0" if x == 0 else ("+" if x > 0 else MINUS) + ms(abs(x))
+
+
+def _diff_cells(r: DiffRow) -> List[str]:
+    m = r.metrics
+    calls = m["calls"]
+    return [f"{_int_or_dash(calls.before)}→{_int_or_dash(calls.after)}",
+            _ms_or_dash(m["total"].before), _ms_or_dash(m["total"].after), _signed_ms(m["total"].delta),
+            percent(m["total"]), _ms_or_dash(m["mean"].before), _ms_or_dash(m["mean"].after), percent(m["mean"]),
+            percent(m["p50"]), _ms_or_dash(m["p99"].before), _ms_or_dash(m["p99"].after), percent(m["p99"]),
+            percent(m["cpu"])]
+
+
+def _diff_label(r: DiffRow) -> str:
+    return "/".join(printable(p) for p in r.path) + ("" if r.status == "both" else f" ({r.status})")
+
+
+def _counter_lines(r: DiffRow) -> List[str]:
+    lines = [f"{n}: {count(c.before)} → {count(c.after)} ({percent(c)})" for n, c in r.counters.items()
+             if c.before or c.after]   # counters that stayed 0 or were never counted say nothing
+    if any(r.verdict):
+        b, a = (v or "-" for v in r.verdict)
+        lines.insert(0, f"verdict: {b}" + ("" if a == b else f" → {a}"))
+    return lines
+
+
+def render_diff(d: Diff, format: str = "table", limit: Optional[int] = None) -> str:
+    """The diff as text ('table'), 'markdown', 'csv' or 'json'; limit: at most that many rows."""
+    if format not in FORMATS:
+        raise ValueError(f"format must be one of {', '.join(FORMATS)}, got {format!r}")
+    rows = d.rows[:limit] if limit else d.rows
+    if format == "json":
+        return json.dumps(dict(d.to_dict(), headline=headline(d), rows=[r.to_dict() for r in rows]), indent=2,
+                          allow_nan=False)
+    if format == "csv":
+        buf = io.StringIO()
+        w = csv.writer(buf)
+        names = list(dict.fromkeys(n for r in rows for n in r.counters))
+        w.writerow(["path", "status"] + [f"{m}_{k}" for m in METRICS for k in ("before", "after", "delta", "ratio")]
+                   + [f"counter:{n}_{k}" for n in names for k in ("before", "after")])
+        for r in rows:
+            vals = [v for m in METRICS for v in r.metrics[m].to_dict().values()]
+            cs = [v for n in names for v in ((r.counters[n].before, r.counters[n].after) if n in r.counters
+                                            else (None, None))]
+            w.writerow(["/".join(r.path), r.status] + ["" if v is None else v for v in vals + cs])
+        return buf.getvalue()
+    if format == "markdown":
+        out = [f"**{md(headline(d))}**", "", "| stage | " + " | ".join(DIFF_HEADERS) + " |",
+               "| --- | " + " | ".join("---:" for _ in DIFF_HEADERS) + " |"]
+        for r in rows:
+            extra = "<br>" + "<br>".join(md(x) for x in _counter_lines(r)) if _counter_lines(r) else ""
+            out.append(f"| {md(_diff_label(r))}{extra} | " + " | ".join(_diff_cells(r)) + " |")
+        return "\n".join(out)
+    table = [[_diff_label(r)] + _diff_cells(r) for r in rows]
+    head = ["stage"] + DIFF_HEADERS
+    widths = [min(48, max([len(head[0])] + [len(t[0]) for t in table]))] + \
+        [max([len(h)] + [len(t[i + 1]) for t in table]) for i, h in enumerate(DIFF_HEADERS)]
+
+    def line(cells):
+        first = cells[0] if len(cells[0]) <= widths[0] else cells[0][: widths[0] - 1] + "…"
+        return f"{first:<{widths[0]}}" + "".join(f" {c:>{w}}" for c, w in zip(cells[1:], widths[1:]))
+    out = [headline(d), "", line(head), "-" * (sum(widths) + len(widths) - 1)]
+    for r, cells in zip(rows, table):
+        out.append(line(cells))
+        out += ["    " + x for x in _counter_lines(r)]
+    if not rows:
+        out.append("(no stages on either side)")
+    return "\n".join(out)

@@ -131,7 +131,7 @@ def test_profile_attributes_kernels_to_stages():
 
 def test_auto_turns_on_when_cuda_initialises():
     code = ("import instrument, torch\n"
-            "assert not instrument.gpu.status()['timing'], 'on before CUDA was initialised'\n"
+            "assert not instrument.live.gpu.status()['timing'], 'on before CUDA was initialised'\n"
             "x = torch.ones(4, device='cuda')\n"
             "with instrument.stage('s'):\n"
             "    x.add_(1)\n"

@@ -1,0 +1,1 @@
+"""Pure functions of Snapshots: verdicts, diff, advice.  Never imports the live side."""

@@ -1,0 +1,41 @@
+"""Where to look next: the stages with the most self time, each with its verdict,
+the next step that fits it and the most its removal could save."""
+from __future__ import annotations
+
+from typing import Any, Dict, List, Mapping, Optional
+
+from ..snapshot import Snapshot
+from .verdict import with_verdicts
+
+NEXT_STEP = {
+    "compute-bound": ("profile its operators: `with instrument.profile() as prof:` around the work shows the "
+                      "torch operators under `{name}`; for pure-Python code, a sampling profiler on it "
+                      "(py-spy, pyinstrument) shows the hot lines"),
+    "memory-bound": "improve locality (contiguous tensors, batching, smaller working set) and compare "
+                    "cache-misses before/after with `instrument diff`",
+    "memory-bound?": "count cycles,instructions too (the default counters, on a machine with a PMU) to "
+                     "confirm the memory-bound suspicion",
+    "gpu-bound": "look at its kernels on the timeline: `instrument nsys --capture {name} -- python ...`",
+    "gpu-sync": "find the synchronisation on the timeline: `instrument nsys --capture {name} -- python ...`; "
+                "remove .item()/.cpu()/synchronize() calls from the hot path",
+    "waiting": "find what it waits on: context switches and CPU/wall are in the table; for host waits on the "
+               "GPU, `instrument nsys --capture {name} -- python ...` shows them",
+    "mixed": "split it into smaller stages to separate the computing from the waiting",
+    "unknown": "turn on the CPU clock or task-clock counter (configure(cpu_clock=True)) so it can be judged",
+}
+
+
+def advise(snap: Snapshot, top: int = 3, th: Optional[Mapping[str, float]] = None) -> List[Dict[str, Any]]:
+    """The `top` stages by self time, each with its verdict, the next step and
+    the most removing its self time could save end to end (an upper bound)."""
+    judged = with_verdicts(snap, th)
+    end_to_end = judged.total_ns
+    rows = sorted((s for s in judged if s.calls and not s.other), key=lambda s: -s.wall_self)[:top]
+    out = []
+    for s in rows:
+        v = s.verdict
+        out.append({"path": list(s.path), "self_ns": s.wall_self, "verdict": v["verdict"], "reason": v["reason"],
+                    "evidence": v["evidence"], "limited_by": v["limited_by"],
+                    "next": NEXT_STEP[v["verdict"]].format(name=s.name),
+                    "saving_upper_bound": s.wall_self / end_to_end if end_to_end else None})
+    return out

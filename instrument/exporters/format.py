@@ -1,0 +1,74 @@
+"""Formatting shared by every text form: numbers in their units, and stage names
+that cannot move the cursor or break a table."""
+from __future__ import annotations
+
+import math
+from typing import Optional
+
+MINUS = "\u2212"
+
+
+def ms(ns: Optional[float]) -> str:
+    """Nanoseconds as milliseconds, with as many decimals as the size wants."""
+    if ns is None:
+        return "n/a"
+    v = ns / 1e6
+    if v >= 10000:
+        return f"{v:.0f}"
+    if v >= 100:
+        return f"{v:.1f}"
+    if v >= 1:
+        return f"{v:.2f}"
+    if v >= 0.01:
+        return f"{v:.3f}"
+    return f"{v:.4f}"
+
+
+def pct(x: Optional[float]) -> str:
+    """A fraction as a percentage number (0.123 -> 12.3)."""
+    return "n/a" if x is None else f"{100 * x:.1f}"
+
+
+def ratio(x: Optional[float], digits: int = 2) -> str:
+    if x is None:
+        return "n/a"
+    if digits == 2 and x >= 9.995:   # keep to four characters
+        return f"{x:.0f}" if x < 99.5 else "99+"
+    return f"{x:.{digits}f}"
+
+
+def human(ns: Optional[float]) -> str:
+    """Three significant digits: 25.0 ms, 1.23 s, 850 µs."""
+    if ns is None:
+        return "n/a"
+    for unit, scale in (("s", 1e9), ("ms", 1e6), ("µs", 1e3)):
+        if abs(ns) >= scale:
+            break
+    else:
+        unit, scale = "ns", 1
+    v = ns / scale
+    digits = max(0, 2 - int(math.floor(math.log10(abs(v))))) if v else 0
+    return f"{v:.{digits}f} {unit}"
+
+
+def signed_percent(r: Optional[float]) -> str:
+    """A ratio after/before as a signed change: 0.9 -> −10.0%."""
+    if r is None:
+        return "n/a"
+    x = (r - 1) * 100
+    sign = "+" if round(x, 1) > 0 else MINUS if round(x, 1) < 0 else "±"
+    return f"{sign}{abs(x):.1f}%"
+
+
+def count(x: Optional[float]) -> str:
+    return "n/a" if x is None else f"{x:,.0f}" if float(x).is_integer() else f"{x:.4g}"
+
+
+def printable(name: str) -> str:
+    """Control characters shown escaped, so a stage name cannot move the cursor."""
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in name)
+
+
+def md(text: str) -> str:
+    """Text for a markdown table cell."""
+    return printable(text).replace("|", "\\|").replace("<", "&lt;").replace(">", "&gt;")

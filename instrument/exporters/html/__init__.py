@@ -1,0 +1,75 @@
+"""One self-contained HTML report: an icicle chart of the stage tree sized by
+total wall time (hover for the numbers, click to zoom), the breakdown table
+under it, and with `before=` a comparison of two snapshots.
+
+No network, no CDN: CSS, script and data are inline in the page; they are kept
+beside this module as report.html, report.css and report.js (package data).  The data is embedded as
+JSON in a non-executed script element with `<`, `>`, `&` and U+2028/9
+escaped, and every stage name reaches the page through textContent, so a name
+like `<script>...</script>` is shown as text and never runs.
+"""
+from __future__ import annotations
+
+import html
+import json
+import os
+import time
+from typing import Any, Dict, Optional
+
+from ...analysis.diff import diff
+from ...snapshot import Snapshot, StageStats
+from ..table import headline
+
+_HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def _asset(name: str) -> str:
+    with open(os.path.join(_HERE, name), encoding="utf-8") as f:
+        return f.read()
+
+_ESCAPES = {"<": "\\u003c", ">": "\\u003e", "&": "\\u0026", "\u2028": "\\u2028", "\u2029": "\\u2029"}
+
+
+def embed_json(data: Any) -> str:
+    """JSON that cannot end its <script> element or open a comment."""
+    s = json.dumps(data, allow_nan=False, ensure_ascii=False, separators=(",", ":"))
+    return "".join(_ESCAPES.get(c, c) for c in s)
+
+
+def _stage(snap: Snapshot, s: StageStats) -> Dict[str, Any]:
+    return {"path": list(s.path), "calls": s.calls, "errors": s.errors, "total": s.wall_total, "self": s.wall_self,
+            "mean": s.wall_mean, "p50": s.quantile(0.5), "p99": s.quantile(0.99), "cpu": s.cpu_total,
+            "ratio": s.cpu_ratio, "root": snap.share_of_root(s), "parent": snap.share_of_parent(s),
+            "gpu": (s.gpu or {}).get("total_ns")}
+
+
+def _side(snap: Snapshot, label: str) -> Dict[str, Any]:
+    m = snap.meta
+    procs = list({(p.get("pid"), p.get("host")): p for p in (m.get("merged_from") or [m])}.values())
+    span = None   # merged: the wall span of the sources, not the last one's duration
+    if m.get("merged_from") and m.get("start_time") is not None and m.get("end_time") is not None:
+        span = int((m["end_time"] - m["start_time"]) * 1e9)
+    return {"label": label, "stages": [_stage(snap, s) for s in snap], "total": snap.total_ns,
+            "processes": len(procs), "pids": [p.get("pid") for p in procs][:50], "host": m.get("host"),
+            "argv": m.get("argv"), "start": m.get("start_time"), "end": m.get("end_time"),
+            "duration": span if span is not None else m.get("duration_ns")}
+
+
+def render(snap: Snapshot, before: Optional[Snapshot] = None, title: Optional[str] = None) -> str:
+    """The report as one HTML document; with `before`, `snap` is compared against it."""
+    if title is None:
+        title = "instrument: before / after" if before is not None else "instrument: stage breakdown"
+    data: Dict[str, Any] = {"after": _side(snap, "after" if before is not None else "snapshot"),
+                            "generated": time.strftime("%Y-%m-%d %H:%M:%S")}
+    if before is not None:
+        data["before"] = _side(before, "before")
+        data["headline"] = headline(diff(before, snap))
+    return (_asset("report.html").replace("%%TITLE%%", html.escape(title))
+            .replace("%%CSS%%", _asset("report.css")).replace("%%JS%%", _asset("report.js"))
+            .replace("%%DATA%%", embed_json(data)))
+
+
+def write(path: str, snap: Snapshot, before: Optional[Snapshot] = None, title: Optional[str] = None) -> None:
+    text = render(snap, before, title)
+    with open(path, "w", encoding="utf-8") as f:
+        f.write(text)

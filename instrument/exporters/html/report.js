@@ -1,0 +1,207 @@
+(function () {
+  "use strict";
+  var D = JSON.parse(document.getElementById("data").textContent);
+  var A = D.after, B = D.before || null;
+  var PALETTE = ["#4c6ef5", "#12b886", "#fab005", "#f76707", "#7950f2", "#15aabf", "#e64980", "#82c91e", "#fd7e14", "#228be6"];
+  function el(tag, cls, text) { var e = document.createElement(tag); if (cls) e.className = cls;
+    if (text !== undefined && text !== null) e.textContent = String(text); return e; }
+  function key(p) { return JSON.stringify(p); }
+  function ms(ns) { if (ns === null || ns === undefined) return "n/a"; var v = ns / 1e6;
+    return v >= 10000 ? v.toFixed(0) : v >= 100 ? v.toFixed(1) : v >= 1 ? v.toFixed(2) : v >= 0.01 ? v.toFixed(3) : v.toFixed(4); }
+  function human(ns) { if (ns === null || ns === undefined) return "n/a";
+    var u = [["s", 1e9], ["ms", 1e6], ["\u00b5s", 1e3], ["ns", 1]], i = 0;
+    while (i < 3 && Math.abs(ns) < u[i][1]) i++;
+    var v = ns / u[i][1], d = v ? Math.max(0, 2 - Math.floor(Math.log10(Math.abs(v)))) : 0;
+    return v.toFixed(d) + " " + u[i][0]; }
+  function pct(x) { return x === null || x === undefined ? "n/a" : (100 * x).toFixed(1) + "%"; }
+  function change(b, a) { if (b === null || b === undefined || a === null || a === undefined || !b) return null; return a / b - 1; }
+  function signed(c) { if (c === null) return "n/a"; var x = 100 * c;
+    return (x > 0.05 ? "+" : x < -0.05 ? "\u2212" : "\u00b1") + Math.abs(x).toFixed(1) + "%"; }
+
+  function index(side) { var m = {}; side.stages.forEach(function (s) { m[key(s.path)] = s; }); return m; }
+  var AI = index(A), BI = B ? index(B) : {};
+
+  function tree(side) {
+    var nodes = {}, roots = [];
+    side.stages.forEach(function (s) { nodes[key(s.path)] = { s: s, kids: [] }; });
+    side.stages.forEach(function (s) {
+      var n = nodes[key(s.path)];
+      if (s.path.length === 1) roots.push(n); else { var p = nodes[key(s.path.slice(0, -1))]; if (p) p.kids.push(n); else roots.push(n); }
+    });
+    return roots;
+  }
+
+  // ----- header
+  (function header() {
+    var h = document.getElementById("headline");
+    if (D.headline) {
+      h.textContent = D.headline;
+      var m = D.headline.match(/\(([+\u2212\u00b1])/);
+      if (m) h.className = "headline " + (m[1] === "+" ? "slower" : m[1] === "\u2212" ? "faster" : "");
+    } else h.remove();
+    var chips = document.getElementById("summary");
+    function chip(label, value) { var c = el("span", "chip"); c.appendChild(document.createTextNode(label + " "));
+      c.appendChild(el("b", null, value)); chips.appendChild(c); }
+    chip("top-level total", human(A.total));
+    chip("stages", A.stages.length);
+    chip(A.processes === 1 ? "process" : "processes", A.processes === 1 ? (A.pids[0] === null ? "1" : "pid " + A.pids[0]) : A.processes);
+    if (A.host) chip("host", A.host);
+    if (A.duration) chip("recorded for", human(A.duration));
+    if (A.argv && A.argv.length) chip("argv", A.argv.join(" ").slice(0, 80));
+    if (B) { chip("before: total", human(B.total)); chip("before: stages", B.stages.length); }
+    document.getElementById("footer").textContent = "instrument report \u00b7 generated " + D.generated +
+      (A.start ? " \u00b7 recording started " + new Date(A.start * 1000).toISOString().replace("T", " ").slice(0, 19) + " UTC" : "");
+  })();
+
+  // ----- colours
+  function rootColour(name) { var h = 0; for (var i = 0; i < name.length; i++) h = (h * 31 + name.charCodeAt(i)) >>> 0; return PALETTE[h % PALETTE.length]; }
+  function shade(hex, depth) { var n = parseInt(hex.slice(1), 16), r = n >> 16, g = (n >> 8) & 255, b = n & 255, t = Math.min(0.62, 0.18 + depth * 0.13);
+    function mix(c) { return Math.round(c + (255 - c) * t); } return "rgb(" + mix(r) + "," + mix(g) + "," + mix(b) + ")"; }
+  function diffColour(c) { if (c === null) return "#c5cbd6"; var x = Math.max(-1, Math.min(1, c / 0.5)), t = Math.abs(x);
+    if (t < 0.04) return "#e6eaf2";   // within 2 %: no colour, so real changes stand out
+    var base = x > 0 ? [224, 49, 49] : [47, 158, 68], w = 0.82 - 0.62 * t;
+    return "rgb(" + base.map(function (v) { return Math.round(v + (255 - v) * w); }).join(",") + ")"; }
+
+  // ----- tooltip
+  var tip = document.getElementById("tooltip");
+  function showTip(ev, s, side) {
+    while (tip.firstChild) tip.removeChild(tip.firstChild);
+    tip.appendChild(el("div", "t", s.path.join(" / ")));
+    var t = el("table"), other = B ? (side === A ? BI : AI)[key(s.path)] : null;
+    var rows = [["calls", s.calls + (s.errors ? " (" + s.errors + " errors)" : "")], ["total", human(s.total)], ["self", human(s.self)],
+      ["mean", human(s.mean)], ["p50", human(s.p50)], ["p99", human(s.p99)],
+      ["CPU", human(s.cpu) + (s.ratio === null ? "" : " (CPU/wall " + s.ratio.toFixed(2) + ")")],
+      ["share of parent", pct(s.parent)], ["share of root", pct(s.root)]];
+    if (s.gpu !== null && s.gpu !== undefined) rows.push(["GPU", human(s.gpu)]);
+    if (B) {
+      var b = side === A ? other : s, a = side === A ? s : other;
+      rows.push(["before \u2192 after", b && a ? human(b.mean) + " \u2192 " + human(a.mean) + " per call (" + signed(change(b.mean, a.mean)) + ")"
+        : (b ? "only before" : "only after")]);
+      if (b && a) rows.push(["total", human(b.total) + " \u2192 " + human(a.total) + " (" + signed(change(b.total, a.total)) + ")"]);
+    }
+    rows.forEach(function (r) { var tr = el("tr"); tr.appendChild(el("td", null, r[0])); tr.appendChild(el("td", null, r[1])); t.appendChild(tr); });
+    tip.appendChild(t);
+    tip.hidden = false; moveTip(ev);
+  }
+  function moveTip(ev) { var w = tip.offsetWidth, h = tip.offsetHeight, x = ev.clientX + 14, y = ev.clientY + 14;
+    if (x + w > window.innerWidth - 8) x = ev.clientX - w - 14; if (y + h > window.innerHeight - 8) y = ev.clientY - h - 14;
+    tip.style.left = Math.max(4, x) + "px"; tip.style.top = Math.max(4, y) + "px"; }
+  function hideTip() { tip.hidden = true; }
+
+  // ----- icicle
+  var ROW = 28, zoom = null;
+  function draw(box, side, scaleTotal, colourOf) {
+    while (box.firstChild) box.removeChild(box.firstChild);
+    var roots = tree(side), W = box.clientWidth || 1200, maxDepth = 0;
+    var focus = null;
+    if (zoom) { (function find(ns) { ns.forEach(function (n) { if (key(n.s.path) === zoom) focus = n; else find(n.kids); }); })(roots); }
+    var top = focus ? [focus] : roots, base = focus ? focus.s.total : scaleTotal, d0 = focus ? focus.s.path.length - 1 : 0;
+    if (focus) {   // the ancestors, full width, to click back out
+      for (var i = 1; i < focus.s.path.length; i++) {
+        var anc = (side === A ? AI : BI)[key(focus.s.path.slice(0, i))];
+        if (anc) place(anc, 0, W, i - 1, true);
+      }
+    }
+    function place(s, x, w, depth, isParent) {
+      var c = el("div", "cell" + (isParent ? " zoom-parent" : ""));
+      c.style.left = x + "px"; c.style.width = Math.max(w - 1, 1) + "px"; c.style.top = (depth * ROW) + "px";
+      c.style.background = colourOf(s);
+      c.setAttribute("data-path", s.path.join("/"));
+      if (w > 34) c.textContent = s.path[s.path.length - 1] + (w > 120 ? "  " + ms(s.total) + " ms" : "");
+      c.addEventListener("mousemove", function (ev) { showTip(ev, s, side); });
+      c.addEventListener("mouseleave", hideTip);
+      c.addEventListener("click", function () {   // zoom in; the zoomed bar or an ancestor bar zooms back out
+        var k = key(s.path), up = s.path.length > 1 ? key(s.path.slice(0, -1)) : null;
+        zoom = isParent ? (s.path.length > 1 ? k : null) : zoom === k ? up : k;
+        hideTip(); redraw(); });
+      box.appendChild(c); maxDepth = Math.max(maxDepth, depth);
+    }
+    function lay(nodes, x, w, total, depth) {
+      var cx = x;
+      nodes.forEach(function (n) {
+        var nw = total > 0 ? w * n.s.total / total : 0;
+        if (nw >= 1) { place(n.s, cx, nw, depth, false); lay(n.kids, cx, nw, n.s.total, depth + 1); }
+        cx += nw;
+      });
+    }
+    lay(top, 0, W, base, focus ? d0 : 0);
+    box.style.height = ((maxDepth + 1) * ROW + 2) + "px";
+    if (!side.stages.length) { box.appendChild(el("div", "hint", "no stages recorded")); box.style.height = "40px"; }
+  }
+  function colourAfter(s) { return B ? diffColour(BI[key(s.path)] ? change(BI[key(s.path)].mean, s.mean) : null) : shade(rootColour(s.path[0]), s.path.length - 1); }
+  function colourBefore(s) { return diffColour(AI[key(s.path)] ? change(s.mean, AI[key(s.path)].mean) : null); }
+  function redraw() {
+    var scale = B ? Math.max(A.total, B.total) : A.total;
+    draw(document.getElementById("icicle"), A, scale, colourAfter);
+    if (B) { document.getElementById("before-wrap").hidden = false; draw(document.getElementById("icicle-before"), B, scale, colourBefore); }
+  }
+  if (B) {
+    document.getElementById("chart-title").textContent = "After, coloured by change of mean per call";
+    var lg = document.getElementById("legend");
+    [["faster", diffColour(-0.5)], ["slower", diffColour(0.5)], ["about the same", diffColour(0)], ["on one side only", diffColour(null)]].forEach(function (x) {
+      var s = el("span"); var sw = el("span", "sw"); sw.style.background = x[1]; s.appendChild(sw); s.appendChild(document.createTextNode(x[0])); lg.appendChild(s); });
+  }
+  redraw();
+  window.addEventListener("resize", redraw);
+
+  // ----- table
+  var cols = [
+    ["stage", function (s) { return s.path.join("/"); }],
+    ["calls", function (s) { return s.calls; }, String],
+    ["total ms", function (s) { return s.total; }, ms],
+    ["% root", function (s) { return s.root; }, pct],
+    ["mean", function (s) { return s.mean; }, ms],
+    ["p50", function (s) { return s.p50; }, ms],
+    ["p99", function (s) { return s.p99; }, ms],
+    ["self ms", function (s) { return s.self; }, ms],
+    ["CPU ms", function (s) { return s.cpu; }, ms],
+    ["CPU/wall", function (s) { return s.ratio; }, function (v) { return v === null ? "n/a" : v.toFixed(2); }]
+  ];
+  if (B) {
+    cols = cols.filter(function (c) { return ["p50", "CPU/wall", "% root", "self ms"].indexOf(c[0]) < 0; });   // room for the comparison
+    cols.splice(3, 0, ["before ms", function (s) { var b = BI[key(s.path)]; return b ? b.total : null; }, ms],
+      ["\u0394 total", function (s) { var b = BI[key(s.path)]; return b ? change(b.total, s.total) : null; }, signed, true]);
+    cols.splice(6, 0, ["before mean", function (s) { var b = BI[key(s.path)]; return b ? b.mean : null; }, ms],
+      ["\u0394 mean", function (s) { var b = BI[key(s.path)]; return b ? change(b.mean, s.mean) : null; }, signed, true]);
+  }
+  var rows = A.stages.slice();
+  if (B) B.stages.forEach(function (s) { if (!AI[key(s.path)]) rows.push(Object.assign({ onlyBefore: true }, s)); });
+  var sortCol = null, sortDesc = true;
+  function renderTable() {
+    var t = document.getElementById("table"); while (t.firstChild) t.removeChild(t.firstChild);
+    var thead = el("thead"), hr = el("tr");
+    cols.forEach(function (c, i) { var th = el("th", null, c[0] + (sortCol === i ? (sortDesc ? " \u25be" : " \u25b4") : ""));
+      th.addEventListener("click", function () { if (sortCol === i) { if (!sortDesc) sortCol = null; sortDesc = !sortDesc; } else { sortCol = i; sortDesc = i !== 0; } renderTable(); });
+      hr.appendChild(th); });
+    thead.appendChild(hr); t.appendChild(thead);
+    var list = rows.slice();
+    if (sortCol !== null) { var f = cols[sortCol][1];
+      list.sort(function (x, y) { var a = f(x), b = f(y); if (a === null) return 1; if (b === null) return -1; var r = a < b ? -1 : a > b ? 1 : 0; return sortDesc ? -r : r; }); }
+    var tb = el("tbody"), maxTotal = Math.max.apply(null, rows.map(function (s) { return s.total; }).concat([1]));
+    list.forEach(function (s) {
+      var tr = el("tr"), name = el("td", "name");
+      name.style.paddingLeft = (10 + (sortCol === null ? 16 * (s.path.length - 1) : 0)) + "px";
+      var bar = el("span", "bar"); bar.style.width = Math.max(2, 60 * s.total / maxTotal) + "px"; name.appendChild(bar);
+      name.appendChild(document.createTextNode(sortCol === null ? s.path[s.path.length - 1] : s.path.join("/")));
+      name.title = s.path.join("/");
+      if (s.onlyBefore) name.appendChild(el("span", "tag", "only before"));
+      else if (B && !BI[key(s.path)]) name.appendChild(el("span", "tag", "only after"));
+      tr.appendChild(name);
+      cols.slice(1).forEach(function (c) {
+        var v = s.onlyBefore && c[0].indexOf("before") < 0 && c[0].indexOf("\u0394") < 0 ? null : c[1](s);
+        if (s.onlyBefore && c[0] === "before ms") v = s.total;
+        if (s.onlyBefore && c[0] === "before mean") v = s.mean;
+        var td = el("td", null, v === null || v === undefined ? "n/a" : c[2](v));
+        if (v === null || v === undefined) td.className = "na";
+        else if (c[3]) td.className = v > 0.005 ? "up" : v < -0.005 ? "down" : "";
+        tr.appendChild(td);
+      });
+      tr.addEventListener("mousemove", function (ev) { showTip(ev, s, s.onlyBefore ? B : A); });
+      tr.addEventListener("mouseleave", hideTip);
+      tb.appendChild(tr);
+    });
+    t.appendChild(tb);
+  }
+  renderTable();
+  document.documentElement.setAttribute("data-rendered", "1");
+})();

@@ -1,0 +1,342 @@
+"""The live side's centre: applies the configuration to the backend, turns what
+the backend and the integrations collected into a Snapshot, and saves at exit."""
+from __future__ import annotations
+
+import atexit
+import functools
+import inspect
+import os
+import platform
+import socket
+import sys
+import threading
+import time
+import warnings
+from typing import Any, Callable, Dict, Optional
+
+from .. import config as _config
+from .. import counters
+from .._version import __version__
+from ..snapshot import Snapshot, StageStats
+from . import backend as _backend
+from . import integrations, nvtx, perf, torchwatch
+
+backend = _backend.current   # the hot path reads this global; _on_backend_switch keeps it current
+
+_state_lock = threading.Lock()
+_config_now: _config.Config = _config.from_env()
+_start_wall = time.time()
+_start_clock = backend.now_ns()
+_finish: Optional[Callable[[Snapshot], Snapshot]] = None   # set by the facade: verdicts (instrument.analysis)
+
+
+def current_config() -> _config.Config:
+    return _config_now
+
+
+def configure(**options: Any) -> _config.Config:
+    """Change options (see instrument.config.OPTIONS); returns the configuration now in force."""
+    global _config_now
+    with _state_lock:
+        new = _config_now.replace(**options)
+        _apply(new, explicit_counters="counters" in options)
+        _config_now = new
+    return new
+
+
+def _apply(cfg: _config.Config, explicit_counters: bool = False) -> None:
+    if cfg.nvtx:
+        nvtx.init(cfg.nvtx_domain)
+    backend.configure(enabled=cfg.enabled, cpu_clock=cfg.cpu_clock, max_stages=cfg.max_stages,
+                      trace_events=cfg.trace_events, nvtx=cfg.nvtx)
+    _apply_counters(cfg.counters, explicit_counters)
+    try:
+        torchwatch.on_configure(cfg)
+    except Exception as e:  # an integration must never stop the configuration
+        warnings.warn(f"instrument: torch integration: {e}", RuntimeWarning, stacklevel=3)
+
+
+def use_backend(module) -> None:
+    """Switch the hot path to `module` (the C extension or the pure twin) and apply the configuration to it."""
+    _backend.use(module)
+
+
+def _on_backend_switch(module) -> None:
+    global backend
+    backend = module
+    _applied_counters.pop(module.__name__, None)
+    _apply(_config_now)
+
+
+_backend.on_switch(_on_backend_switch)
+_counter_names: tuple = ()
+_applied_counters: Dict[str, tuple] = {}   # backend module -> the events it was given
+_counter_probe: Optional[Dict[str, Any]] = None
+
+
+def _apply_counters(names: tuple, explicit: bool = False) -> None:
+    """Give the backend the events and probe them once, for meta and doctor.
+    Events asked for by name (configure or the environment) that cannot be
+    opened are warned about once; the default set stays quiet on machines
+    without them (a VM without a PMU is normal) and says so in meta."""
+    global _counter_names, _counter_probe
+    if _applied_counters.get(backend.__name__) == tuple(names):
+        return
+    specs = [counters.resolve(n) for n in names]
+    tc = list(names).index("task-clock") if "task-clock" in names else -1
+    backend.set_counters([(t, c) for t, c, _ in specs], False, tc)   # kernel counted where allowed, as perf does
+    _applied_counters[backend.__name__] = _counter_names = tuple(names)
+    _counter_probe = None
+    if names:
+        try:
+            _counter_probe = perf.probe(list(names))
+        except Exception as e:   # probing must never stop the service
+            _counter_probe = {"error": str(e), "events": {}}
+        bad = {n: v for n, v in _counter_probe.get("events", {}).items() if not v.get("available")}
+        if bad and (explicit or _config.set_in_env("counters")):
+            first = next(iter(bad.values()))
+            key = tuple(sorted(bad))
+            if key not in _warned_counters:
+                _warned_counters.add(key)
+                warnings.warn(f"instrument: perf counters unavailable: {', '.join(bad)} ({first['reason']}"
+                              f"{'; fix: ' + first['fix'] if first.get('fix') else ''}); stages are timed without "
+                              "them (instrument doctor tells more)", RuntimeWarning, stacklevel=4)
+
+
+_warned_counters: set = set()
+
+
+_styled: Dict[tuple, Any] = {}
+
+
+def stage(name: str, color: Optional[int] = None, category: Optional[str] = None):
+    """The stage named `name`: one object per name, reusable, a context manager.
+    color (0xRRGGBB) and category (a name) style its NVTX range; by default the
+    colour is derived from the name, the same in every run."""
+    if color is None and category is None:
+        return backend.stage(name)
+    key = (name, color, category)
+    s = _styled.get(key)
+    if s is None:
+        cat = 0
+        if category is not None:
+            cat = nvtx.category_id(category)
+        s = _styled[key] = backend.Stage(name, color, category=cat)
+    return s
+
+
+def _wrap(func: Callable, st) -> Callable:
+    if inspect.iscoroutinefunction(func):
+        @functools.wraps(func)
+        async def run_async(*args, **kwargs):
+            with st:
+                return await func(*args, **kwargs)
+        run_async.stage = st  # type: ignore[attr-defined]
+        return run_async
+    if inspect.isasyncgenfunction(func):
+        raise TypeError(f"@instrument.region cannot wrap the async generator function {func.__qualname__}: a stage "
+                        "cannot stay open across its yields; put `with instrument.stage(...)` around the work "
+                        "between yields instead")
+    if inspect.isgeneratorfunction(func):
+        @functools.wraps(func)
+        def run_gen(*args, **kwargs):
+            return _TimedGenerator(func(*args, **kwargs), st)
+        run_gen.stage = st  # type: ignore[attr-defined]
+        return run_gen
+    r = backend.Region(st, func)
+    try:
+        functools.update_wrapper(r, func)
+    except (AttributeError, TypeError):
+        pass
+    return r
+
+
+class _TimedGenerator:
+    """A generator whose every resumption (next/send/throw) runs inside the
+    stage; the time the consumer spends between items is not counted."""
+    __slots__ = ("_gen", "_stage")
+
+    def __init__(self, gen, st) -> None:
+        self._gen, self._stage = gen, st
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        with self._stage:
+            return next(self._gen)
+
+    def send(self, value):
+        with self._stage:
+            return self._gen.send(value)
+
+    def throw(self, *args):
+        with self._stage:
+            return self._gen.throw(*args)
+
+    def close(self):
+        with self._stage:
+            return self._gen.close()
+
+    def __del__(self):
+        try:
+            self._gen.close()
+        except Exception:
+            pass
+
+
+def region(name_or_func: Any = None, *, name: Optional[str] = None):
+    """Decorator: `@region`, `@region("name")` or `@region(name="name")`.
+    The name defaults to the function's __qualname__.  Plain and async functions
+    are timed per call; a generator function is timed per resumption (its
+    consumer's time between items is not counted); async generator functions
+    are refused with TypeError."""
+    if callable(name_or_func) and name is None:
+        func = name_or_func
+        return _wrap(func, backend.stage(getattr(func, "__qualname__", None) or getattr(func, "__name__", repr(func))))
+    if name_or_func is not None and name is not None:
+        raise TypeError("region() takes the name once: region('name') or region(name='name')")
+    label = name if name is not None else name_or_func
+    if label is not None:
+        st = backend.stage(label)   # validates the name now, at decoration time
+
+    def deco(func: Callable):
+        if not callable(func):
+            raise TypeError(f"@region needs a function, not {type(func).__name__}")
+        s = st if label is not None else backend.stage(func.__qualname__)
+        return _wrap(func, s)
+    return deco
+
+
+def reset() -> None:
+    """Forget everything recorded so far (stage objects stay valid)."""
+    global _start_wall, _start_clock
+    backend.reset()
+    for integ in integrations.registered():
+        try:
+            integ.reset()
+        except Exception:
+            pass
+    _start_wall, _start_clock = time.time(), backend.now_ns()
+
+
+def _meta(raw: Dict[str, Any]) -> Dict[str, Any]:
+    torch = sys.modules.get("torch")
+    meta: Dict[str, Any] = {
+        "pid": os.getpid(), "host": socket.gethostname(), "argv": list(sys.argv),
+        "start_time": _start_wall, "end_time": time.time(),
+        "duration_ns": raw["clock_ns"] - _start_clock,
+        "python": platform.python_version(), "platform": platform.platform(),
+        "torch": getattr(torch, "__version__", None) if torch else None,
+        "instrument": __version__, "backend": _backend.name, "backend_reason": _backend.reason,
+        "config": _config_now.to_dict(), "verdict_thresholds": _config.verdict_thresholds(_config_now),
+        "threads_live": raw.get("threads"),
+        "exits": {k: raw.get(k, 0) for k in ("unmatched_exits", "out_of_order_exits", "cross_thread_exits")},
+        "internal_failures": raw.get("internal_failures", 0),
+        "folded_calls": raw.get("folded_calls", 0), "max_stages": raw.get("max_stages"),
+        "events_dropped": raw.get("events_dropped", 0),
+        "counters": _counter_meta(raw),
+        "nvtx": {"emitter": nvtx.backend(), "domain": _config_now.nvtx_domain if _config_now.nvtx else None},
+    }
+    for integ in integrations.registered():
+        try:
+            meta[integ.name] = integ.status()
+        except Exception as e:
+            meta[integ.name] = {"error": str(e)}
+    return meta
+
+
+def _counter_meta(raw: Dict[str, Any]) -> Dict[str, Any]:
+    events: Dict[str, Any] = {}
+    probed = (_counter_probe or {}).get("events", {})
+    for name, err in zip(_counter_names, raw.get("counter_errno") or [None] * len(_counter_names)):
+        if err is None:
+            events[name] = dict(probed.get(name, {"available": None, "reason": "not opened yet"}))
+        else:
+            reason, fix = counters.describe_errno(err, counters.resolve(name)[2])
+            events[name] = {"available": err == 0, "errno": err or None, "reason": reason, "fix": fix}
+    opened = raw.get("counter_open") or {}
+    return {"events": events, "exclude_kernel": opened.get("exclude_kernel", (_counter_probe or {}).get("exclude_kernel")),
+            "read": "rdpmc" if opened.get("rdpmc") else "read()" if events else None}
+
+
+def _counter_dict(names, rows) -> Dict[str, Dict[str, Any]]:
+    out = {}
+    for name, (total, self_, enabled, running, counted, scaled) in zip(names, rows):
+        if not counted:
+            out[name] = {"total": None, "self": None, "counted_calls": 0}
+            continue
+        out[name] = {"total": total, "self": self_, "counted_calls": counted, "scaled": bool(scaled),
+                     "enabled_ns": enabled, "running_ns": running,
+                     "running_fraction": running / enabled if enabled else None}
+    return out
+
+
+def snapshot() -> Snapshot:
+    """An immutable Snapshot of everything recorded so far; callable any time."""
+    for integ in integrations.registered():
+        try:
+            integ.before_snapshot()
+        except Exception as e:
+            warnings.warn(f"instrument: {integ.name}: {e}", RuntimeWarning, stacklevel=2)
+    raw = backend.collect()
+    paths: Dict[int, tuple] = {}
+    for nid, parent, name, _other in raw["nodes"]:
+        paths[nid] = (paths[parent] if parent > 0 else ()) + (name,)
+    others = {nid for nid, _, _, o in raw["nodes"] if o}
+    extra: Dict[tuple, Dict[str, Any]] = {}
+    for integ in integrations.registered():
+        try:
+            for path, fields in integ.stage_fields().items():
+                extra.setdefault(tuple(path), {}).update(fields)
+        except Exception as e:
+            warnings.warn(f"instrument: {integ.name}: {e}", RuntimeWarning, stacklevel=2)
+    stages = []
+    for s in raw["stats"]:
+        path = paths[s["node"]]
+        cpu_ok = s["cpu_calls"] > 0
+        stages.append(StageStats(
+            path=path, calls=s["calls"], errors=s["errors"], wall_total=s["wall_total"], wall_self=s["wall_self"],
+            wall_min=s["wall_min"], wall_max=s["wall_max"],
+            cpu_total=s["cpu_total"] if cpu_ok else None, cpu_self=s["cpu_self"] if cpu_ok else None,
+            cpu_calls=s["cpu_calls"], hist=dict(s["hist"]),
+            counters=_counter_dict(_counter_names, s.get("counters") or []),
+            other=s["node"] in others, **extra.pop(path, {})))
+    for path, fields in extra.items():   # stages only an integration saw (e.g. GPU time of a still-open stage)
+        stages.append(StageStats(path, 0, 0, 0, 0, None, None, None, None, 0, {}, **fields))
+    events = [{"path": list(paths[e[0]]), "tid": e[1], "ts_ns": e[2] - _start_clock, "dur_ns": e[3],
+               "tts_ns": e[4] if e[4] >= 0 else None, "tdur_ns": e[5] if e[5] >= 0 else None}
+              for e in raw["events"] if e[0] in paths]
+    snap = Snapshot(stages, _meta(raw), events)
+    return _finish(snap) if _finish is not None else snap
+
+
+def _save_at_exit() -> None:
+    out = _config_now.output
+    if not out:
+        return
+    try:
+        path = out.replace("{pid}", str(os.getpid()))
+        snapshot().save(path)
+    except Exception as e:
+        try:
+            sys.stderr.write(f"instrument: could not save the snapshot to {out}: {e}\n")
+        except Exception:
+            pass
+
+
+def _after_fork_child() -> None:
+    global _start_wall, _start_clock
+    try:
+        backend.after_fork_child()
+        _start_wall, _start_clock = time.time(), backend.now_ns()
+        for integ in integrations.registered():
+            integ.after_fork_child()
+    except Exception:
+        pass
+
+
+_apply(_config_now, explicit_counters=_config.set_in_env("counters"))
+atexit.register(_save_at_exit)
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_child)

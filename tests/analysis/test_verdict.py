@@ -1,0 +1,151 @@
+"""Verdicts on stages whose truth is known, run for real."""
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+
+import numpy as np
+import pytest
+
+import instrument
+from instrument.analysis import advice, verdict
+from instrument.exporters import table
+from instrument.live import perf
+from instrument.snapshot import Snapshot, StageStats
+
+HAS_PMU = perf.probe(["cycles", "instructions", "cache-misses", "cache-references"])["events"]["cycles"]["available"]
+
+
+def spin(seconds):
+    t0 = time.thread_time()
+    while time.thread_time() - t0 < seconds:
+        pass
+
+
+def measured_spin(seconds):
+    """Spin for `seconds` of CPU time; returns the share of a CPU the thread was given
+    (on a loaded machine it waits in the run queue, which CPU/wall rightly shows)."""
+    w0, c0 = time.perf_counter(), time.thread_time()
+    spin(seconds)
+    return (time.thread_time() - c0) / (time.perf_counter() - w0)
+
+
+def verdicts_for(share, margin=0.03):
+    """The verdicts the default thresholds allow for a stage given `share` of a CPU,
+    both neighbours when the share is within `margin` of a threshold."""
+    th = verdict.thresholds()
+    out = set()
+    for x in (share - margin, share, share + margin):
+        out.add("waiting" if x < th["wait_cpu"] else "compute-bound" if x >= th["compute_cpu"] else "mixed")
+    return out
+
+
+def test_blocked_on_a_lock_is_waiting_with_context_switches(backend):
+    instrument.configure(counters=["task-clock", "context-switches"])
+    lock = threading.Lock()
+    lock.acquire()
+    t = threading.Timer(0.05, lock.release)
+    t.start()
+    with instrument.stage("locked"):
+        lock.acquire()
+    t.join()
+    v = instrument.snapshot()["locked"].verdict
+    assert v["verdict"] == "waiting"
+    assert v["evidence"]["context_switches_per_call"] >= 1 and "context switches" in v["reason"]
+
+
+def test_random_stride_vs_streaming_is_honest_about_missing_counters(backend):
+    a = np.arange(1 << 23, dtype=np.int64)           # 64 MiB: larger than the caches
+    idx = np.random.default_rng(0).permutation(a.size)
+    with instrument.stage("stream"):
+        for _ in range(3):
+            a.sum()
+    with instrument.stage("random"):
+        a[idx].sum()
+    snap = instrument.snapshot()
+    s, r = snap["stream"].verdict, snap["random"].verdict
+    if HAS_PMU:
+        assert snap["random"].counter("cache-misses") > snap["stream"].counter("cache-misses")
+    else:
+        for v in (s, r):
+            assert v["limited_by"] == list(verdict.HARDWARE)
+            assert "memory" not in v["verdict"]        # no counters: no memory claim
+            assert "no hardware counters" in v["reason"] or v["verdict"] in ("mixed", "waiting")
+
+
+def test_memory_bound_from_crafted_counters():
+    th = verdict.thresholds()
+
+    def st(**ctr):
+        return StageStats(("s",), 10, 0, 10_000_000, 10_000_000, 1, 2, 9_900_000, 9_900_000, 10, {},
+                          counters={k: {"total": v, "self": v} for k, v in ctr.items()})
+    mem = verdict.judge(st(cycles=1e7, instructions=4e6, **{"cache-misses": 2e5, "cache-references": 5e5}), th)
+    assert mem["verdict"] == "memory-bound" and mem["evidence"]["ipc"] == 0.4 and mem["limited_by"] == []
+    cpu = verdict.judge(st(cycles=1e7, instructions=3e7, **{"cache-misses": 1e3, "cache-references": 1e6}), th)
+    assert cpu["verdict"] == "compute-bound" and "IPC 3.00" in cpu["reason"]
+    gpu = verdict.judge(StageStats(("g",), 1, 0, 10_000_000, 10_000_000, 1, 1, 1_000_000, 1_000_000, 1, {},
+                                   gpu={"total_ns": 9_000_000}), th)
+    assert gpu["verdict"] == "gpu-bound"
+
+
+def test_thresholds_come_from_configuration(backend):
+    with instrument.stage("half"):
+        spin(0.02)
+        time.sleep(0.03)
+    assert instrument.snapshot()["half"].verdict["verdict"] in ("waiting", "mixed")
+    instrument.configure(verdict_wait_cpu=0.01, verdict_compute_cpu=0.02)
+    assert instrument.snapshot()["half"].verdict["verdict"] == "compute-bound"
+    assert instrument.snapshot().meta["verdict_thresholds"]["compute_cpu"] == 0.02
+
+
+def test_advice_names_the_right_next_step(backend):
+    with instrument.stage("request"):
+        with instrument.stage("tokenize"):
+            share = measured_spin(0.06)
+        with instrument.stage("io"):
+            time.sleep(0.03)
+    snap = instrument.snapshot()
+    adv = advice.advise(snap)
+    top = adv[0]
+    assert top["path"] == ["request", "tokenize"] and top["verdict"] in verdicts_for(share), (top, share)
+    assert top["next"] == advice.NEXT_STEP[top["verdict"]].format(name="tokenize")
+    if top["verdict"] == "compute-bound":
+        assert "instrument.profile()" in top["next"]
+    io = next(a for a in adv if a["path"] == ["request", "io"])
+    assert io["verdict"] == "waiting" and "instrument nsys --capture io" in io["next"]
+    assert 0.5 < top["saving_upper_bound"] < 1
+    text = table.render_advice(adv)
+    assert f"request/tokenize: {top['verdict']}" in text and "at most" in text
+
+
+def test_expected_verdicts_follow_the_thresholds():
+    assert verdicts_for(0.97) == {"compute-bound"} and verdicts_for(0.2) == {"waiting"}
+    assert verdicts_for(0.7) == {"mixed"} and verdicts_for(0.86) == {"mixed", "compute-bound"}
+
+
+def test_diff_shows_each_stage_verdict_before_and_after():
+    from instrument.analysis.diff import diff
+    busy = StageStats(("req",), 10, 0, 50_000_000, 50_000_000, 1, 9, 49_000_000, 49_000_000, 10, {})
+    idle = StageStats(("req",), 10, 0, 30_000_000, 30_000_000, 1, 9, 1_000_000, 1_000_000, 10, {})
+    d = diff(Snapshot([busy]), Snapshot([idle]))
+    assert d.rows[0].verdict == ("compute-bound", "waiting")
+    assert "verdict: compute-bound → waiting" in table.render_diff(d)
+
+
+def test_saved_snapshot_is_judged_by_the_thresholds_it_was_recorded_with(tmp_path):
+    # CPU/wall 0.3: waiting by the defaults, compute-bound by the thresholds in force when it was recorded
+    half = StageStats(("half",), 10, 0, 10_000_000, 10_000_000, 1, 2, 3_000_000, 3_000_000, 10, {})
+    path = tmp_path / "a.json"
+    Snapshot([half], {"verdict_thresholds": {"wait_cpu": 0.2, "compute_cpu": 0.25}}).save(path)
+    assert verdict.with_verdicts(Snapshot([half]))["half"].verdict["verdict"] == "waiting"
+    instrument.configure(verdict_wait_cpu=0.9, verdict_compute_cpu=0.95)   # the reader's options do not count
+    assert verdict.with_verdicts(Snapshot.load(path))["half"].verdict["verdict"] == "compute-bound"
+    env = dict(os.environ, INSTRUMENT_VERDICT_WAIT_CPU="0.9", INSTRUMENT_VERDICT_COMPUTE_CPU="0.95")
+    r = subprocess.run([sys.executable, "-m", "instrument", "report", str(path), "--format", "json"],
+                       capture_output=True, text=True, env=env, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)[0]["verdict"]["verdict"] == "compute-bound"
+    with pytest.raises(ValueError, match="unknown verdict threshold colour"):
+        verdict.with_verdicts(Snapshot([half]), {"colour": 1})

@@ -1,0 +1,111 @@
+"""The log2-64 histogram scheme: index, bounds, quantiles, the C histogram's real memory."""
+import ctypes
+import gc
+import time
+
+import numpy as np
+import pytest
+
+from instrument import histogram as _hist
+
+
+# ------------------------------------------------------------------ histogram
+def test_histogram_index_same_in_c_and_python():
+    from conftest import BACKENDS
+    rng = np.random.default_rng(0)
+    vals = list(rng.integers(0, 2 ** 50, 5000)) + list(range(0, 300)) + [2 ** k for k in range(64)] + \
+        [2 ** k - 1 for k in range(1, 64)] + [2 ** 64 - 1]
+    for v in vals:
+        v = int(v)
+        i = _hist.index(v)
+        if BACKENDS["native"] is not None:
+            assert BACKENDS["native"].hist_index(v) == i
+        lo, hi = _hist.bounds(i)
+        if i != _hist.LAST:
+            assert lo <= v < hi
+            assert abs(_hist.midpoint(i) - v) <= v / 128 + 0.5
+
+
+def test_percentiles_within_one_percent_of_numpy():
+    rng = np.random.default_rng(42)
+    vals = rng.lognormal(mean=13.0, sigma=1.2, size=100_000).astype(np.int64)  # ~0.4 ms median
+    h = {}
+    for v in vals:
+        i = _hist.index(int(v))
+        h[i] = h.get(i, 0) + 1
+    qs = [0.01, 0.1, 0.25, 0.5, 0.75, 0.9, 0.99, 0.999]
+    est = _hist.quantiles(h, qs, int(vals.min()), int(vals.max()))
+    exact = np.percentile(vals, [q * 100 for q in qs])
+    for e, x in zip(est, exact):
+        assert abs(e - x) / x < 0.01, (e, x)
+
+
+class _MallInfo2(ctypes.Structure):
+    _fields_ = [(n, ctypes.c_size_t) for n in ("arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks",
+                                               "fsmblks", "uordblks", "fordblks", "keepcost")]
+
+
+def _malloc_in_use():
+    libc = ctypes.CDLL(None)
+    libc.mallinfo2.restype = _MallInfo2
+    return libc.mallinfo2().uordblks
+
+
+def _blocks(snap, names):
+    return sum(len({i >> _hist.SUB_BITS for i in snap[n].hist}) for n in names)
+
+
+def spin_ns(ns):
+    t0 = time.perf_counter_ns()
+    while time.perf_counter_ns() - t0 < ns:
+        pass
+
+
+def test_c_histogram_allocates_per_block_seen_not_per_call():
+    """The C histogram's real allocation, read from glibc's malloc statistics: each
+    power of two of latency a stage sees costs one 512-byte block the first time,
+    and further calls in blocks already seen allocate nothing."""
+    native = pytest.importorskip("instrument._native")
+    if not hasattr(ctypes.CDLL(None), "mallinfo2"):
+        pytest.skip("glibc without mallinfo2")
+    import instrument
+    from instrument.live import backend, collector
+    old = backend.current
+    collector.use_backend(native)
+    try:
+        instrument.configure(counters="none", cpu_clock=False, nvtx=False)
+        instrument.reset()
+        names = [f"h{i}" for i in range(1500)]
+        stages = [instrument.stage(n) for n in names]
+        for s in stages:             # nodes, stats records and the first blocks
+            with s:
+                pass
+        b0 = _blocks(instrument.snapshot(), names)
+        gc.collect()
+        gc.disable()
+        try:
+            m0 = _malloc_in_use()
+            for s in stages:         # about 40 µs: a power of two no call has reached yet
+                with s:
+                    spin_ns(40_000)
+            m1 = _malloc_in_use()
+            b1 = _blocks(instrument.snapshot(), names)
+            gc.collect()
+            m1 = (m1, _malloc_in_use())
+            for _ in range(30):      # many more calls, in blocks already allocated
+                for s in stages:
+                    with s:
+                        pass
+            m2 = _malloc_in_use()
+        finally:
+            gc.enable()
+        snap = instrument.snapshot()
+        b2 = _blocks(snap, names)
+        assert all(snap[n].calls == 32 for n in names)
+        assert b1 - b0 >= len(names)                        # every stage reached a new power of two
+        per_block = (m1[0] - m0) / (b1 - b0)
+        assert 512 <= per_block <= 560, per_block          # HIST_SUB uint64 counters plus malloc's header
+        # 45,000 more calls: growth only for the few blocks they reached for the first time
+        assert abs((m2 - m1[1]) - (b2 - b1) * per_block) <= 16 * 1024, (m2 - m1[1], b2 - b1)
+    finally:
+        collector.use_backend(old)

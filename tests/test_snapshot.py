@@ -1,0 +1,133 @@
+"""The model: merge, save and load with refusals, immutability, fold."""
+import json
+import os
+
+import numpy as np
+import pytest
+
+import instrument
+from instrument import histogram as _hist
+from instrument.snapshot import Snapshot, SnapshotError, StageStats
+from conftest import run_python
+
+
+def stats_from_values(path, values):
+    h = {}
+    for v in values:
+        i = _hist.index(int(v))
+        h[i] = h.get(i, 0) + 1
+    return StageStats(path, len(values), 0, int(sum(values)), int(sum(values)), int(min(values)), int(max(values)),
+                      None, None, 0, h)
+
+
+def test_merge_equals_snapshot_of_both_workloads():
+    rng = np.random.default_rng(7)
+    a = rng.lognormal(12, 1, 3000).astype(np.int64)
+    b = rng.lognormal(14, 0.5, 5000).astype(np.int64)
+    sa = Snapshot([stats_from_values(("req",), a)], {"pid": 1})
+    sb = Snapshot([stats_from_values(("req",), b), stats_from_values(("only_b",), b[:10])], {"pid": 2})
+    both = Snapshot([stats_from_values(("req",), np.concatenate([a, b])), stats_from_values(("only_b",), b[:10])])
+    m = sa.merge(sb)
+    assert [s.to_dict() for s in m] == [s.to_dict() for s in both]
+    assert m["req"].wall_ns["p99"] == both["req"].wall_ns["p99"]
+    assert abs(m["req"].quantile(0.5) - np.percentile(np.concatenate([a, b]), 50)) / np.percentile(
+        np.concatenate([a, b]), 50) < 0.01
+    assert [x["pid"] for x in m.meta["merged_from"]] == [1, 2]
+
+
+def test_merge_of_live_processes_counts_exactly(tmp_path):
+    code = ("import instrument, sys\nn=int(sys.argv[1]) if len(sys.argv)>1 else 0\n"
+            "for i in range({n}):\n    with instrument.stage('req'):\n        with instrument.stage('tok'): pass\n")
+    for name, n in (("a", 30), ("b", 45)):
+        r = run_python(code.format(n=n), env={"INSTRUMENT_OUTPUT": str(tmp_path / f"{name}.json")})
+        assert r.returncode == 0, r.stderr
+    m = Snapshot.load(tmp_path / "a.json").merge(Snapshot.load(tmp_path / "b.json"))
+    assert m["req"].calls == 75 and m["req/tok"].calls == 75
+    assert m["req"].wall_total == Snapshot.load(tmp_path / "a.json")["req"].wall_total + \
+        Snapshot.load(tmp_path / "b.json")["req"].wall_total
+
+
+# ------------------------------------------------------------- save and load
+def test_save_load_round_trip(tmp_path, backend):
+    with instrument.stage("request"):
+        for _ in range(20):
+            with instrument.stage("tokenize"):
+                pass
+    s = instrument.snapshot()
+    f = s.save(tmp_path / "run.json")
+    d = json.load(open(f))
+    assert d["format"] == "instrument-snapshot" and d["version"] == 1
+    st = d["stages"][1]
+    assert st["path"] == ["request", "tokenize"] and st["calls"] == 20
+    assert set(st["wall_ns"]) >= {"total", "self", "min", "max", "mean", "p50", "p90", "p99"}
+    assert set(st["cpu_ns"]) >= {"total", "self"} and "counters" in st
+    back = Snapshot.load(f)
+    assert back == s and back.to_dict() == s.to_dict()
+    assert back.meta["pid"] == os.getpid() and "python" in back.meta and "counters" in back.meta
+
+
+def test_snapshot_is_immutable(backend):
+    with instrument.stage("x"):
+        pass
+    s = instrument.snapshot()
+    with pytest.raises(Exception):
+        s.stages[0].calls = 3
+    m = s.meta
+    m["pid"] = -1
+    assert s.meta["pid"] == os.getpid()
+
+
+@pytest.mark.parametrize("content,msg", [
+    (b"", "empty"), (b"{\"format\": \"instrument-snapshot\", \"ver", "not valid JSON"),
+    (b"\x00\xff\xfe binary", "not UTF-8"), (b"[1,2]", "JSON object"),
+    (b'{"format": "other", "version": 1, "stages": []}', "not an instrument snapshot"),
+    (b'{"format": "instrument-snapshot", "version": 99, "stages": []}', "newer than this instrument reads"),
+    (b'{"format": "instrument-snapshot", "version": 1, "stages": [{"path": []}]}', "path must be"),
+])
+def test_load_bad_files(tmp_path, content, msg):
+    f = tmp_path / "bad.json"
+    f.write_bytes(content)
+    with pytest.raises(SnapshotError, match=msg):
+        Snapshot.load(f)
+
+
+def test_load_missing_file(tmp_path):
+    with pytest.raises(SnapshotError, match="cannot read"):
+        Snapshot.load(tmp_path / "nope.json")
+
+
+def test_save_failure_keeps_previous_file(tmp_path):
+    # RLIMIT_FSIZE makes the write fail with EFBIG even for root
+    f = tmp_path / "run.json"
+    code = f"""
+import instrument, resource, signal, errno
+signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+with instrument.stage("small"):
+    pass
+instrument.snapshot().save({str(f)!r})
+resource.setrlimit(resource.RLIMIT_FSIZE, (4096, 4096))
+for i in range(300):
+    with instrument.stage("stage_with_a_long_name_%d" % i):
+        pass
+try:
+    instrument.snapshot().save({str(f)!r})
+except OSError as e:
+    print("failed", errno.errorcode[e.errno])
+"""
+    r = run_python(code)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == "failed EFBIG"
+    snap = Snapshot.load(f)
+    assert [s.path for s in snap] == [("small",)]
+    assert [p.name for p in tmp_path.iterdir()] == ["run.json"]   # no temporary file left behind
+
+
+
+
+def test_fold_by_name(backend):
+    for parent in ("request", "batch"):
+        with instrument.stage(parent):
+            with instrument.stage("tokenize"):
+                pass
+    f = instrument.snapshot().fold()
+    assert f["tokenize"].calls == 2 and f["request"].calls == 1
