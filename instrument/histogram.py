@@ -48,6 +48,20 @@ def merge(a: Mapping[int, int], b: Mapping[int, int]) -> Dict[int, int]:
     return out
 
 
+def subtract(a: Mapping[int, int], b: Mapping[int, int]) -> Dict[int, int]:
+    """a - b bucket by bucket (b recorded earlier than a); ValueError when b has a count a lacks."""
+    out = dict(a)
+    for i, c in b.items():
+        left = out.get(i, 0) - c
+        if left < 0:
+            raise ValueError(f"bucket {i} holds {c} values before and {out.get(i, 0)} after")
+        if left:
+            out[i] = left
+        else:
+            out.pop(i, None)
+    return out
+
+
 def quantiles(hist: Mapping[int, int], qs: Sequence[float], lo: Optional[float] = None,
               hi: Optional[float] = None) -> list:
     """Quantiles as numpy's default ('linear') method would give them on the raw

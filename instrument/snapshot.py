@@ -237,6 +237,79 @@ def merge_ops(a: Optional[Mapping[str, Any]], b: Optional[Mapping[str, Any]]) ->
                       int(a.get("profiled_calls") or 0) + int(b.get("profiled_calls") or 0))
 
 
+def _sub(a: Optional[float], b: Optional[float]) -> Optional[float]:
+    return a if b is None or a is None else a - b
+
+
+def _since_counters(a: Mapping[str, Mapping[str, Any]], b: Mapping[str, Mapping[str, Any]]) -> Dict[str, Dict[str, Any]]:
+    out: Dict[str, Dict[str, Any]] = {}
+    for k, v in a.items():
+        d, e = dict(v), b.get(k) or {}
+        for f in ("total", "self", "enabled_ns", "running_ns", "counted_calls"):
+            if f in d:
+                d[f] = _sub(d.get(f), e.get(f))
+        if d.get("counted_calls") == 0:
+            d.update(total=None, self=None)
+        d["running_fraction"] = (d.get("running_ns") or 0) / d["enabled_ns"] if d.get("enabled_ns") else None
+        out[k] = d
+    return out
+
+
+def _since_gpu(a: Optional[Mapping[str, Any]], b: Optional[Mapping[str, Any]]) -> Optional[Dict[str, Any]]:
+    if a is None or b is None:
+        return None if a is None else dict(a)
+    h = _hist.subtract(_hist.from_pairs((a.get("hist") or {}).get("buckets", [])),
+                       _hist.from_pairs((b.get("hist") or {}).get("buckets", [])))
+    total, samples, dropped, errors = (int(a.get(k) or 0) - int(b.get(k) or 0)
+                                       for k in ("total_ns", "samples", "dropped", "errors"))
+    lo, hi = _hist_range(h, a.get("min_ns"), a.get("max_ns"))
+    return gpu_fields(total, samples, dropped, errors, lo, hi, h)
+
+
+def _since_ops(a: Optional[Mapping[str, Any]], b: Optional[Mapping[str, Any]]) -> Optional[Dict[str, Any]]:
+    """Operators of the later snapshot less those of the earlier, by name (exact for operators in both top lists)."""
+    if a is None or b is None:
+        return None if a is None else dict(a)
+    before = {r["name"]: r for key in ("by_self_cpu", "by_device") for r in b.get(key) or ()}
+    ops: Dict[str, Dict[str, Any]] = {}
+    for r in (r for key in ("by_self_cpu", "by_device") for r in a.get(key) or ()):
+        e = before.get(r["name"], {})
+        ops[r["name"]] = {"name": r["name"], **{f: max(0, int(r.get(f) or 0) - int(e.get(f) or 0)) for f in OP_FIELDS}}
+    return ranked_ops({k: v for k, v in ops.items() if v["calls"]},
+                      max(0, int(a.get("device_total_ns") or 0) - int(b.get("device_total_ns") or 0)),
+                      max(0, int(a.get("profiled_calls") or 0) - int(b.get("profiled_calls") or 0)))
+
+
+def _hist_range(h: Mapping[int, int], lo: Optional[int], hi: Optional[int]) -> Tuple[Optional[int], Optional[int]]:
+    """Smallest and largest value a histogram can hold, within the known overall min and max."""
+    if not h:
+        return None, None
+    first, last = _hist.bounds(min(h)), _hist.bounds(max(h))
+    a, b = first[0], last[1] - 1
+    return (a if lo is None else max(a, lo)), (b if hi is None else min(b, hi))
+
+
+def since_stage(a: StageStats, b: StageStats) -> StageStats:
+    """What stage `a` recorded after `b`, an earlier state of the same stage: counts, sums and
+    histograms subtracted exactly; min and max bounded by the window's histogram buckets."""
+    if a.calls < b.calls or a.wall_total < b.wall_total or a.cpu_calls < b.cpu_calls:
+        raise SnapshotError(f"stage {'/'.join(a.path)}: {b.calls} calls before and {a.calls} after: the earlier "
+                            "snapshot is not an earlier state of the later one (out of order, or reset between)")
+    try:
+        h = _hist.subtract(a.hist, b.hist)
+    except ValueError as e:
+        raise SnapshotError(f"stage {'/'.join(a.path)}: {e}: not an earlier state of the same stage") from None
+    calls = a.calls - b.calls
+    lo, hi = (a.wall_min, a.wall_max) if b.calls == 0 else _hist_range(h, a.wall_min, a.wall_max)
+    cpu_calls = a.cpu_calls - b.cpu_calls
+    return replace(a, calls=calls, errors=a.errors - b.errors, wall_total=a.wall_total - b.wall_total,
+                   wall_self=a.wall_self - b.wall_self, wall_min=lo, wall_max=hi,
+                   cpu_total=_sub(a.cpu_total, b.cpu_total) if cpu_calls else None,
+                   cpu_self=_sub(a.cpu_self, b.cpu_self) if cpu_calls else None, cpu_calls=cpu_calls, hist=h,
+                   counters=_since_counters(a.counters, b.counters), gpu=_since_gpu(a.gpu, b.gpu),
+                   ops=_since_ops(a.ops, b.ops), verdict=None)
+
+
 def _tree_order(stages: Iterable[StageStats]) -> List[StageStats]:
     """Depth-first, children in first-seen order, with every ancestor present
     (an ancestor still open when the snapshot was taken gets an empty entry)."""
@@ -368,6 +441,39 @@ class Snapshot:
                 meta["exits"][k] = meta["exits"].get(k, 0) + v
         meta["merged_from"] = sources
         return Snapshot(stages.values(), meta, events)
+
+    def since(self, earlier: "Snapshot") -> "Snapshot":
+        """What happened between `earlier` and this snapshot, both of the same process:
+        calls, sums, counters and histograms subtracted exactly (percentiles within the
+        histogram's 0.78 %).  Stages without calls in the window are left out."""
+        if not isinstance(earlier, Snapshot):
+            raise TypeError(f"Snapshot.since takes a Snapshot, not {type(earlier).__name__}")
+        a, b = self._meta, earlier._meta
+        if a.get("merged_from") or b.get("merged_from"):
+            raise SnapshotError("since: merged snapshots have no single process to take a window of; take the "
+                                "window of each process, then merge")
+        if (a.get("pid"), a.get("host")) != (b.get("pid"), b.get("host")):
+            raise SnapshotError(f"since: the snapshots are of different processes (pid {b.get('pid')} on "
+                                f"{b.get('host')} and pid {a.get('pid')} on {a.get('host')})")
+        if a.get("start_time") != b.get("start_time"):
+            raise SnapshotError("since: the process was reset between the two snapshots (their start times differ)")
+        if (a.get("duration_ns") or 0) < (b.get("duration_ns") or 0):
+            raise SnapshotError("since: the earlier snapshot was taken after this one; call later.since(earlier)")
+        stages = []
+        for s in self._stages:
+            old = earlier._index.get(s.path)
+            w = since_stage(s, old) if old is not None else s
+            if w.calls or w.wall_total:
+                stages.append(w)
+        for path in earlier._index:
+            if path not in self._index and earlier._index[path].calls:
+                raise SnapshotError(f"since: stage {'/'.join(path)} is in the earlier snapshot only: not an earlier "
+                                    "state of this one")
+        meta = dict(a)
+        meta["window"] = {"start_time": b.get("end_time"), "end_time": a.get("end_time"),
+                          "duration_ns": (a.get("duration_ns") or 0) - (b.get("duration_ns") or 0)}
+        events = [e for e in self._events if (e.get("ts_ns") or 0) >= (b.get("duration_ns") or 0)]
+        return Snapshot(stages, meta, events)
 
     # --------------------------------------------------------------- output
     def to_dict(self) -> Dict[str, Any]:

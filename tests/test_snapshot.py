@@ -131,3 +131,24 @@ def test_fold_by_name(backend):
                 pass
     f = instrument.snapshot().fold()
     assert f["tokenize"].calls == 2 and f["request"].calls == 1
+
+
+def test_since_is_exactly_the_window(tmp_path):
+    rng = np.random.default_rng(3)
+    early, late = rng.lognormal(12, 1, 2000).astype(np.int64), rng.lognormal(14, 0.7, 3000).astype(np.int64)
+    meta = {"pid": 7, "host": "h", "start_time": 1.0, "end_time": 2.0, "duration_ns": 1_000_000_000}
+    a = Snapshot([stats_from_values(("req",), early)], meta)
+    b = Snapshot([stats_from_values(("req",), np.concatenate([early, late])),
+                  stats_from_values(("req", "new"), late[:10])], dict(meta, end_time=3.0, duration_ns=2_000_000_000))
+    w = b.since(a)
+    assert w["req"].calls == len(late) and w["req"].wall_total == int(late.sum())
+    for q in (0.5, 0.9, 0.99):
+        assert abs(w["req"].quantile(q) - np.percentile(late, q * 100)) / np.percentile(late, q * 100) < 0.01
+    assert w["req", "new"].calls == 10 and w.meta["window"]["duration_ns"] == 1_000_000_000
+    assert w["req"].wall_min <= late.min() and w["req"].wall_max >= late.max()
+    with pytest.raises(SnapshotError, match="different processes"):
+        b.since(Snapshot([], dict(meta, pid=8)))
+    with pytest.raises(SnapshotError, match="taken after this one"):
+        a.since(b)
+    with pytest.raises(SnapshotError, match="reset between"):
+        b.since(Snapshot([], dict(meta, start_time=1.5)))
