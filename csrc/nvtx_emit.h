@@ -1,4 +1,4 @@
-/* NVTX emission primitives for the hot path (csrc/native.c) and the Python bindings.
+/* NVTX emission primitives for the hot path (csrc/types.c) and the Python bindings.
  *
  * All functions are no-ops (returning 0/NULL) when built without INSTRUMENT_HAVE_NVTX.
  * Without a tool attached, NVTX itself turns every call into a null-pointer check.
@@ -30,7 +30,7 @@ void     nvtx_emit_end(uint64_t id);
 int      nvtx_emit_available(void);                      /* 1 when compiled with the NVTX headers */
 
 #ifdef Py_PYTHON_H
-/* Adds nvtx_init, nvtx_color, nvtx_push, nvtx_pop, nvtx_range_start, nvtx_range_end,
+/* Adds nvtx_init, nvtx_domain, nvtx_color, nvtx_push, nvtx_pop, nvtx_range_start, nvtx_range_end,
  * nvtx_name_category and nvtx_available to module m. Returns 0, or -1 with an exception set. */
 int nvtx_add_functions(PyObject *m);
 #endif

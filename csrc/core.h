@@ -1,0 +1,80 @@
+/* instrument._native: the hot path.
+ *
+ * Stage enter/exit, the per-context stage stack, per-thread aggregation into
+ * per-node slots, and the bounded trace ring.  Everything else (formats,
+ * percentiles, configuration parsing, torch) lives in Python.
+ *
+ * Units: nodes.c (the stage tree), stats.c (per-node aggregates, trace ring),
+ * threads.c (per-thread slots), types.c (Stage, Region, the stack; enter and
+ * exit), module.c (module functions and init), core.c (the state below);
+ * hist.c, perf.c and nvtx_emit.c are self-contained.
+ *
+ * Concurrency model: every call here runs with the GIL held.  Each thread
+ * aggregates into its own slots (ThreadState.stats), so the hot path touches no
+ * shared counters; collect() merges the slots.  The stage stack lives in a
+ * context variable, so asyncio tasks interleaving on one thread each see their
+ * own nesting, and new threads start with an empty stack.
+ *
+ * This header: the configuration and bookkeeping shared by the units, and the clocks.
+ */
+#ifndef INSTRUMENT_CORE_H
+#define INSTRUMENT_CORE_H
+
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <stdint.h>
+#include <time.h>
+
+#include "perf.h"
+
+#define MAX_NAME_LEN 1024
+#define OTHER_NAME "(other)"
+
+/* ------------------------------------------------------------------ clocks */
+
+static inline int64_t now_ns(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (int64_t)t.tv_sec * 1000000000 + t.tv_nsec;
+}
+
+static inline int64_t thread_cpu_ns(void) {
+    struct timespec t;
+    if (clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t) != 0) return -1;
+    return (int64_t)t.tv_sec * 1000000000 + t.tv_nsec;
+}
+
+/* ------------------------------------------------------------ global state */
+
+/* Hidden: shared between the units only, so accesses stay PC-relative and nothing is exported. */
+#pragma GCC visibility push(hidden)
+
+extern int g_enabled;
+extern int g_cpu_clock;            /* read CLOCK_THREAD_CPUTIME_ID at each boundary */
+extern int g_nvtx;                 /* emit an NVTX range per stage */
+extern uint32_t g_epoch;           /* bumped in a forked child: frames from the parent are not recorded */
+extern PyObject *g_hook_enter, *g_hook_exit;   /* integrations (torch ranges, GPU events) */
+
+/* perf_event counters: the events asked for, opened lazily per thread */
+extern int g_ctr_n;
+extern perf_event_desc g_ctr_desc[PERF_MAX_EVENTS];
+extern int g_ctr_exclude_kernel;
+extern int g_ctr_taskclock;        /* index of task-clock: CPU time comes from it */
+extern uint32_t g_ctr_gen;         /* bumped when the events change: threads reopen */
+extern int g_ctr_status[PERF_MAX_EVENTS];  /* errno per event on the first thread that opened them */
+extern int g_ctr_status_known;
+extern int g_ctr_excl_used;        /* exclude_kernel that first thread ended up with */
+extern int g_ctr_rdpmc;            /* whether that first thread reads some group with rdpmc */
+
+extern int64_t g_open_frames;      /* frames open in any stack: the node table can only be rebuilt at 0 */
+extern uint64_t g_unmatched, g_out_of_order, g_cross_thread, g_internal, g_folded;
+extern PyObject *g_warn_once;      /* set of warning keys already shown */
+
+/* Warn once per key; never lets a warning (even one turned into an error) escape. */
+void warn_once(const char *key, const char *fmt, ...);
+/* Counts and warns about a failure the measurement survives; clears the exception. */
+void internal_failure(const char *what);
+
+#pragma GCC visibility pop
+
+#endif

@@ -1,0 +1,58 @@
+/* The thread registry: a ThreadState per thread, owned by its thread dict; an
+ * ending thread's slots are folded into g_retired. */
+#include "threads.h"
+
+ThreadState *g_threads = NULL;
+_Thread_local ThreadState *tls_ts = NULL;
+StatsArray g_retired = {NULL, 0};
+
+static PyObject *g_ts_key = NULL;        /* the thread dict entry that owns the state */
+
+static void ThreadState_dealloc(ThreadState *ts) {
+    /* Runs on the ending thread when its thread dict is cleared: fold its slots. */
+    if (stats_array_merge(&g_retired, &ts->stats) < 0) g_internal++;
+    stats_array_clear(&ts->stats);
+    if (ts->perf_gen) perf_set_close(&ts->perf);
+    if (ts->prev) ts->prev->next = ts->next; else if (g_threads == ts) g_threads = ts->next;
+    if (ts->next) ts->next->prev = ts->prev;
+    if (tls_ts == ts) tls_ts = NULL;
+    PyObject_Free(ts);
+}
+
+static PyTypeObject ThreadState_Type = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "instrument._native._ThreadState",
+    .tp_basicsize = sizeof(ThreadState),
+    .tp_dealloc = (destructor)ThreadState_dealloc,
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+};
+
+int threads_init(void) {
+    if (PyType_Ready(&ThreadState_Type) < 0) return -1;
+    g_ts_key = PyUnicode_InternFromString("instrument._native.thread");
+    return g_ts_key ? 0 : -1;
+}
+
+ThreadState *ts_create(void) {
+    PyObject *d = PyThreadState_GetDict();
+    if (!d) return NULL;
+    ThreadState *ts = PyObject_New(ThreadState, &ThreadState_Type);
+    if (!ts) return NULL;
+    ts->stats.v = NULL;
+    ts->stats.n = 0;
+    ts->perf_gen = 0;
+    static uint64_t next_serial = 0;
+    ts->serial = ++next_serial;
+    ts->native_id = PyThread_get_thread_native_id();
+    ts->prev = NULL;
+    ts->next = g_threads;
+    if (g_threads) g_threads->prev = ts;
+    g_threads = ts;
+    if (PyDict_SetItem(d, g_ts_key, (PyObject *)ts) < 0) {
+        Py_DECREF(ts);
+        return NULL;
+    }
+    Py_DECREF(ts);          /* the thread dict owns it */
+    tls_ts = ts;
+    return ts;
+}

@@ -1,0 +1,34 @@
+/* Per-thread state: each thread aggregates into its own slots, found without a lookup. */
+#ifndef INSTRUMENT_THREADS_H
+#define INSTRUMENT_THREADS_H
+
+#include "core.h"
+#include "stats.h"
+
+typedef struct ThreadState {
+    PyObject_HEAD
+    StatsArray stats;
+    perf_set perf;
+    uint32_t perf_gen;           /* g_ctr_gen the set was opened for; 0 = not open */
+    uint64_t serial;             /* unique per thread state: addresses are reused after a thread ends */
+    unsigned long native_id;
+    struct ThreadState *prev, *next;
+} ThreadState;
+
+#pragma GCC visibility push(hidden)
+
+extern ThreadState *g_threads;           /* registry of live thread states */
+extern _Thread_local ThreadState *tls_ts;
+extern StatsArray g_retired;             /* slots of threads that have ended */
+
+int threads_init(void);                  /* 0, or -1 with an exception */
+ThreadState *ts_create(void);            /* ts_get on a thread's first stage; NULL on failure */
+
+#pragma GCC visibility pop
+
+static inline ThreadState *ts_get(void) {
+    ThreadState *ts = tls_ts;
+    return __builtin_expect(ts != NULL, 1) ? ts : ts_create();
+}
+
+#endif

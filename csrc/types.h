@@ -1,0 +1,57 @@
+/* The Python types of the hot path (Stage, Region, the per-context stack) and
+ * what module.c needs of them. */
+#ifndef INSTRUMENT_TYPES_H
+#define INSTRUMENT_TYPES_H
+
+#include "core.h"
+#include "nodes.h"
+
+typedef struct {
+    PyObject_HEAD
+    PyObject *name;
+    PyObject *bound[2];   /* cached __enter__/__exit__ callables, so `with` allocates nothing */
+    void *nvtx_message;   /* registered string in the current NVTX domain */
+    uint32_t nvtx_gen;    /* domain generation the message was registered in */
+    uint32_t color, category;
+} Stage;
+
+typedef struct {
+    Stage *stage;
+    uint64_t ts_serial;  /* thread that entered it: CPU times and counters are only comparable on it */
+    uint8_t cpu_src;     /* where cpu0 came from: 0 nowhere, 1 the thread CPU clock, 2 task-clock */
+    PyObject *hook;      /* what the enter hook returned */
+    int32_t node;
+    uint32_t epoch;
+    uint64_t seq;        /* identifies the frame after Python code may have moved it */
+    uint8_t nvtx;        /* 0 none, 1 push/pop, 2 start/end */
+    uint64_t nvtx_id;
+    uint32_t ctr_gen;    /* 0: no counter reading at entry */
+    int64_t t0, cpu0;
+    perf_reading c0;
+    double child_c[PERF_MAX_EVENTS];
+    int64_t child_wall, child_cpu;
+} Frame;
+
+typedef struct {
+    PyObject_HEAD
+    PyObject *owner;     /* the Context this stack was made for: held, so its address cannot be reused */
+    int32_t base;        /* node under which the stack's outermost stages nest */
+    uint32_t base_gen;   /* g_node_gen when base was taken */
+    int32_t depth, cap;
+    Frame *frames;
+} Stack;
+
+#pragma GCC visibility push(hidden)
+
+extern PyTypeObject Stage_Type, Region_Type;
+
+int types_init(void);                       /* readies the types; 0, or -1 with an exception */
+int check_name(PyObject *name);             /* 0, or -1 with the exception a bad stage name raises */
+PyObject *stage_new_named(PyObject *name);
+Stack *stack_current(int create);           /* NULL: none yet (create=0), or failure */
+
+#pragma GCC visibility pop
+
+static inline int32_t stack_base(const Stack *st) { return st->base_gen == g_node_gen ? st->base : 0; }
+
+#endif
