@@ -85,22 +85,24 @@ def declared_version(path: str) -> Optional[int]:
 
 
 def merge_snapshots(snaps: Iterable[Snapshot], progress: Optional[Callable[[int], None]] = None) -> Snapshot:
-    """Exact merge (Snapshot.merge); timeline events keep their process (`pid`)
-    and are put on the merged snapshot's time base."""
+    """Exact merge (Snapshot.merge); timeline events and exemplars keep their process
+    (`pid`) and are put on the merged snapshot's time base."""
     acc: Optional[Snapshot] = None
     events: List[Dict[str, Any]] = []
     for k, s in enumerate(snaps, 1):
         m = s.meta
         base = round((m.get("start_time") or 0) * 1e9)
         events += [dict(e, pid=e.get("pid", m.get("pid")), ts_ns=e["ts_ns"] + base) for e in s.events]
-        bare = Snapshot(s.stages, m)
+        bare = Snapshot(s.stages, m, None, [dict(e, pid=e.get("pid", m.get("pid")), start_ns=e["start_ns"] + base)
+                                            for e in s.exemplars])
         acc = bare if acc is None else acc.merge(bare)
         if progress:
             progress(k)
     if acc is None:
         raise CLIError("no snapshot files given")
     t0 = round((acc.meta.get("start_time") or 0) * 1e9)
-    return Snapshot(acc.stages, acc.meta, [dict(e, ts_ns=e["ts_ns"] - t0) for e in events])
+    return Snapshot(acc.stages, acc.meta, [dict(e, ts_ns=e["ts_ns"] - t0) for e in events],
+                    [dict(e, start_ns=e["start_ns"] - t0) for e in acc.exemplars])
 
 
 def _check_versions(paths: Sequence[str]) -> None:
