@@ -402,7 +402,7 @@ def _exit(stage: "Stage", error: bool) -> None:
 # in the same context while it is open; at its exit the call is offered to the root's store (the K slowest calls
 # in a min-heap, a uniform reservoir of K).  The context is told by thread and asyncio task.
 class _XmCall:
-    __slots__ = ("seq", "parts", "root", "key", "open")
+    __slots__ = ("seq", "parts", "root", "key", "open")   # root: id() of the root frame (no cycle with it)
 
 
 class _XmStore:
@@ -427,7 +427,7 @@ def _xm_enter(f: "_Frame", parent) -> None:
         c = _XmCall()
         _xm_seq += 1
         _xm_calls += 1
-        c.seq, c.parts, c.root, c.key, c.open = _xm_seq, {}, f, _context_key(), True
+        c.seq, c.parts, c.root, c.key, c.open = _xm_seq, {}, id(f), _context_key(), True
         f.xm = c
     elif parent is not None and parent.xm is not None and parent.xm.open and parent.xm.key == _context_key():
         f.xm = parent.xm
@@ -441,7 +441,7 @@ def _xm_exit(f: "_Frame", wall: int, slots: "_ThreadSlots") -> None:
     if node not in parts and len(parts) >= XM_MAX_PARTS - 1:
         node = -1
     parts[node] = parts.get(node, 0) + max(wall - f.child_wall, 0)
-    if c.root is not f:
+    if c.root != id(f):
         return
     c.open = False
     _xm_calls -= 1
