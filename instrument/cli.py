@@ -232,6 +232,8 @@ def _cmd_export(a) -> int:
     out = getattr(a, fmt)
     if a.diff and (fmt != "html" or len(a.files) != 2):
         raise CLIError("export: --diff takes --html and exactly two snapshots: BEFORE AFTER")
+    if a.openmetrics and fmt != "prometheus":
+        raise CLIError("export: --openmetrics goes with --prometheus")
     if fmt == "chrome":
         from .exporters import chrome
         snaps = [Snapshot.load(f) for f in a.files]
@@ -255,7 +257,7 @@ def _cmd_export(a) -> int:
             from .exporters import prometheus
         except ImportError as e:
             raise CLIError(f"export: --prometheus needs prometheus_client ({e}); pip install prometheus-client") from None
-        _write(out, prometheus.render(snap))
+        _write(out, prometheus.render(snap, openmetrics=a.openmetrics))
     else:
         from .exporters import hatchet
         _write(out, hatchet.render(snap))
@@ -483,6 +485,8 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--html", metavar="OUT", help="self-contained HTML report")
     e.add_argument("files", nargs="+", metavar="SNAPSHOT")
     e.add_argument("--diff", action="store_true", help="with --html BEFORE AFTER: a comparison")
+    e.add_argument("--openmetrics", action="store_true", help="with --prometheus: the OpenMetrics format, which "
+                   "carries the slowest calls as exemplars")
     e.add_argument("--title", help="HTML page title")
     e.set_defaults(func=_cmd_export)
 
