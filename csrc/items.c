@@ -127,6 +127,13 @@ static int item_value(PyObject *v, int64_t *n, double *x, int *is_float) {
         Py_DECREF(i);
         return r;
     }
+    if (Py_TYPE(v)->tp_as_number && Py_TYPE(v)->tp_as_number->nb_float) {   /* numpy floats, Decimal */
+        PyObject *f = PyNumber_Float(v);
+        if (!f) return -1;
+        int r = item_value(f, n, x, is_float);
+        Py_DECREF(f);
+        return r;
+    }
     PyErr_Format(PyExc_TypeError, "add() value must be a number of items (int or float), not %.100s",
                  Py_TYPE(v)->tp_name);
     return -1;

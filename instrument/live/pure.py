@@ -522,6 +522,8 @@ def _item_value(value: Any):
         return 0, float(value), 1
     if hasattr(type(value), "__index__"):
         return _item_value(operator.index(value))
+    if hasattr(type(value), "__float__") and not isinstance(value, (str, bytes)):   # numpy floats, Decimal
+        return _item_value(float(value))
     raise TypeError(f"add() value must be a number of items (int or float), not {type(value).__name__}")
 
 
