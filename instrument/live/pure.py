@@ -208,7 +208,7 @@ def _slots() -> _ThreadSlots:
 # ----------------------------------------------------------------- the stack
 class _Frame:
     __slots__ = ("stage", "node", "parent", "slots", "epoch", "t0", "cpu0", "child_wall", "child_cpu", "hook",
-                 "nvtx", "nvtx_id", "c0", "child_c", "gen", "cpu_src", "open", "xm")
+                 "nvtx", "nvtx_id", "c0", "child_c", "gen", "cpu_src", "open", "xm", "xm_child")
 
     def __del__(self) -> None:
         # a frame whose context died before it exited (an abandoned task) no longer holds the node table,
@@ -262,7 +262,7 @@ def _enter(stage: "Stage") -> None:
         f.epoch = _epoch
         f.child_wall = f.child_cpu = 0
         f.hook = None
-        f.xm = None
+        f.xm, f.xm_child = None, 0
         f.nvtx, f.c0, f.cpu0, f.cpu_src, f.t0 = 0, None, -1, 0, _perf_ns()
         _stack.set(f)   # before the hook, as in the C backend: current_path() includes this stage
         global _open
@@ -440,7 +440,11 @@ def _xm_exit(f: "_Frame", wall: int, slots: "_ThreadSlots") -> None:
     node = f.node
     if node not in parts and len(parts) >= XM_MAX_PARTS - 1:
         node = -1
-    parts[node] = parts.get(node, 0) + max(wall - f.child_wall, 0)
+    # self time within the call's own context (as the C backend's stack counts it): children in other tasks left out
+    parts[node] = parts.get(node, 0) + max(wall - f.xm_child, 0)
+    p = f.parent
+    if p is not None and p.xm is c:
+        p.xm_child += wall
     if c.root != id(f):
         return
     c.open = False
@@ -485,9 +489,9 @@ def _xm_bytes() -> int:
     n = 16
     while n <= max(_xm_stores):
         n *= 2
-    total = 8 * n + _xm_calls * 32
-    for st in _xm_stores.values():
-        total += 24 + 2 * _xm_k * 40 + sum(16 * _parts_cap(len(x[4])) for x in st.slow + st.res)
+    total = 8 * n + _xm_calls * (32 + 16 * 4)   # sizeof(XmStore *), and open calls: sizeof(XmCall) and 4 parts
+    for st in _xm_stores.values():   # sizeof(XmStore), 2K sizeof(Xm), 16 bytes per part slot
+        total += 32 + 2 * _xm_k * 48 + sum(16 * _parts_cap(len(x[4])) for x in st.slow + st.res)
     return total
 
 
