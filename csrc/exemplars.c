@@ -128,6 +128,12 @@ static void store_free(XmStore *s) {
 }
 
 void xm_reset(void) {
+    while (g_pool) {   /* the calls not in use; those still open go back to the pool when they end */
+        XmCall *c = g_pool;
+        g_pool = c->next;
+        call_free(c);
+    }
+    g_pool_n = 0;
     for (int32_t i = 0; i < g_n_stores; i++) if (g_stores[i]) store_free(g_stores[i]);
     free(g_stores);
     g_stores = NULL;
@@ -282,4 +288,5 @@ PyObject *xm_collect(void) {
     return l;
 }
 
-size_t xm_bytes(void) { return g_store_bytes + g_call_bytes; }
+size_t xm_bytes(void) { return g_store_bytes; }
+size_t xm_pool_bytes(void) { return g_call_bytes; }

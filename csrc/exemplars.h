@@ -31,7 +31,8 @@ void xm_stack_gone(Stack *st);                  /* the stack is freed with a roo
 int xm_set_k(int32_t k);                               /* drops every store; 0, or -1 when out of memory */
 void xm_reset(void);                                   /* drops every store (reset, fork) */
 PyObject *xm_collect(void);                            /* [(root, seq, slow, sample, wall, t0, tid, [(node, ns)])] */
-size_t xm_bytes(void);                                 /* memory held by the stores and the pool */
+size_t xm_bytes(void);                                 /* memory held by the stores (all root stages) */
+size_t xm_pool_bytes(void);                            /* memory held by the calls, open or pooled */
 
 #pragma GCC visibility pop
 

@@ -181,7 +181,7 @@ static PyObject *mod_collect(PyObject *m, PyObject *unused) {
     PyObject *xm = res ? xm_collect() : NULL;
     if (res && (!xm || PyDict_SetItemString(res, "exemplars", xm) < 0)) Py_CLEAR(res);
     Py_XDECREF(xm);
-    PyObject *xb = res ? PyLong_FromSize_t(xm_bytes()) : NULL;
+    PyObject *xb = res ? Py_BuildValue("(nn)", (Py_ssize_t)xm_bytes(), (Py_ssize_t)xm_pool_bytes()) : NULL;
     if (res && (!xb || PyDict_SetItemString(res, "exemplar_bytes", xb) < 0)) Py_CLEAR(res);
     Py_XDECREF(xb);
     if (res && g_ctr_status_known) {

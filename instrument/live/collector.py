@@ -235,7 +235,7 @@ def _meta(raw: Dict[str, Any]) -> Dict[str, Any]:
         "internal_failures": raw.get("internal_failures", 0),
         "folded_calls": raw.get("folded_calls", 0), "max_stages": raw.get("max_stages"),
         "events_dropped": raw.get("events_dropped", 0),
-        "exemplars": {"k": _config_now.exemplars, "bytes": raw.get("exemplar_bytes", 0)},
+        "exemplars": dict(zip(("k", "bytes", "call_bytes"), (_config_now.exemplars, *raw.get("exemplar_bytes", (0, 0))))),
         "counters": _counter_meta(raw),
         "nvtx": {"emitter": nvtx.backend(), "domain": _config_now.nvtx_domain if _config_now.nvtx else None},
     }

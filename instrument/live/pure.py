@@ -482,17 +482,19 @@ def _parts_cap(n: int) -> int:
     return min(c, XM_MAX_PARTS)
 
 
-def _xm_bytes() -> int:
-    """The memory the C backend's layout would hold for these stores (the figure both backends report)."""
+def _xm_bytes() -> tuple:
+    """The memory the C backend's layout would hold for the stores, and for the open calls (the figures both
+    backends report)."""
+    calls = _xm_calls * (32 + 16 * 4)   # sizeof(XmCall) and room for 4 stages
     if not _xm_stores or _xm_gen != _node_gen:
-        return 0
+        return 0, calls
     n = 16
     while n <= max(_xm_stores):
         n *= 2
-    total = 8 * n + _xm_calls * (32 + 16 * 4)   # sizeof(XmStore *), and open calls: sizeof(XmCall) and 4 parts
+    total = 8 * n   # sizeof(XmStore *) per node
     for st in _xm_stores.values():   # sizeof(XmStore), 2K sizeof(Xm), 16 bytes per part slot
         total += 32 + 2 * _xm_k * 48 + sum(16 * _parts_cap(len(x[4])) for x in st.slow + st.res)
-    return total
+    return total, calls
 
 
 def _xm_collect() -> list:
