@@ -276,8 +276,8 @@ def render_tail(views: Sequence[TailView], format: str = "table", limit: Optiona
         objs = [{k: v for k, v in t.to_dict().items()} for t in views]
         return json.dumps(objs[0] if len(objs) == 1 else objs, indent=2, allow_nan=False)
     if not views:
-        return ("No exemplars in this snapshot: record with the `exemplars` option on (the default, "
-                "INSTRUMENT_EXEMPLARS=32) to see which stage slow calls lose their time in.")
+        return ("No exemplars in this snapshot: record with the `exemplars` option above 0 (the default is 32) "
+                "to see which stage slow calls lose their time in.")
     out: List[str] = []
     for v in views:
         q = _q(v.quantile)
