@@ -6,8 +6,9 @@
  * entry per node (a short linear search); at the root's exit the call is
  * offered to the root's store, which keeps the K slowest calls (a min-heap by
  * wall time) and a uniform reservoir of K calls (Algorithm R), then goes back to
- * the pool.  Slots of the stores keep their breakdown buffers, so in the steady
- * state nothing is allocated.  Stages in other contexts (tasks or threads the
+ * the pool.  A store's slot arrays grow by doubling up to K and its slots keep
+ * their breakdown buffers, so in the steady state nothing is allocated; stores
+ * are made for at most XM_MAX_ROOTS root stages.  Stages in other contexts (tasks or threads the
  * request starts) are not in its breakdown; the time the request waits for them
  * is its own self time.  Everything runs with the GIL held. */
 #include "exemplars.h"   /* first: Python.h sets the feature macros */
@@ -18,6 +19,7 @@
 #include "nodes.h"
 
 #define XM_POOL_MAX 1024
+#define XM_MAX_ROOTS 256          /* root stages with a store; calls of further ones are not kept */
 
 typedef struct {
     uint64_t seq;                 /* the root frame's seq: identifies the call */
@@ -29,9 +31,9 @@ typedef struct {
 
 typedef struct {
     uint64_t seen;                /* calls offered */
-    int32_t n_slow, n_res;
-    Xm *slow;                     /* g_xm_k slots: a min-heap by wall */
-    Xm *res;                      /* g_xm_k slots: a uniform sample */
+    int32_t n_slow, n_res, cap;   /* cap: slots allocated in each array, grown by doubling up to g_xm_k */
+    Xm *slow;                     /* a min-heap by wall */
+    Xm *res;                      /* a uniform sample */
 } XmStore;
 
 int32_t g_xm_k = 32;
@@ -40,6 +42,7 @@ static XmStore **g_stores = NULL;   /* by root node id */
 static int32_t g_n_stores = 0;
 static uint32_t g_stores_gen = 0;   /* g_node_gen the node ids are of */
 static size_t g_store_bytes = 0;
+static int32_t g_n_roots = 0;       /* stores made */
 static XmCall *g_pool = NULL;
 static int32_t g_pool_n = 0;
 static size_t g_call_bytes = 0;     /* calls allocated, pooled or open */
@@ -118,7 +121,7 @@ void xm_stack_gone(Stack *st) {
 /* ----------------------------------------------------------- the stores */
 
 static void store_free(XmStore *s) {
-    for (int32_t k = 0; k < g_xm_k; k++) {
+    for (int32_t k = 0; k < s->cap; k++) {
         free(s->slow[k].parts);
         free(s->res[k].parts);
     }
@@ -139,6 +142,7 @@ void xm_reset(void) {
     g_stores = NULL;
     g_n_stores = 0;
     g_store_bytes = 0;
+    g_n_roots = 0;
     g_stores_gen = g_node_gen;
 }
 
@@ -165,15 +169,35 @@ static XmStore *store_get(int32_t node) {
     }
     XmStore *s = g_stores[node];
     if (!s) {
+        if (g_n_roots >= XM_MAX_ROOTS) {
+            warn_once("exemplar roots", "instrument: calls of more than %d top-level stages; the calls of further "
+                      "ones are not kept as exemplars", XM_MAX_ROOTS);
+            return NULL;
+        }
         s = calloc(1, sizeof(XmStore));
         if (!s) return NULL;
-        s->slow = calloc((size_t)g_xm_k, sizeof(Xm));
-        s->res = calloc((size_t)g_xm_k, sizeof(Xm));
-        if (!s->slow || !s->res) { free(s->slow); free(s->res); free(s); return NULL; }
-        g_store_bytes += sizeof(XmStore) + 2 * (size_t)g_xm_k * sizeof(Xm);
+        g_store_bytes += sizeof(XmStore);
+        g_n_roots++;
         g_stores[node] = s;
     }
     return s;
+}
+
+/* Room for one more slot in both arrays (they grow together, doubling up to K). */
+static int store_grow(XmStore *s) {
+    int32_t ncap = s->cap ? s->cap * 2 : 2;
+    if (ncap > g_xm_k) ncap = g_xm_k;
+    Xm *a = realloc(s->slow, (size_t)ncap * sizeof(Xm));
+    if (!a) return -1;
+    s->slow = a;
+    Xm *b = realloc(s->res, (size_t)ncap * sizeof(Xm));
+    if (!b) return -1;
+    s->res = b;
+    memset(a + s->cap, 0, (size_t)(ncap - s->cap) * sizeof(Xm));
+    memset(b + s->cap, 0, (size_t)(ncap - s->cap) * sizeof(Xm));
+    g_store_bytes += 2 * (size_t)(ncap - s->cap) * sizeof(Xm);
+    s->cap = ncap;
+    return 0;
 }
 
 static void xm_put(Xm *x, const XmCall *c, int64_t wall, int64_t t0, uint32_t tid) {
@@ -218,8 +242,9 @@ static void heap_down(Xm *h, int32_t n) {
 
 static void offer(int32_t root, const XmCall *c, int64_t wall, int64_t t0, uint32_t tid) {
     XmStore *s = store_get(root);
-    if (!s) { g_internal++; return; }
+    if (!s) return;
     int32_t k = g_xm_k;
+    if (s->n_slow == s->cap && s->cap < k && store_grow(s) < 0) { g_internal++; return; }
     s->seen++;
     if (s->n_slow < k) {
         xm_put(&s->slow[s->n_slow], c, wall, t0, tid);

@@ -45,10 +45,10 @@ static ItemStat *item_slot(NodeStats *s, PyObject *name) {
 }
 
 static void item_put(ItemStat *it, int64_t n, double x, uint64_t calls, uint64_t floats) {
-    if ((n > 0 && it->n > INT64_MAX - n)) {   /* past 2**63: carried on in the float sum */
+    if (n > 0 && it->n > INT64_MAX - n) {   /* past 2**63: carried on in the float sum (reported as a float) */
         it->x += (double)it->n + (double)n;
         it->n = 0;
-        it->floats += calls;
+        if (!floats) floats = 1;
     } else {
         it->n += n;
     }

@@ -62,6 +62,7 @@ _xm_calls = 0     # root calls open (the C backend's pool holds at least this ma
 _xm_rng = random.Random(0x9E3779B9)
 XM_MAX_PARTS = 64
 XM_MAX_K = 1024
+XM_MAX_ROOTS = 256
 ITEMS_MAX = 32
 ITEM_NAME_MAX = 200
 
@@ -460,6 +461,10 @@ def _xm_offer(root: int, seq: int, wall: int, t0: int, tid: int, parts: list) ->
         _xm_gen = _node_gen
     st = _xm_stores.get(root)
     if st is None:
+        if len(_xm_stores) >= XM_MAX_ROOTS:
+            _warn_once("exemplar roots", f"instrument: calls of more than {XM_MAX_ROOTS} top-level stages; the calls "
+                       "of further ones are not kept as exemplars")
+            return
         st = _xm_stores[root] = _XmStore()
     st.seen += 1
     x = (wall, seq, t0, tid & 0xFFFFFFFF, parts)
@@ -492,8 +497,11 @@ def _xm_bytes() -> tuple:
     while n <= max(_xm_stores):
         n *= 2
     total = 8 * n   # sizeof(XmStore *) per node
-    for st in _xm_stores.values():   # sizeof(XmStore), 2K sizeof(Xm), 16 bytes per part slot
-        total += 32 + 2 * _xm_k * 48 + sum(16 * _parts_cap(len(x[4])) for x in st.slow + st.res)
+    for st in _xm_stores.values():   # sizeof(XmStore), 2 arrays of sizeof(Xm) grown by doubling to K, 16 per part
+        cap = 2
+        while cap < len(st.slow):
+            cap *= 2
+        total += 32 + 2 * min(cap, _xm_k) * 48 + sum(16 * _parts_cap(len(x[4])) for x in st.slow + st.res)
     return total, calls
 
 

@@ -242,3 +242,13 @@ def test_rss_is_flat_over_a_million_requests():
     snap = instrument.snapshot()
     assert snap["request"].calls == 1_020_000
     assert after - before < 1 << 20, f"RSS grew by {after - before} bytes over 1M requests"
+
+
+def test_exemplars_of_at_most_256_root_stages(backend):
+    with pytest.warns(RuntimeWarning, match="more than 256 top-level stages"):
+        for i in range(300):
+            with instrument.stage(f"root{i}"):
+                pass
+    snap = instrument.snapshot()
+    assert len({e["path"][0] for e in snap.exemplars}) == 256
+    assert all(snap[f"root{i}"].calls == 1 for i in range(300))   # every call still counted
