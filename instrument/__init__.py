@@ -9,6 +9,7 @@
 
     with instrument.stage("request"):
         with TOKENIZE:
+            instrument.add("tokens", 512)       # items of the innermost open stage
             ...
     instrument.report()
 
@@ -25,12 +26,23 @@ from ._version import __version__
 from .analysis.diff import Diff
 from .analysis.diff import diff as _diff
 from .analysis.verdict import with_verdicts
+from .live import backend as _live_backend
 from .live import collector as _collector
 from .live.capture import capture, capture_every
 from .live.collector import configure, current_config, region, reset, stage
 from .snapshot import Snapshot, SnapshotError, StageStats
 
 _collector._finish = with_verdicts   # live snapshots carry verdicts, judged by the thresholds in force
+
+add = _live_backend.current.add   # add(name, value=1): items of the innermost open stage; the hot path's own function
+
+
+def _on_backend_switch(module) -> None:
+    global add
+    add = module.add
+
+
+_live_backend.on_switch(_on_backend_switch)
 
 
 def snapshot() -> Snapshot:
@@ -68,6 +80,6 @@ def serve_metrics(port: int, addr: str = "127.0.0.1"):
     return prometheus.serve_metrics(port, addr, source=snapshot)
 
 
-__all__ = ["stage", "region", "capture", "capture_every", "profile", "snapshot", "report", "diff", "configure",
+__all__ = ["stage", "region", "add", "capture", "capture_every", "profile", "snapshot", "report", "diff", "configure",
            "current_config", "reset", "serve_metrics", "Snapshot", "StageStats", "SnapshotError", "Diff",
            "__version__"]

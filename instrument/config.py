@@ -115,6 +115,9 @@ OPTIONS: Tuple[Option, ...] = (
            "distinct stage nodes kept; more are folded into '(other)'"),
     Option("trace_events", "INSTRUMENT_TRACE_EVENTS", 0, _int(0, 100_000_000),
            "size of the ring of timeline events kept for the Chrome trace export (0 = off)"),
+    Option("exemplars", "INSTRUMENT_EXEMPLARS", 32, _int(0, 1024),
+           "calls kept per top-level stage with their per-stage breakdown: the K slowest and a sample of K "
+           "typical ones, for `instrument report --tail` (0 = off)"),
     Option("nvtx", "INSTRUMENT_NVTX", True, _bool, "emit an NVTX range for every stage"),
     Option("nvtx_domain", "INSTRUMENT_NVTX_DOMAIN", "instrument", _text, "the NVTX domain of the ranges"),
     Option("torch", "INSTRUMENT_TORCH", "auto", _tristate,

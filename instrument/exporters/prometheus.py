@@ -17,6 +17,13 @@ Per stage, labels `stage` (its name) and `path` ("a/b"):
   `instrument_stage_cpu_seconds_total`, `instrument_stage_gpu_seconds_total`
 - `instrument_stage_counter_total{event=...}`: each perf counter's total
 - `instrument_stage_ipc`, `..._cache_miss_ratio`, ... derived ratios where the counters allow
+- `instrument_stage_items_total{item=...}`: items added with `instrument.add` (tokens, samples, ...)
+
+Exemplars: in the OpenMetrics exposition (`render(snap, openmetrics=True)`, or a
+scrape that asks for it, as Prometheus does with `--enable-feature=exemplar-storage`),
+the duration buckets of a top-level stage carry its slowest calls, one per bucket:
+labels `call` ("pid:seq") and `stage` (the stage that took most of that call),
+value its wall time, timestamp its start.
 
 Several processes (gunicorn workers, multiprocessing): each worker saves its
 snapshot into a shared folder (`start_snapshot_writer(source=instrument.snapshot)`, every few seconds and
@@ -36,6 +43,8 @@ from typing import Callable, Iterator, List, Optional
 
 from prometheus_client import CollectorRegistry, generate_latest, start_http_server, write_to_textfile
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
+from prometheus_client.openmetrics.exposition import generate_latest as generate_openmetrics
+from prometheus_client.samples import Exemplar
 from prometheus_client.utils import floatToGoString
 
 from .. import counters
@@ -61,6 +70,27 @@ def buckets(s: StageStats) -> List[tuple]:
     return out
 
 
+def with_exemplars(s: StageStats, snap: Snapshot, cumulative: List[tuple]) -> List[tuple]:
+    """The buckets of a top-level stage with its slowest calls as exemplars, the slowest one per bucket
+    (OpenMetrics allows one exemplar per bucket; the text format 0.0.4 leaves them out)."""
+    slow = sorted((e for e in snap.exemplars if e["slow"] and tuple(e["path"]) == s.path), key=lambda e: -e["wall_ns"])
+    if not slow:
+        return cumulative
+    t0 = snap.meta.get("start_time")
+    out = [list(b) for b in cumulative]
+    for e in slow:
+        le = next(i for i, b in enumerate(out) if b[0] == "+Inf" or e["wall_ns"] <= float(b[0]) * 1e9 + 0.5)
+        if len(out[le]) > 2:
+            continue
+        top = max(e["breakdown"], key=lambda b: b["wall_ns"], default=None)
+        labels = {"call": f"{e.get('pid')}:{e.get('seq')}"}
+        if top is not None:
+            labels["stage"] = "/".join(top["path"])[:100]   # an exemplar's labels hold at most 128 characters
+        ts = t0 + e["start_ns"] / 1e9 if isinstance(t0, (int, float)) else None
+        out[le].append(Exemplar(labels, e["wall_ns"] / 1e9, ts))
+    return [tuple(b) for b in out]
+
+
 def _derived(s: StageStats) -> dict:
     totals = {k: v.get("total") for k, v in s.counters.items()}
     try:
@@ -82,9 +112,13 @@ def families(snap: Snapshot) -> List[Metric]:
                               labels=LABELS + ["event"])
     derived = {k: GaugeMetricFamily(f"instrument_stage_{k}", f"{k.replace('_', ' ')} of a stage from its counters",
                                     labels=LABELS) for k in DERIVED}
+    items = CounterMetricFamily("instrument_stage_items", "Items added to a stage with instrument.add (tokens, "
+                                "samples, bytes, ...)", labels=LABELS + ["item"])
     for s in snap:
         lab = [s.name, "/".join(s.path)]
-        hist.add_metric(lab, buckets(s), s.wall_total / 1e9)
+        hist.add_metric(lab, with_exemplars(s, snap, buckets(s)), s.wall_total / 1e9)
+        for name, it in s.items.items():
+            items.add_metric(lab + [name], it["total"])
         self_.add_metric(lab, s.wall_self / 1e9)
         errors.add_metric(lab, s.errors)
         if s.cpu_total is not None:
@@ -99,7 +133,7 @@ def families(snap: Snapshot) -> List[Metric]:
                 derived[k].add_metric(lab, v)
     procs = GaugeMetricFamily("instrument_processes", "Processes whose snapshots are merged into these metrics")
     procs.add_metric([], len(snap.meta.get("merged_from") or [None]))
-    return [hist, self_, errors, cpu, gpu, ctr, *derived.values(), procs]
+    return [hist, self_, errors, cpu, gpu, ctr, *derived.values(), items, procs]
 
 
 class InstrumentCollector:
@@ -118,11 +152,11 @@ class InstrumentCollector:
         yield from families(self.source())
 
 
-def render(snap: Snapshot) -> str:
-    """The Prometheus text exposition format of `snap`."""
+def render(snap: Snapshot, openmetrics: bool = False) -> str:
+    """The Prometheus text exposition format of `snap` (OpenMetrics, with exemplars, when asked)."""
     reg = CollectorRegistry()
     reg.register(InstrumentCollector(lambda: snap))
-    return generate_latest(reg).decode()
+    return (generate_openmetrics if openmetrics else generate_latest)(reg).decode()
 
 
 text = render

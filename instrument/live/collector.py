@@ -48,7 +48,7 @@ def _apply(cfg: _config.Config, explicit_counters: bool = False) -> None:
     if cfg.nvtx:
         nvtx.init(cfg.nvtx_domain)
     backend.configure(enabled=cfg.enabled, cpu_clock=cfg.cpu_clock, max_stages=cfg.max_stages,
-                      trace_events=cfg.trace_events, nvtx=cfg.nvtx)
+                      trace_events=cfg.trace_events, nvtx=cfg.nvtx, exemplars=cfg.exemplars)
     _apply_counters(cfg.counters, explicit_counters)
     try:
         torchwatch.on_configure(cfg)
@@ -235,6 +235,7 @@ def _meta(raw: Dict[str, Any]) -> Dict[str, Any]:
         "internal_failures": raw.get("internal_failures", 0),
         "folded_calls": raw.get("folded_calls", 0), "max_stages": raw.get("max_stages"),
         "events_dropped": raw.get("events_dropped", 0),
+        "exemplars": dict(zip(("k", "bytes", "call_bytes"), (_config_now.exemplars, *raw.get("exemplar_bytes", (0, 0))))),
         "counters": _counter_meta(raw),
         "nvtx": {"emitter": nvtx.backend(), "domain": _config_now.nvtx_domain if _config_now.nvtx else None},
     }
@@ -292,23 +293,48 @@ def snapshot() -> Snapshot:
         except Exception as e:
             warnings.warn(f"instrument: {integ.name}: {e}", RuntimeWarning, stacklevel=2)
     stages = []
+    outside: Dict[str, Dict[str, Any]] = {}
     for s in raw["stats"]:
+        if s["node"] == 0:   # items added while no stage was open
+            outside = _items(s.get("items"))
+            continue
         path = paths[s["node"]]
         cpu_ok = s["cpu_calls"] > 0
         stages.append(StageStats(
             path=path, calls=s["calls"], errors=s["errors"], wall_total=s["wall_total"], wall_self=s["wall_self"],
-            wall_min=s["wall_min"], wall_max=s["wall_max"],
+            wall_min=s["wall_min"] if s["calls"] else None, wall_max=s["wall_max"] if s["calls"] else None,
             cpu_total=s["cpu_total"] if cpu_ok else None, cpu_self=s["cpu_self"] if cpu_ok else None,
             cpu_calls=s["cpu_calls"], hist=dict(s["hist"]),
             counters=_counter_dict(_counter_names, s.get("counters") or []),
-            other=s["node"] in others, **extra.pop(path, {})))
+            other=s["node"] in others, items=_items(s.get("items")), **extra.pop(path, {})))
     for path, fields in extra.items():   # stages only an integration saw (e.g. GPU time of a still-open stage)
         stages.append(StageStats(path, 0, 0, 0, 0, None, None, None, None, 0, {}, **fields))
     events = [{"path": list(paths[e[0]]), "tid": e[1], "ts_ns": e[2] - _start_clock, "dur_ns": e[3],
                "tts_ns": e[4] if e[4] >= 0 else None, "tdur_ns": e[5] if e[5] >= 0 else None}
               for e in raw["events"] if e[0] in paths]
-    snap = Snapshot(stages, _meta(raw), events)
+    meta = _meta(raw)
+    if outside:
+        meta["items_outside_stages"] = outside
+    snap = Snapshot(stages, meta, events, _exemplars(raw.get("exemplars") or (), paths, meta["pid"]))
     return _finish(snap) if _finish is not None else snap
+
+
+def _items(rows) -> Dict[str, Dict[str, Any]]:
+    """(name, int total, float total, adds, float adds) rows as {name: {"total", "calls"}}."""
+    return {name: {"total": n + x if floats else n, "calls": calls} for name, n, x, calls, floats in rows or ()}
+
+
+def _exemplars(rows, paths: Dict[int, tuple], pid: int) -> list:
+    out = []
+    for root, seq, slow, sample, wall, t0, tid, parts in rows:
+        if root not in paths:
+            continue
+        breakdown = [{"path": list(paths[n]) if n in paths else list(paths[root]) + ["(other)"], "wall_ns": ns}
+                     for n, ns in parts]
+        breakdown.sort(key=lambda b: -b["wall_ns"])
+        out.append({"path": list(paths[root]), "wall_ns": wall, "start_ns": t0 - _start_clock, "pid": pid,
+                    "tid": tid, "seq": seq, "slow": slow, "sample": sample, "breakdown": breakdown})
+    return out
 
 
 def _save_at_exit() -> None:
