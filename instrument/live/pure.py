@@ -416,10 +416,15 @@ class _XmStore:
 
 
 def _context_key() -> tuple:
-    task = None
-    if _in_event_loop():
-        task = sys.modules["asyncio"].current_task()
-    return threading.get_ident(), id(task)
+    """Thread and asyncio task: the pure twin's stand-in for the C backend's per-context stack."""
+    return _get_ident(), id(_current_task()) if _in_event_loop() else 0
+
+
+def _current_task():
+    return sys.modules["asyncio"].current_task()
+
+
+_get_ident = threading.get_ident
 
 
 def _xm_enter(f: "_Frame", parent) -> None:
@@ -451,10 +456,10 @@ def _xm_exit(f: "_Frame", wall: int, slots: "_ThreadSlots") -> None:
     c.open = False
     _xm_calls -= 1
     if f.epoch == _epoch and _xm_k:
-        _xm_offer(f.node, c.seq, wall, f.t0, slots.native_id, list(parts.items()))
+        _xm_offer(f.node, c.seq, wall, f.t0, slots.native_id, parts)
 
 
-def _xm_offer(root: int, seq: int, wall: int, t0: int, tid: int, parts: list) -> None:
+def _xm_offer(root: int, seq: int, wall: int, t0: int, tid: int, parts: dict) -> None:
     global _xm_gen
     if _xm_gen != _node_gen:
         _xm_stores.clear()
@@ -467,17 +472,18 @@ def _xm_offer(root: int, seq: int, wall: int, t0: int, tid: int, parts: list) ->
             return
         st = _xm_stores[root] = _XmStore()
     st.seen += 1
-    x = (wall, seq, t0, tid & 0xFFFFFFFF, parts)
-    if len(st.slow) < _xm_k:
-        heapq.heappush(st.slow, x)
-    elif wall > st.slow[0][0]:
-        heapq.heapreplace(st.slow, x)
-    if len(st.res) < _xm_k:
-        st.res.append(x)
-    else:
-        j = _xm_rng.randrange(st.seen)
-        if j < _xm_k:
-            st.res[j] = x
+    slow, res, k = st.slow, st.res, _xm_k
+    to_slow = len(slow) < k or wall > slow[0][0]
+    j = len(res) if len(res) < k else int(_xm_rng.random() * st.seen)
+    if not to_slow and j >= k:
+        return                      # the steady state: this call is kept nowhere
+    x = (wall, seq, t0, tid & 0xFFFFFFFF, list(parts.items()))
+    if to_slow:
+        (heapq.heappush if len(slow) < k else heapq.heapreplace)(slow, x)
+    if j == len(res):
+        res.append(x)
+    elif j < k:
+        res[j] = x
 
 
 def _parts_cap(n: int) -> int:
