@@ -1,5 +1,5 @@
 /* The module: its functions (stage, configure, set_counters, set_hooks, collect,
- * reset, after_fork_child, now_ns, hist_index, current_path) and its init, which
+ * reset, after_fork_child, now_ns, hist_index, current_path, set_root_exit_hook) and its init, which
  * also adds the NVTX functions (nvtx_emit.c) and CounterGroup (perf.c). */
 #include "core.h"   /* first: Python.h sets the feature macros */
 
@@ -8,6 +8,7 @@
 #include "hist.h"
 #include "nodes.h"
 #include "nvtx_emit.h"
+#include "rootexit.h"
 #include "stats.h"
 #include "threads.h"
 #include "types.h"
@@ -245,6 +246,7 @@ static PyMethodDef native_methods[] = {
     {"now_ns", (PyCFunction)mod_now_ns, METH_NOARGS, "the hot path's clock (CLOCK_MONOTONIC)"},
     {"hist_index", (PyCFunction)mod_hist_index, METH_O, "bucket of a value in the histogram"},
     {"current_path", (PyCFunction)mod_current_path, METH_NOARGS, "names of the open stages of this context"},
+    {"set_root_exit_hook", (PyCFunction)mod_set_root_exit_hook, METH_O, "set_root_exit_hook(f): f() after every outermost stage exit; None clears"},
     {NULL}
 };
 

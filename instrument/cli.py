@@ -466,7 +466,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         argv = sys.argv[1:]
         config.unset_in_env("output")   # the command itself is not measured; run sets it for the program
         from . import configure
-        configure(output=None)
+        configure(output=None, serve=None)   # the command is not measured, nor served
     argv = list(argv)
     try:
         if argv[:1] == ["demo"]:   # the demo parses its own options

@@ -63,12 +63,26 @@ def use_backend(module) -> None:
 
 def _on_backend_switch(module) -> None:
     global backend
+    if _root_exit is not None:
+        backend.set_root_exit_hook(None)
+        module.set_root_exit_hook(_root_exit)
     backend = module
     _applied_counters.pop(module.__name__, None)
     _apply(_config_now)
 
 
+_root_exit: Optional[Callable[[], None]] = None
 _backend.on_switch(_on_backend_switch)
+
+
+def on_root_exit(callback: Optional[Callable[[], None]]) -> None:
+    """`callback()` after every outermost stage exit, once that call is recorded (None: no call;
+    the hot path then makes none).  The snapshot writer of worker processes uses it."""
+    global _root_exit
+    if callback is not None and not callable(callback):
+        raise TypeError(f"on_root_exit needs a function or None, not {type(callback).__name__}")
+    _root_exit = callback
+    backend.set_root_exit_hook(callback)
 _counter_names: tuple = ()
 _applied_counters: Dict[str, tuple] = {}   # backend module -> the events it was given
 _counter_probe: Optional[Dict[str, Any]] = None
@@ -272,8 +286,9 @@ def _counter_dict(names, rows) -> Dict[str, Dict[str, Any]]:
     return out
 
 
-def snapshot() -> Snapshot:
-    """An immutable Snapshot of everything recorded so far; callable any time."""
+def snapshot(finish: bool = True) -> Snapshot:
+    """An immutable Snapshot of everything recorded so far; callable any time.
+    finish=False leaves out what the facade adds (verdicts): the snapshot writer's copy."""
     for integ in integrations.registered():
         try:
             integ.before_snapshot()
@@ -308,7 +323,7 @@ def snapshot() -> Snapshot:
                "tts_ns": e[4] if e[4] >= 0 else None, "tdur_ns": e[5] if e[5] >= 0 else None}
               for e in raw["events"] if e[0] in paths]
     snap = Snapshot(stages, _meta(raw), events)
-    return _finish(snap) if _finish is not None else snap
+    return _finish(snap) if _finish is not None and finish else snap
 
 
 def _save_at_exit() -> None:

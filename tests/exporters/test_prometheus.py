@@ -45,7 +45,7 @@ def test_histogram_counts_are_exact_and_monotone():
     assert tok.value == 3 and tok.labels["stage"] == "tokenize"
     assert samples(fams["instrument_stage_errors"], "_total", "request")[0].value == 2
     assert samples(fams["instrument_stage_cpu_seconds"], "_total", "request")[0].value == pytest.approx(5e-6)
-    (pf,) = samples(fams["instrument_stage_counter"], "_total", "request")
+    (pf,) = samples(fams["instrument_stage_perf_events"], "_total", "request")
     assert pf.labels["event"] == "page-faults" and pf.value == 42   # a counter that never counted is left out
 
 
