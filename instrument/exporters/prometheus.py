@@ -155,9 +155,11 @@ MAX_SNAPSHOT_BYTES = 64 << 20      # /snapshot refuses (503) to send more; /metr
 SNAPSHOT_PATH = "/snapshot"
 
 
-def snapshot_body(snap: Snapshot, limit: int = MAX_SNAPSHOT_BYTES) -> bytes:
+def snapshot_body(snap: Snapshot, limit: Optional[int] = None) -> bytes:
     """The JSON /snapshot sends: the snapshot without its timeline events (the Chrome
-    trace's ring, which can be large).  ValueError when it is over `limit` bytes."""
+    trace's ring, which can be large).  ValueError when it is over `limit` bytes
+    (default MAX_SNAPSHOT_BYTES)."""
+    limit = MAX_SNAPSHOT_BYTES if limit is None else limit
     body = Snapshot(snap.stages, snap.meta).to_json().encode("utf-8")
     if len(body) > limit:
         raise ValueError(f"the snapshot is {len(body)} bytes, over the {limit} bytes /snapshot sends; lower "
