@@ -225,7 +225,7 @@ class SnapshotWriter:
         if self.file.fd < 0 or os.getpid() != self.pid:
             return False
         try:
-            self.file.write(self.source().to_json().encode("utf-8"))
+            self.file.write(self.source().to_json(percentiles=False).encode("utf-8"))   # loading recomputes them
             self.writes += 1
             return True
         except Exception:
