@@ -99,8 +99,10 @@ def _serve(name: str, v: Any) -> Optional[str]:
     """"host:port", ":port" or "port" (host 127.0.0.1; "[::1]:port" for IPv6) -> "host:port"; None or "" -> None."""
     if v is None or (isinstance(v, str) and not v.strip()):
         return None
+    bad = ValueError(f"{name} must be host:port (port 0 to 65535, host an address or name; 127.0.0.1 if left "
+                     f"out), got {v!r}")
     if isinstance(v, bool) or not isinstance(v, (str, int)):
-        raise ValueError(f"{name} must be host:port or a port, got {v!r}")
+        raise bad
     text = str(v).strip()
     host, sep, port = text.rpartition(":")
     if not sep:
@@ -109,8 +111,7 @@ def _serve(name: str, v: Any) -> Optional[str]:
     if host.startswith("[") and host.endswith("]"):
         host = host[1:-1]
     if not port.isdigit() or not 0 <= int(port) <= 65535 or (host and (" " in host or "/" in host)):
-        raise ValueError(f"{name} must be host:port (port 0 to 65535, host an address or name; 127.0.0.1 if "
-                         f"left out), got {v!r}")
+        raise bad
     host = host or "127.0.0.1"
     return f"[{host}]:{int(port)}" if ":" in host else f"{host}:{int(port)}"
 
