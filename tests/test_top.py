@@ -141,6 +141,29 @@ def test_the_live_view_wants_a_terminal(backend):
         server.server_close()
 
 
+def test_the_command_never_serves_even_with_instrument_serve_set(backend):
+    """`instrument top` imports instrument; INSTRUMENT_SERVE in the shell must not make it bind the port."""
+    fetched = threading.Event()
+
+    def source():
+        fetched.set()
+        return instrument.snapshot()
+    server = P.serve_metrics(0, source=source)
+    port = free_port()
+    e = dict(env(), INSTRUMENT_SERVE=f"127.0.0.1:{port}")
+    try:
+        p = subprocess.Popen([sys.executable, "-m", "instrument", "top", str(server.server_address[1]), "--once",
+                              "--interval", "2"], env=e, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        assert fetched.wait(60)           # the command is running, instrument imported, between its two fetches
+        with socket.socket() as s:
+            assert s.connect_ex(("127.0.0.1", port)) != 0
+        out, err = p.communicate(timeout=60)
+        assert p.returncode == 0 and "stage" in out and err == "", err
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
 def test_snapshot_over_the_limit_is_one_line(backend, monkeypatch):
     with instrument.stage("a"):
         pass
