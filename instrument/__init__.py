@@ -137,5 +137,6 @@ if current_config().serve and not _started_as_the_command_line():
 
 
 __all__ = ["stage", "region", "capture", "capture_every", "profile", "snapshot", "report", "diff", "configure",
-           "current_config", "reset", "serve_metrics", "start_snapshot_writer", "stop_snapshot_writer", "Snapshot", "StageStats", "SnapshotError", "Diff",
+           "current_config", "reset", "serve_metrics", "start_snapshot_writer", "stop_snapshot_writer", "Snapshot",
+           "StageStats", "SnapshotError", "Diff",
            "__version__"]

@@ -22,7 +22,7 @@ import time
 import urllib.error
 import urllib.parse
 import urllib.request
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any, List, Optional, Tuple
 
 from .analysis.verdict import with_verdicts
 from .exporters.format import ms, printable, ratio
@@ -83,7 +83,7 @@ def fetch(url: str, timeout: float = 10.0) -> Snapshot:
         raise TopError(f"cannot reach {url}: {why}") from None
     except TimeoutError:
         raise TopError(f"{url} did not answer within {timeout:g} s") from None
-    except (OSError, ValueError) as e:   # reset connections, malformed answers (http.client errors are OSErrors or ValueErrors)
+    except (OSError, ValueError) as e:   # reset connections, malformed answers
         raise TopError(f"{url}: {type(e).__name__}: {getattr(e, 'strerror', None) or e or 'no answer'}") from None
     except Exception as e:   # http.client.HTTPException: a server that does not speak HTTP
         raise TopError(f"{url} did not answer in HTTP: {type(e).__name__} {e}") from None

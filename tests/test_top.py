@@ -2,7 +2,6 @@
 real terminal (tmux) against the example service under a paced loopback load."""
 import http.server
 import json
-import os
 import re
 import shutil
 import socket
@@ -315,7 +314,7 @@ def test_live_view_in_tmux_shows_the_service_stages_at_the_load_rate(service, tm
             def request_rate(text):
                 m = re.search(r"^request\s+([0-9.]+)\s", text, re.M)
                 return float(m.group(1)) if m and "window 3" in text else None
-            rates, deadline = [], time.monotonic() + 60
+            rates, last, deadline = [], None, time.monotonic() + 60
             while len(rates) < 2 and time.monotonic() < deadline:
                 text = screen()
                 r = request_rate(text)
@@ -329,7 +328,8 @@ def test_live_view_in_tmux_shows_the_service_stages_at_the_load_rate(service, tm
             assert all(len(x) <= 80 for x in lines)
             assert lines[0].startswith("instrument top  http://" + snap_addr + "/snapshot  pid ")
             names = [x.split()[0] for x in lines[4:] if x.strip()]
-            assert names[0] == "request" and {"tokenize", "attention_mask", "forward", "pool", "postprocess"} <= set(names)
+            assert names[0] == "request"
+            assert {"tokenize", "attention_mask", "forward", "pool", "postprocess"} <= set(names)
             for shown, sent in rates:
                 assert sent > 0.8 * RATE, f"the load fell behind ({sent:.1f}/s): the machine is too busy"
                 assert abs(shown - sent) <= 0.1 * sent, (shown, sent, text)

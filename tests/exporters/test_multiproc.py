@@ -1,6 +1,5 @@
 """Per-worker snapshot files: whole after a SIGKILL at any moment, every completed
 outermost call in them, merges that never decrease."""
-import json
 import os
 import random
 import signal

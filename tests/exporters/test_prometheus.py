@@ -146,7 +146,6 @@ def test_cli_export_prometheus(tmp_path, capsys):
 import json  # noqa: E402
 import re  # noqa: E402
 import shutil  # noqa: E402
-import threading  # noqa: E402
 import urllib.error  # noqa: E402
 
 from instrument.snapshot import StageStats  # noqa: E402
