@@ -30,7 +30,7 @@ from .analysis.diff import diff as _diff
 from .analysis.verdict import with_verdicts
 from .live import collector as _collector
 from .live.capture import capture, capture_every
-from .live.collector import current_config, region, reset, stage
+from .live.collector import configure, current_config, region, reset, stage
 from .snapshot import Snapshot, SnapshotError, StageStats
 
 _collector._finish = with_verdicts   # live snapshots carry verdicts, judged by the thresholds in force
@@ -63,15 +63,6 @@ def profile(schedule=None, record_shapes=False, activities=None, **kwargs):
     return torch_profiler.profile(schedule=schedule, record_shapes=record_shapes, activities=activities, **kwargs)
 
 
-def configure(**options: Any):
-    """Change options (see instrument.config.OPTIONS); returns the configuration now in force.
-    `serve` starts, moves or (None) stops the server of /metrics and /snapshot."""
-    cfg = _collector.configure(**options)
-    if "serve" in options or "serve_any_host" in options:
-        _serve_configured(cfg.serve)
-    return cfg
-
-
 def serve_metrics(port: int, addr: str = "127.0.0.1"):
     """Serve this process's stages on addr:port (127.0.0.1 unless told) from a daemon
     thread: Prometheus metrics at /metrics and the snapshot as JSON at /snapshot
@@ -101,9 +92,18 @@ def _serve_configured(address: Optional[str]) -> None:
         host, port = config.serve_address(address)
         try:
             _served = (address, serve_metrics(port, host))
-        except Exception as e:
+        except Exception as e:   # stacklevel: the caller of configure()
             warnings.warn(f"instrument: cannot serve /metrics and /snapshot on {address}: "
-                          f"{getattr(e, 'strerror', None) or e}", RuntimeWarning, stacklevel=3)
+                          f"{getattr(e, 'strerror', None) or e}", RuntimeWarning, stacklevel=4)
+
+
+def _on_configure(cfg, options) -> None:
+    """configure(serve=...) starts, moves or (None) stops the server of /metrics and /snapshot."""
+    if "serve" in options or "serve_any_host" in options:
+        _serve_configured(cfg.serve)
+
+
+_collector.on_configure(_on_configure)
 
 
 def _started_as_the_command_line() -> bool:

@@ -475,8 +475,8 @@ def build_parser() -> argparse.ArgumentParser:
     ad.set_defaults(func=_cmd_advise)
 
     tp = sub.add_parser("top", help="live view of a running process's stages, from its /snapshot endpoint")
-    tp.add_argument("url", metavar="URL", help="host:port (or port) of INSTRUMENT_SERVE / instrument.serve_metrics, "
-                    "or a full http://host:port/path serving a snapshot")
+    tp.add_argument("url", metavar="URL", help=f"host:port (or port) of {config.env_name('serve')} / "
+                    "instrument.serve_metrics, or a full http://host:port/path serving a snapshot")
     tp.add_argument("--interval", type=_interval, default=2.0, metavar="SECONDS",
                     help="window length and refresh period (default 2)")
     tp.add_argument("--sort", choices=("total", "calls", "p50", "p99", "cpu", "name", "tree"), default="total",

@@ -1,7 +1,7 @@
 """`instrument top URL`: a live view of a running process's stages.
 
 Reads only Snapshots, fetched over HTTP from the process's `/snapshot` (served by
-`instrument.serve_metrics(port)` or `INSTRUMENT_SERVE=host:port`); never the live
+`instrument.serve_metrics(port)` or the `serve` option's variable); never the live
 side.  Every `interval` seconds it takes the window between the last two snapshots
 (`Snapshot.since`: counts, sums and histograms subtracted exactly; for the merge of
 several workers, the same per stage) and shows per stage the window's calls/s,
@@ -24,6 +24,7 @@ import urllib.parse
 import urllib.request
 from typing import Any, List, Optional, Tuple
 
+from . import config
 from .analysis.verdict import with_verdicts
 from .exporters.format import ms, printable, ratio
 from .snapshot import Snapshot, SnapshotError, since_stage
@@ -78,8 +79,8 @@ def fetch(url: str, timeout: float = 10.0) -> Snapshot:
         reason = e.reason
         why = getattr(reason, "strerror", None) or str(reason)
         if isinstance(reason, ConnectionRefusedError):
-            why = "connection refused (is the service running and serving, with INSTRUMENT_SERVE=host:port or " \
-                  "instrument.serve_metrics(port)?)"
+            why = (f"connection refused (is the service running and serving, with {config.env_name('serve')}="
+                   "host:port or instrument.serve_metrics(port)?)")
         raise TopError(f"cannot reach {url}: {why}") from None
     except TimeoutError:
         raise TopError(f"{url} did not answer within {timeout:g} s") from None

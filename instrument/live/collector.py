@@ -12,7 +12,7 @@ import sys
 import threading
 import time
 import warnings
-from typing import Any, Callable, Dict, Optional
+from typing import Any, Callable, Dict, List, Optional
 
 from .. import config as _config
 from .. import counters
@@ -34,6 +34,14 @@ def current_config() -> _config.Config:
     return _config_now
 
 
+_configure_listeners: List[Callable[[_config.Config, Dict[str, Any]], None]] = []
+
+
+def on_configure(listener: Callable[[_config.Config, Dict[str, Any]], None]) -> None:
+    """`listener(config, options)` after every configure() (the facade starts the `serve` server)."""
+    _configure_listeners.append(listener)
+
+
 def configure(**options: Any) -> _config.Config:
     """Change options (see instrument.config.OPTIONS); returns the configuration now in force."""
     global _config_now
@@ -41,6 +49,8 @@ def configure(**options: Any) -> _config.Config:
         new = _config_now.replace(**options)
         _apply(new, explicit_counters="counters" in options)
         _config_now = new
+    for listener in _configure_listeners:
+        listener(new, options)
     return new
 
 
