@@ -238,16 +238,18 @@ def test_load_script_refuses_other_hosts(capsys):
 
 
 @contextlib.contextmanager
-def running_service():
-    """The example service under uvicorn on a free 127.0.0.1 port: yields (url, process)."""
+def running_service(extra_env=None, command=None):
+    """The example service under uvicorn (or `command(port)`) on a free 127.0.0.1 port: yields (url, process).
+    extra_env: more environment variables for it."""
     httpx = pytest.importorskip("httpx")
     pytest.importorskip("fastapi")
     pytest.importorskip("uvicorn")
     port = _free_port()
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "uvicorn", "app:app", "--app-dir", str(ROOT / "examples" / "embedding_service"),
-         "--host", "127.0.0.1", "--port", str(port), "--log-level", "warning"],
-        cwd=ROOT, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    cmd = command(port) if command is not None else [
+        sys.executable, "-m", "uvicorn", "app:app", "--app-dir", str(ROOT / "examples" / "embedding_service"),
+        "--host", "127.0.0.1", "--port", str(port), "--log-level", "warning"]
+    proc = subprocess.Popen(cmd, cwd=ROOT, env=dict(_env(), **(extra_env or {})), stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
     url = f"http://127.0.0.1:{port}"
     try:
         deadline = time.monotonic() + 180
