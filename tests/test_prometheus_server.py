@@ -188,6 +188,8 @@ def test_prometheus_quantiles_and_counts_agree_with_the_sdk(tmp_path):
         print(f"  {path:<24} {calls:>5} calls  SDK {sdk * 1e3:9.3f} ms  Prometheus {got * 1e3:9.3f} ms  "
               f"bucket {width * 1e3:.3f} ms  (SDK window's buckets through histogram_quantile: "
               f"{same_buckets * 1e3:.3f} ms)")
-        assert abs(got - sdk) <= width, (path, sdk, got, width)   # within the bucket error
+        # histogram_quantile interpolates inside the bucket its rank falls in: its error is that bucket's width
+        # (the SDK's p99 may sit at the edge of the bucket below it)
+        assert abs(got - sdk) <= max(width, bucket_width(got * 1e9)), (path, sdk, got, width)
         # and Prometheus saw exactly the window's bucket counts: its answer is the one they give
         assert got == pytest.approx(same_buckets, rel=1e-3), (path, got, same_buckets)
