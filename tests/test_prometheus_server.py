@@ -25,7 +25,7 @@ pytestmark = pytest.mark.skipif(PROMETHEUS is None, reason="the prometheus serve
 STAGES = ["request", "request/tokenize", "request/attention_mask", "request/forward", "request/pool",
           "request/postprocess"]
 RANGE = 30            # seconds: rate(...[30s])
-LOAD_SECONDS = 16
+LOAD_SECONDS = 12
 TEXTS = [["a short sentence"], ["the quick brown fox jumps over the lazy dog"] * 3,
          ["número 42, café", "tokenization " * 40, "x"], ["one more sentence to embed"] * 8]
 
