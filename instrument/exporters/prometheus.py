@@ -64,7 +64,7 @@ def buckets(s: StageStats) -> List[tuple]:
 def _derived(s: StageStats) -> dict:
     totals = {k: v.get("total") for k, v in s.counters.items()}
     try:
-        return counters.derived(totals, s.wall_total, s.cpu_total)
+        return counters.derived(totals, s.attributed_wall(), s.cpu_total)   # overlapped calls left out
     except Exception:
         return {}
 

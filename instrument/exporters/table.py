@@ -34,7 +34,7 @@ class Column:
 
 def _counter_derived(s: StageStats, key: str):
     totals = {k: v.get("total") for k, v in s.counters.items()}
-    return counters.derived(totals, s.wall_total, s.cpu_total).get(key)
+    return counters.derived(totals, s.attributed_wall(), s.cpu_total).get(key)   # overlapped calls left out
 
 
 def _has_counter(*names: str) -> Callable[[Snapshot], bool]:
