@@ -109,6 +109,15 @@ static void resume(ThreadState *ts, TaskThread *tt, Stack *st, const TaskReading
     st->chg_mark = tt->changes;
 }
 
+/* A frame's own raw readings as a switch reading (the stack around the step leaves or resumes there). */
+static void frame_reading(TaskReading *r, uint32_t ctr_gen, const perf_reading *c, int cpu_src, int64_t cpu) {
+    r->t = now_ns();
+    r->epoch = g_epoch;
+    r->ctr_gen = c ? ctr_gen : 0;
+    if (c) r->c = *c;
+    r->cpu = cpu_src == 1 ? cpu : -1;
+}
+
 static inline void subtract(perf_reading *r, const perf_reading *s) {
     for (int k = 0; k < g_ctr_n; k++) {
         r->value[k] -= s->value[k];
@@ -130,6 +139,12 @@ void tasks_frame_enter(ThreadState *ts, Stack *st, Frame *f) {
     boundary(tt);
     fold(tt, st);
     tt->chain = 0;
+    Stack *o = tt->step_outer;
+    if (o && st->depth == 1 && st != o && !o->suspended && st->owner == tt->step_ctx) {
+        TaskReading r;   /* the step's context opens its first stage: the stage around the step stops here */
+        frame_reading(&r, f->ctr_gen, f->ctr_gen ? &f->c0 : NULL, f->cpu_src, f->cpu0);
+        suspend(ts, tt, o, &r);
+    }
     TaskClock *c = clock_for(st, ts);
     f->taint0 = st->taint;
     if (!c) return;
@@ -146,6 +161,12 @@ int tasks_frame_exit(ThreadState *ts, Stack *st, const Frame *f, perf_reading *c
     boundary(tt);
     fold(tt, st);
     tt->chain = 0;
+    Stack *o = tt->step_outer;
+    if (o && st->depth == 1 && st != o && o->suspended && st->owner == tt->step_ctx) {
+        TaskReading r;   /* its last stage closes: the stage around the step resumes here */
+        frame_reading(&r, f->ctr_gen, c1, f->cpu_src, *cpu1);
+        resume(ts, tt, o, &r);
+    }
     TaskClock *c = clock_for(st, ts);
     if (c) {
         if (c1 && c->s_gen == f->ctr_gen) subtract(c1, &c->s);
@@ -296,12 +317,15 @@ static PyObject *run_step(Runner *self, PyObject *const *args, size_t nargsf, Py
         return PyObject_Vectorcall(self->run, args, nargsf, kwnames);
     }
     g_task_steps++;
-    /* switch in: the running context's stack leaves, the handle's enters; one reading for both */
+    /* switch in: when the handle's context has stages open, the stack around the step (the running context's,
+     * its own or inherited, with its innermost stage on this thread) leaves and the handle's enters, at one
+     * reading; otherwise the one around keeps running until the step opens a stage (tasks_frame_enter) */
     Stack *outer = stack_visible(), *inner = stack_of(ctx);
-    if (outer && (!outer->depth || outer->suspended)) outer = NULL;
+    if (outer && (!outer->depth || outer->suspended || outer->frames[outer->depth - 1].ts_serial != ts->serial))
+        outer = NULL;
     if (inner && !inner->depth) inner = NULL;
     Py_XINCREF(outer);
-    if (outer || inner) {
+    if (inner) {
         TaskReading r;
         if (tt->chain && tt->batch > 0 && tt->last.epoch == g_epoch && tt->last.ctr_gen == (ts->perf_gen == g_ctr_gen ? g_ctr_gen : 0))
             r = tt->last;   /* only the loop's dispatch ran since the last switch-out: it goes to this step */
@@ -311,8 +335,10 @@ static PyObject *run_step(Runner *self, PyObject *const *args, size_t nargsf, Py
         if (inner) resume(ts, tt, inner, &r);
     }
     tt->chain = 0;
-    PyObject *prev = tt->ctx;
-    tt->ctx = ctx;
+    PyObject *prev = tt->ctx, *prev_step_ctx = tt->step_ctx;
+    Stack *prev_outer = tt->step_outer;
+    tt->ctx = tt->step_ctx = ctx;
+    tt->step_outer = outer;
     PyObject *res = PyObject_Vectorcall(self->run, args, nargsf, kwnames);
     /* switch out: the handle's context (its stack may be new) leaves, the outer one resumes */
     PyObject *et, *ev, *tb;
@@ -329,6 +355,8 @@ static PyObject *run_step(Runner *self, PyObject *const *args, size_t nargsf, Py
             tt->chain = 0;
         }
         tt->ctx = prev;
+        tt->step_ctx = prev_step_ctx;
+        tt->step_outer = prev_outer;
     }
     PyErr_Restore(et, ev, tb);
     Py_XDECREF(outer);

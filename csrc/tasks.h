@@ -44,6 +44,8 @@ typedef struct TaskThread {
     uint64_t changes;    /* context changes no switch hook accounted for */
     int32_t batch;       /* loop iterations of a hooked loop open on the thread */
     int chain;           /* `last` is the latest reading and only the loop's dispatch ran since */
+    Stack *step_outer;   /* the stack around the step that runs (held by the runner): it runs while the step's */
+    PyObject *step_ctx;  /* context (borrowed) has no stage open, and is suspended while it has */
     TaskReading last;
 } TaskThread;
 

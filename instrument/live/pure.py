@@ -139,7 +139,7 @@ _threads: "weakref.WeakValueDictionary[int, _ThreadSlots]" = weakref.WeakValueDi
 class _ThreadSlots:
     """One thread's slots; folded into the retired slots when the thread ends."""
     __slots__ = ("stats", "native_id", "perf", "perf_gen", "tok", "changes", "ctx", "batch", "chain", "last",
-                 "__weakref__")
+                 "step_outer", "step_ctx", "__weakref__")
 
     def __init__(self) -> None:
         self.stats: Dict[int, list] = {}
@@ -153,6 +153,8 @@ class _ThreadSlots:
         self.batch = 0
         self.chain = False
         self.last = None
+        self.step_outer = None   # the stack around the running step: it runs while the step's context has no stage open
+        self.step_ctx = None
         self.native_id = threading.get_native_id()
         with _lock:
             _threads[id(self)] = self
@@ -356,11 +358,20 @@ def _less(reading: list, s: list) -> list:
     return [(v - a[0], e - a[1], n - a[2]) for (v, e, n), a in zip(reading, s)]
 
 
+def _frame_reading(f: _Frame, c, cpu: int) -> tuple:
+    """A frame's own raw readings as a switch reading."""
+    return (_perf_ns(), cpu if f.cpu_src == 1 else -1, f.c0[0] if c is not None else 0, _epoch, c)
+
+
 def _task_enter(slots: "_ThreadSlots", st: _Stack, f: _Frame) -> None:
     f.child_susp = f.susp0 = 0
     _boundary(slots)
     _fold(slots, st)
     slots.chain = False
+    o = slots.step_outer
+    if o is not None and len(st.frames) == 1 and st is not o and not o.suspended and st.owner is slots.step_ctx:
+        # the step's context opens its first stage: the stage around the step stops here
+        _suspend(slots, o, _frame_reading(f, None if f.c0 is None else f.c0[1], f.cpu0))
     has = _clock_for(st, slots)
     f.taint0 = st.taint
     if not has:
@@ -379,6 +390,9 @@ def _task_exit(slots: "_ThreadSlots", st: _Stack, f: _Frame, c1, cpu1: int):
     _boundary(slots)
     _fold(slots, st)
     slots.chain = False
+    o = slots.step_outer
+    if o is not None and len(st.frames) == 1 and st is not o and o.suspended and st.owner is slots.step_ctx:
+        _resume(slots, o, _frame_reading(f, c1, cpu1))   # its last stage closes: the stage around the step resumes
     susp = 0
     if _clock_for(st, slots):
         if c1 is not None and st.s is not None and st.s_gen == f.c0[0]:
@@ -620,12 +634,14 @@ def step_runner(run):
             return run(handle)
         slots = _slots()
         _tasks["steps"] += 1
-        outer = _owned.get()    # the running context's stack (own or inherited) leaves, the handle's enters
-        top = _stack.get()
-        if outer is not None and (not outer.frames or outer.suspended or top is None or top.slots is not slots):
+        # when the handle's context has stages open, the stack around the step (the running context's, own or
+        # inherited, with its innermost stage on this thread) leaves and the handle's enters at one reading;
+        # otherwise the one around keeps running until the step opens a stage (_task_enter)
+        outer = _owned.get()
+        if outer is not None and (not outer.frames or outer.suspended or outer.frames[-1].slots is not slots):
             outer = None
         inner = _inner_of(ctx)
-        if outer is not None or inner is not None:
+        if inner is not None:
             last = slots.last
             r = (last if slots.chain and slots.batch > 0 and last is not None and last[3] == _epoch and
                  last[2] == (_ctr_gen if slots.perf_gen == _ctr_gen and _ctr_events else 0) else _take_reading(slots))
@@ -634,8 +650,9 @@ def step_runner(run):
             if inner is not None:
                 _resume(slots, inner, r)
         slots.chain = False
-        prev_ctx, prev_tok = slots.ctx, slots.tok
+        prev = slots.ctx, slots.tok, slots.step_outer, slots.step_ctx
         slots.ctx, slots.tok = ctx, None       # its first boundary is in the context it runs
+        slots.step_outer, slots.step_ctx = outer, ctx
         try:
             return run(handle)
         finally:
@@ -651,7 +668,7 @@ def step_runner(run):
                 slots.chain = True
             else:
                 slots.chain = False
-            slots.ctx, slots.tok = prev_ctx, prev_tok
+            slots.ctx, slots.tok, slots.step_outer, slots.step_ctx = prev
 
     _run.__wrapped__ = run
     return _run
