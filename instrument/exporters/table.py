@@ -163,6 +163,10 @@ def render(snap: Snapshot, sort: str = "tree", depth: Optional[int] = None, fold
         lines.append("(no stages recorded)")
     total = snap.total_ns
     lines.append(f"{len(rows)} stages, {ms(total)} ms in top-level stages")
+    overlapped = sum(s.overlapped_calls for s in rows)
+    if overlapped:
+        lines.append(f"{overlapped} calls overlapped other asyncio tasks on their thread with no task-switch hook: "
+                     "their CPU time and counters are left out (n/a), never summed")
     return "\n".join(lines)
 
 

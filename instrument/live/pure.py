@@ -234,7 +234,7 @@ def _owns(st: _Stack) -> bool:
     """Whether the running context made `st` (its token was created in this very context)."""
     try:
         _owned.reset(st.tok)
-    except (ValueError, RuntimeError):
+    except (ValueError, RuntimeError, TypeError):
         return False
     st.tok = _owned.set(st)
     return True
