@@ -138,7 +138,7 @@ _threads: "weakref.WeakValueDictionary[int, _ThreadSlots]" = weakref.WeakValueDi
 
 class _ThreadSlots:
     """One thread's slots; folded into the retired slots when the thread ends."""
-    __slots__ = ("stats", "native_id", "perf", "perf_gen", "tok", "changes", "ctx", "batch", "chain", "last",
+    __slots__ = ("stats", "native_id", "perf", "perf_gen", "tok", "htok", "changes", "ctx", "batch", "chain", "last",
                  "step_outer", "step_ctx", "__weakref__")
 
     def __init__(self) -> None:
@@ -148,6 +148,7 @@ class _ThreadSlots:
         # asyncio attribution (as csrc/tasks.c): token of the last boundary's context, unhooked context changes,
         # the context the step hook runs, open loop iterations, and whether `last` may serve the next switch
         self.tok = None
+        self.htok = None         # a token made in the context the step hook runs: tells that context from others
         self.changes = 0
         self.ctx = None
         self.batch = 0
@@ -228,6 +229,25 @@ class _Stack:
 _stack: contextvars.ContextVar = contextvars.ContextVar("instrument_stack", default=None)   # innermost frame seen
 _owned: contextvars.ContextVar = contextvars.ContextVar("instrument_owned_stack", default=None)
 _mark: contextvars.ContextVar = contextvars.ContextVar("instrument_context_mark", default=None)
+_hmark: contextvars.ContextVar = contextvars.ContextVar("instrument_hooked_mark", default=None)
+
+
+def _marks() -> tuple:
+    """Run in a handle's context by the step hook: a token of each mark, made in that context."""
+    return _mark.set(None), _hmark.set(None)
+
+
+def _in_hooked(slots: "_ThreadSlots") -> bool:
+    """Whether the running context is the one the step hook runs (not an eager step or a context entered by hand)."""
+    t = slots.htok
+    if t is None:
+        return False
+    try:
+        _hmark.reset(t)
+    except (ValueError, RuntimeError):
+        return False
+    slots.htok = _hmark.set(None)
+    return True
 
 
 def _owns(st: _Stack) -> bool:
@@ -243,9 +263,9 @@ def _owns(st: _Stack) -> bool:
 def _stack_current(slots: "_ThreadSlots") -> _Stack:
     st = _owned.get()
     if st is None or not _owns(st):
-        st = _Stack(slots.ctx)
+        st = _Stack(slots.ctx if slots.ctx is not None and _in_hooked(slots) else None)
         st.tok = _owned.set(st)
-    elif st.owner is not slots.ctx and slots.ctx is not None:
+    elif st.owner is not slots.ctx and slots.ctx is not None and _in_hooked(slots):
         st.owner = slots.ctx      # ran outside the hook until now: what its open stages saw is not attributable
         st.taint += 1
     return st
@@ -614,8 +634,20 @@ def _exit(stage: "Stage", error: bool) -> None:
 
 # the asyncio step hooks (live/tasks.py installs them), as csrc/tasks.c's Runner
 def _inner_of(ctx) -> Optional[_Stack]:
+    """The stack the handle's context owns, with stages open."""
     st = ctx.get(_owned)
-    return st if st is not None and st.owner is ctx and st.frames else None
+    if st is None or not st.frames:
+        return None
+    if st.owner is ctx:
+        return st
+    if st.owner is None:          # made in this context outside the hook (an eager first step, by hand)?
+        try:
+            if ctx.run(_owns, st):
+                st.owner = ctx    # adopted; it was never suspended, so resuming it marks its open stages
+                return st
+        except RuntimeError:
+            pass
+    return None
 
 
 def step_runner(run):
@@ -650,8 +682,12 @@ def step_runner(run):
             if inner is not None:
                 _resume(slots, inner, r)
         slots.chain = False
-        prev = slots.ctx, slots.tok, slots.step_outer, slots.step_ctx
-        slots.ctx, slots.tok = ctx, None       # its first boundary is in the context it runs
+        prev = slots.ctx, slots.tok, slots.htok, slots.step_outer, slots.step_ctx
+        try:
+            slots.tok, slots.htok = ctx.run(_marks)   # boundaries in the step compare with its own context
+        except RuntimeError:
+            slots.tok = slots.htok = None
+        slots.ctx = ctx
         slots.step_outer, slots.step_ctx = outer, ctx
         try:
             return run(handle)
@@ -668,7 +704,7 @@ def step_runner(run):
                 slots.chain = True
             else:
                 slots.chain = False
-            slots.ctx, slots.tok, slots.step_outer, slots.step_ctx = prev
+            slots.ctx, slots.tok, slots.htok, slots.step_outer, slots.step_ctx = prev
 
     _run.__wrapped__ = run
     return _run

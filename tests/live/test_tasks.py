@@ -475,3 +475,22 @@ def test_step_runner_refuses_what_is_not_callable(backend):
         backend.step_runner(3)
     with pytest.raises(TypeError, match="iteration_runner needs the method"):
         backend.iteration_runner(None)
+
+
+@pytest.mark.skipif(not hasattr(asyncio, "eager_task_factory"), reason="eager tasks are Python 3.12+")
+def test_eager_first_steps_are_marked_not_summed(backend):
+    """An eager task's first step runs inside its creator's step, not through Handle._run: what it overlaps
+    is marked on both backends."""
+    async def job():
+        with instrument.stage("job"):
+            spin(500_000)
+            await asyncio.sleep(0.001)
+            spin(500_000)
+
+    async def main():
+        asyncio.get_running_loop().set_task_factory(asyncio.eager_task_factory)
+        await asyncio.gather(*(job() for _ in range(10)))
+
+    asyncio.run(main())
+    j = instrument.snapshot()["job"]
+    assert j.calls == 10 and j.overlapped_calls == 10 and j.cpu_total is None
