@@ -4,6 +4,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "items.h"
 #include "tasks.h"
 
 TraceEvent *g_ring = NULL;
@@ -31,6 +32,7 @@ NodeStats *stats_slot_new(StatsArray *a, int32_t node) {
 }
 
 static int stats_merge(NodeStats *d, const NodeStats *s) {
+    if (s->n_items && items_merge(d, s) < 0) return -1;
     if (!s->calls) return 0;
     d->calls += s->calls;
     d->errors += s->errors;
@@ -60,6 +62,7 @@ void stats_array_clear(StatsArray *a) {
     for (int32_t i = 0; i < a->n; i++) {
         if (a->v[i]) {
             hist_clear(&a->v[i]->h);
+            items_clear(a->v[i]);
             free(a->v[i]->ctr);
             free(a->v[i]);
         }
@@ -71,7 +74,7 @@ void stats_array_clear(StatsArray *a) {
 
 int stats_array_merge(StatsArray *into, const StatsArray *from) {
     for (int32_t i = 0; i < from->n; i++) {
-        if (!from->v[i] || !from->v[i]->calls) continue;
+        if (!from->v[i] || (!from->v[i]->calls && !from->v[i]->n_items)) continue;
         NodeStats *d = stats_get(into, i);
         if (!d || stats_merge(d, from->v[i]) < 0) return -1;
     }

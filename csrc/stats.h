@@ -12,6 +12,8 @@ typedef struct CounterStat {
     uint64_t scaled;           /* calls whose value was scaled for multiplexing */
 } CounterStat;
 
+typedef struct ItemStat ItemStat;   /* items.h */
+
 typedef struct {
     uint64_t calls, errors, cpu_calls;
     int64_t wall_total, wall_self, wall_min, wall_max;
@@ -20,6 +22,8 @@ typedef struct {
     uint64_t overlapped, abandoned;   /* asyncio attribution (tasks.c) */
     int64_t susp_total, susp_self;
     CounterStat *ctr;          /* PERF_MAX_EVENTS entries (g_ctr_n used), allocated on the first counted call */
+    ItemStat *items;           /* instrument.add() totals by item name (items.c); NULL until the first add */
+    int32_t n_items, cap_items;
 } NodeStats;
 
 typedef struct {

@@ -1,5 +1,6 @@
 """Text forms: the per-stage breakdown (an indented tree, one row per stage),
-a before/after diff, the advice, and a stage's torch operators.
+a before/after diff, the advice, a stage's torch operators, and the tail view
+(which stage the slow calls of a root stage lost their time in).
 
 Columns appear when the snapshot has their data (counters, GPU time, verdicts);
 the base set fits an 80-column terminal.  Each renders as a terminal table,
@@ -16,8 +17,9 @@ from typing import Any, Callable, Dict, List, Optional, Sequence
 
 from .. import counters
 from ..analysis.diff import METRICS, Change, Diff, DiffRow
+from ..analysis.tail import TailView, tail
 from ..snapshot import Snapshot, StageStats
-from .format import MINUS, count, human, md, ms, pct, printable, ratio, signed_percent
+from .format import MINUS, count, human, md, ms, pct, per_unit, printable, rate, ratio, signed_percent
 
 SORTS = ("tree", "total", "self", "calls", "p99", "mean", "name", "cpu")
 FORMATS = ("table", "markdown", "csv", "json")
@@ -30,6 +32,7 @@ class Column:
     value: Callable[[Snapshot, StageStats], str]
     raw: Callable[[Snapshot, StageStats], object]
     wants: Callable[[Snapshot], bool] = lambda snap: True
+    base: bool = False     # shown whenever it wants to be, before the optional columns
 
 
 def _counter_derived(s: StageStats, key: str):
@@ -41,16 +44,36 @@ def _has_counter(*names: str) -> Callable[[Snapshot], bool]:
     return lambda snap: any(s.counter(n) is not None for s in snap for n in names)
 
 
+_tail_memo: List[Any] = [None, None]   # the last snapshot asked about and its tail views
+
+
+def _tails(snap: Snapshot) -> Dict[str, TailView]:
+    if _tail_memo[0] is not snap:
+        _tail_memo[:] = [snap, {v.stage[0]: v for v in tail(snap)}]
+    return _tail_memo[1]
+
+
+def tail_share(snap: Snapshot, s: StageStats) -> Optional[float]:
+    """The stage's share (with the stages under it) of its root stage's p99 excess."""
+    v = _tails(snap).get(s.path[0])
+    return v.share(s.path) if v is not None else None
+
+
+def _has_tail(snap: Snapshot) -> bool:
+    return any((v.total_excess_ns or 0) > 0 for v in _tails(snap).values()) if snap.exemplars else False
+
+
 COLUMNS: List[Column] = [
-    Column("calls", 6, lambda n, s: str(s.calls), lambda n, s: s.calls),
-    Column("total ms", 8, lambda n, s: ms(s.wall_total), lambda n, s: s.wall_total),
-    Column("%root", 5, lambda n, s: pct(n.share_of_root(s)), lambda n, s: n.share_of_root(s)),
-    Column("mean", 6, lambda n, s: ms(s.wall_mean), lambda n, s: s.wall_mean),
-    Column("p50", 6, lambda n, s: ms(s.quantile(0.5)), lambda n, s: s.quantile(0.5)),
-    Column("p99", 6, lambda n, s: ms(s.quantile(0.99)), lambda n, s: s.quantile(0.99)),
-    Column("self ms", 7, lambda n, s: ms(s.wall_self), lambda n, s: s.wall_self),
-    Column("CPU ms", 7, lambda n, s: ms(s.cpu_total), lambda n, s: s.cpu_total),
-    Column("C/W", 4, lambda n, s: ratio(s.cpu_ratio), lambda n, s: s.cpu_ratio),
+    Column("calls", 6, lambda n, s: str(s.calls), lambda n, s: s.calls, base=True),
+    Column("total ms", 8, lambda n, s: ms(s.wall_total), lambda n, s: s.wall_total, base=True),
+    Column("%root", 5, lambda n, s: pct(n.share_of_root(s)), lambda n, s: n.share_of_root(s), base=True),
+    Column("tail%", 5, lambda n, s: pct(tail_share(n, s)), lambda n, s: tail_share(n, s), _has_tail, base=True),
+    Column("mean", 6, lambda n, s: ms(s.wall_mean), lambda n, s: s.wall_mean, base=True),
+    Column("p50", 6, lambda n, s: ms(s.quantile(0.5)), lambda n, s: s.quantile(0.5), base=True),
+    Column("p99", 6, lambda n, s: ms(s.quantile(0.99)), lambda n, s: s.quantile(0.99), base=True),
+    Column("self ms", 7, lambda n, s: ms(s.wall_self), lambda n, s: s.wall_self, base=True),
+    Column("CPU ms", 7, lambda n, s: ms(s.cpu_total), lambda n, s: s.cpu_total, base=True),
+    Column("C/W", 4, lambda n, s: ratio(s.cpu_ratio), lambda n, s: s.cpu_ratio, base=True),
     Column("IPC", 5, lambda n, s: ratio(_counter_derived(s, "ipc")), lambda n, s: _counter_derived(s, "ipc"),
            _has_counter("instructions")),
     Column("miss%", 6, lambda n, s: pct(_counter_derived(s, "cache_miss_ratio")),
@@ -69,7 +92,8 @@ COLUMNS: List[Column] = [
     Column("verdict", 14, lambda n, s: (s.verdict or {}).get("verdict", ""), lambda n, s: (s.verdict or {}).get("verdict"),
            lambda snap: any(s.verdict for s in snap)),
 ]
-BASE = 9   # the first nine columns always show
+NAME_MIN = 14          # the stage name column narrows to this before a base column is left out
+DROPPABLE = ("C/W",)  # base columns left out, in this order, when the terminal is too narrow
 
 
 def _sort_key(sort: str):
@@ -105,10 +129,13 @@ def choose_columns(snap: Snapshot, width: Optional[int], names: Optional[Sequenc
         if bad:
             raise ValueError(f"unknown column {', '.join(bad)}; the columns are: {', '.join(c.header for c in COLUMNS)}")
         return [by[n.lower()] for n in names]
-    cols = COLUMNS[:BASE]
-    extra = [c for c in COLUMNS[BASE:] if c.wants(snap)]
+    cols = [c for c in COLUMNS if c.base and c.wants(snap)]
+    extra = [c for c in COLUMNS if not c.base and c.wants(snap)]
     if width is None:
         return cols + extra
+    for name in DROPPABLE:
+        if NAME_MIN + sum(c.width + 1 for c in cols) > width:
+            cols = [c for c in cols if c.header != name]
     used = 16 + sum(c.width + 1 for c in cols)
     for c in extra:
         if used + c.width + 1 <= width:
@@ -117,11 +144,37 @@ def choose_columns(snap: Snapshot, width: Optional[int], names: Optional[Sequenc
     return cols
 
 
+def item_names(snap: Snapshot) -> List[str]:
+    return list(dict.fromkeys(n for s in snap for n in s.items))
+
+
+def item_lines(s: StageStats, indent: str) -> List[str]:
+    """`tokens: 8,000 in 400 adds · 2.51 µs/token · 398k tokens/s` for each item of the stage."""
+    out = []
+    for name, it in s.items.items():
+        line = f"{indent}{printable(name)}: {count(it['total'])} in {count(it['calls'])} add{'s' if it['calls'] != 1 else ''}"
+        if it["total"] and s.wall_total:
+            line += f" · {per_unit(s.per_item_ns(name), name)} · {rate(s.item_rate(name), name)}"
+        out.append(line)
+    return out
+
+
+def _json_row(snap: Snapshot, s: StageStats) -> Dict[str, Any]:
+    d = dict(s.to_dict(), share_of_root=snap.share_of_root(s))
+    if snap.exemplars:
+        d["share_of_tail"] = tail_share(snap, s)
+    for name, it in d.get("items", {}).items():
+        it.update(ns_per_item=s.per_item_ns(name), per_second=s.item_rate(name))
+    return d
+
+
 def render(snap: Snapshot, sort: str = "tree", depth: Optional[int] = None, fold: bool = False,
            format: str = "table", width: Optional[int] = None, columns: Optional[Sequence[str]] = None,
-           title: Optional[str] = None) -> str:
+           title: Optional[str] = None, below: Optional[Callable[[StageStats, str], List[str]]] = None) -> str:
     """The breakdown of `snap`.  width: terminal columns (default: the terminal's,
-    at least 80); extra columns are added while they fit."""
+    at least 80); extra columns are added while they fit.  Under each row (table and
+    markdown) go the stage's items with their per-item cost and rate, or what
+    `below(stage, indent)` returns."""
     if format not in FORMATS:
         raise ValueError(f"format must be one of {', '.join(FORMATS)}, got {format!r}")
     if depth is not None and (not isinstance(depth, int) or depth < 1):
@@ -130,24 +183,31 @@ def render(snap: Snapshot, sort: str = "tree", depth: Optional[int] = None, fold
         snap = snap.fold()
     rows = ordered(snap, sort, depth)
     if format == "json":
-        return json.dumps([dict(s.to_dict(), share_of_root=snap.share_of_root(s)) for s in rows], indent=2)
+        return json.dumps([_json_row(snap, s) for s in rows], indent=2, allow_nan=False)
     if width is None:
         width = max(80, shutil.get_terminal_size((80, 24)).columns) if format == "table" else None
     cols = choose_columns(snap, width, columns)
     if format == "csv":
         buf = io.StringIO()
         w = csv.writer(buf)
-        w.writerow(["path"] + [c.header for c in cols])
+        names = item_names(snap)
+        w.writerow(["path"] + [c.header for c in cols] + [h for n in names for h in (n, f"ns/{n}", f"{n}/s")])
         for s in rows:
-            w.writerow(["/".join(s.path)] + [c.raw(snap, s) for c in cols])
+            w.writerow(["/".join(s.path)] + [c.raw(snap, s) for c in cols]
+                       + [v for n in names for v in (s.item_total(n), s.per_item_ns(n), s.item_rate(n))])
         return buf.getvalue()
+    below = below or item_lines
     if format == "markdown":
         lines = ["| stage | " + " | ".join(c.header for c in cols) + " |",
                  "| --- | " + " | ".join("---:" for _ in cols) + " |"]
+        notes = []
         for s in rows:
             name = "&nbsp;" * (2 * s.depth) + md(s.name)
             lines.append(f"| {name} | " + " | ".join(c.value(snap, s) for c in cols) + " |")
-        return "\n".join(lines)
+            extra = below(s, "    ")
+            if extra:
+                notes += ["", f"**{md('/'.join(s.path))}**", "", "```", *extra, "```"]
+        return "\n".join(lines + notes)
     name_w = max(10, min(40, (width or 80) - sum(c.width + 1 for c in cols)))
     head = f"{'stage':<{name_w}}" + "".join(f" {c.header:>{c.width}}" for c in cols)
     lines = []
@@ -159,6 +219,7 @@ def render(snap: Snapshot, sort: str = "tree", depth: Optional[int] = None, fold
         if len(label) > name_w:
             label = label[: name_w - 1] + "…"
         lines.append(f"{label:<{name_w}}" + "".join(f" {c.value(snap, s):>{c.width}}" for c in cols))
+        lines += below(s, "  " * (s.depth + 2))
     if not rows:
         lines.append("(no stages recorded)")
     total = snap.total_ns
@@ -195,26 +256,62 @@ def ops_lines(ops: Any, indent: str) -> List[str]:
 
 def render_with_ops(snap: Snapshot, sort: str = "tree", depth: Optional[int] = None, fold: bool = False,
                     format: str = "table", width: Optional[int] = None) -> str:
-    """The breakdown with each stage's torch operators under its row (table and markdown)."""
-    text = render(snap, sort=sort, depth=depth, fold=fold, format=format, width=width)
-    if format in ("csv", "json"):   # json rows carry `ops` already
-        return text
-    view = snap.fold() if fold else snap
-    rows = ordered(view, sort, depth)
-    if format == "markdown":
-        extra = []
-        for s in rows:
-            lines = ops_lines(s.ops, "    ")
-            if lines:
-                extra += ["", f"**{md('/'.join(s.path))}**", "", "```", *lines, "```"]
-        return text + ("\n" + "\n".join(extra) if extra else "")
-    lines = text.split("\n")
-    head, body, tail = lines[:2], lines[2:2 + len(rows)], lines[2 + len(rows):]
-    out = head
-    for s, line in zip(rows, body):
-        out.append(line)
-        out += ops_lines(s.ops, "  " * (s.depth + 2))
-    return "\n".join(out + tail)
+    """The breakdown with each stage's items and torch operators under its row (table and markdown)."""
+    return render(snap, sort=sort, depth=depth, fold=fold, format=format, width=width,
+                  below=lambda s, indent: item_lines(s, indent) + ops_lines(s.ops, indent))
+
+
+# ------------------------------------------------------------------------ tail
+TAIL_FORMATS = ("table", "markdown", "json")
+
+
+def _q(q: float) -> str:
+    return f"p{q * 100:g}".replace(".", "")
+
+
+def render_tail(views: Sequence[TailView], format: str = "table", limit: Optional[int] = 12) -> str:
+    """Per root stage: how much more time each stage took in the calls above the
+    quantile ("slow ms": their mean self time) than in a typical call, as time and as
+    share of the excess, largest first.
+    JSON: one object per root stage, a list when there are several."""
+    if format not in TAIL_FORMATS:
+        raise ValueError(f"format must be one of {', '.join(TAIL_FORMATS)}, got {format!r}")
+    if format == "json":
+        objs = [{k: v for k, v in t.to_dict().items()} for t in views]
+        return json.dumps(objs[0] if len(objs) == 1 else objs, indent=2, allow_nan=False)
+    if not views:
+        return ("No exemplars in this snapshot: record with the `exemplars` option above 0 (the default is 32) "
+                "to see which stage slow calls lose their time in.")
+    out: List[str] = []
+    for v in views:
+        q = _q(v.quantile)
+        root = "/".join(printable(p) for p in v.stage)
+        head = (f"Tail of {root}: {v.calls:,} calls, p50 {human(v.p50_ns)}, p99 {human(v.p99_ns)}; "
+                f"{v.slow_calls} kept call{'s' if v.slow_calls != 1 else ''} at or above {q} ({human(v.threshold_ns)}), "
+                f"mean {human(v.slow_mean_ns)}")
+        if v.typical_mean_ns is not None:
+            head += (f", against a typical call (mean of the middle half of {v.typical_calls} sampled) of "
+                     f"{human(v.typical_mean_ns)}: {human(v.total_excess_ns)} more")
+        rows = v.excess[:limit] if limit else v.excess
+        cells = [["/".join(printable(p) for p in e.path), ms(e.slow_ns), ms(e.typical_ns),
+                  ("+" if e.ns > 0 else MINUS if e.ns < 0 else "") + ms(abs(e.ns)), pct(e.share)] for e in rows]
+        hdr = ["stage", "slow ms", "typical ms", "excess ms", "share%"]
+        if format == "markdown":
+            out += [f"**{md(head)}**", "", "| " + " | ".join(hdr) + " |", "| --- | ---: | ---: | ---: | ---: |"]
+            out += ["| " + " | ".join([md(c[0])] + c[1:]) + " |" for c in cells]
+            out.append("")
+            continue
+        w0 = min(48, max([len(hdr[0])] + [len(c[0]) for c in cells]))
+        widths = [w0] + [max(len(hdr[i]), *(len(c[i]) for c in cells)) if cells else len(hdr[i]) for i in range(1, 5)]
+
+        def line(c):
+            first = c[0] if len(c[0]) <= w0 else c[0][: w0 - 1] + "…"
+            return f"{first:<{w0}}" + "".join(f" {x:>{w}}" for x, w in zip(c[1:], widths[1:]))
+        out += [head, "", line(hdr), "-" * (sum(widths) + 4)] + [line(c) for c in cells]
+        if len(v.excess) > len(rows):
+            out.append(f"({len(v.excess) - len(rows)} more stages)")
+        out.append("")
+    return "\n".join(out).rstrip("\n")
 
 
 # ---------------------------------------------------------------------- advice
