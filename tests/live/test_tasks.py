@@ -40,6 +40,14 @@ def cpu_sum(snap):
     return sum(s.cpu_self for s in snap if s.cpu_self is not None)
 
 
+def charged_as_measured(charged, mine, spare):
+    """A stage's CPU time against the task's own measurement of its work: never less than 90 % of it, and no
+    more than it plus 10 % or plus `spare`, the thread CPU the tasks did not measure themselves (asyncio's
+    step machinery and the SDK's own boundaries, which run inside the stages and take longer on a loaded
+    machine); CPU charged to the wrong stage shows as a shortfall in the stage it belongs to."""
+    return 0.9 * mine <= charged <= mine + max(0.10 * mine, spare)
+
+
 @pytest.mark.parametrize("counters", ["default", "none"])   # CPU time from task-clock, or from the thread CPU clock
 def test_issue_workload_each_task_is_charged_its_own_cpu(backend, counters):
     instrument.configure(counters=counters)
@@ -120,9 +128,10 @@ def test_200_tasks_random_spins_and_awaits_match_their_own_measurements(backend)
     thread = time.thread_time_ns() - t0
     snap = instrument.snapshot()
     assert len(truth) >= 5
+    spare = thread - sum(truth.values())
     for path, mine in truth.items():
         s = snap[path]
-        assert abs(s.cpu_self - mine) <= 0.10 * mine, (path, s.cpu_self, mine)
+        assert charged_as_measured(s.cpu_self, mine, spare), (path, s.cpu_self, mine, spare)
         assert s.overlapped_calls == 0
     assert cpu_sum(snap) <= thread
 
@@ -203,8 +212,9 @@ def test_cancellation_exceptions_and_tasks_that_never_finish_lose_nothing(backen
     w, c, h = snap["loop/main/work"], snap["loop/main/cancelled"], snap["loop/main/hang"]
     assert (w.calls, w.errors) == (30, 10) and (c.calls, c.errors) == (20, 20)
     assert h.calls == h.abandoned_calls == 10          # recorded up to the tasks' last step when they were destroyed
+    spare = thread - sum(spins.values())
     for s, name in ((w, "work"), (c, "cancelled"), (h, "hang")):
-        assert abs(s.cpu_self - spins[name]) <= 0.10 * spins[name], (name, s.cpu_self, spins[name])
+        assert charged_as_measured(s.cpu_self, spins[name], spare), (name, s.cpu_self, spins[name], spare)
     total = cpu_sum(snap)
     assert abs(total - thread) <= 0.02 * thread, (total, thread)
     assert snap.meta["tasks"]["abandoned_calls"] >= 10
