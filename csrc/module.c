@@ -15,6 +15,7 @@
 #include "stats.h"
 #include "threads.h"
 #include "types.h"
+#include "tasks.h"
 
 static PyObject *g_stage_cache = NULL;   /* name -> Stage */
 
@@ -153,6 +154,7 @@ static PyObject *mod_collect(PyObject *m, PyObject *unused) {
             "cpu_calls", (unsigned long long)s->cpu_calls, "cpu_total", (long long)s->cpu_total,
             "cpu_self", (long long)s->cpu_self, "hist", h);
         if (t && PyDict_SetItemString(t, "counters", ctr) < 0) Py_CLEAR(t);
+        if (t && tasks_collect_stats(t, s) < 0) Py_CLEAR(t);
         Py_DECREF(ctr);
         PyObject *items = t ? items_to_list(s) : NULL;
         if (t && (!items || PyDict_SetItemString(t, "items", items) < 0)) Py_CLEAR(t);
@@ -192,6 +194,7 @@ static PyObject *mod_collect(PyObject *m, PyObject *unused) {
         if (!x || PyDict_SetItemString(res, "counter_open", x) < 0) Py_CLEAR(res);
         Py_XDECREF(x);
     }
+    if (res && tasks_collect(res) < 0) Py_CLEAR(res);
 done:
     stats_array_clear(&all);
     Py_XDECREF(nodes);
@@ -275,7 +278,7 @@ PyMODINIT_FUNC PyInit__native(void) {
     if (!m) return NULL;
     g_stage_cache = PyDict_New();
     g_warn_once = PySet_New(NULL);
-    if (nvtx_add_functions(m) < 0 || perf_add_types(m) < 0) return NULL;
+    if (nvtx_add_functions(m) < 0 || perf_add_types(m) < 0 || tasks_add_functions(m) < 0) return NULL;
     if (!g_stage_cache || !g_warn_once) return NULL;
     if (nodes_init() < 0) return NULL;   /* node 0 is the root */
     Py_INCREF(&Stage_Type);

@@ -19,6 +19,8 @@ typedef struct {
     int64_t wall_total, wall_self, wall_min, wall_max;
     int64_t cpu_total, cpu_self;
     hist h;
+    uint64_t overlapped, abandoned;   /* asyncio attribution (tasks.c) */
+    int64_t susp_total, susp_self;
     CounterStat *ctr;          /* PERF_MAX_EVENTS entries (g_ctr_n used), allocated on the first counted call */
     ItemStat *items;           /* instrument.add() totals by item name (items.c); NULL until the first add */
     int32_t n_items, cap_items;

@@ -2,6 +2,8 @@
  * ending thread's slots are folded into g_retired. */
 #include "threads.h"
 
+#include "tasks.h"
+
 ThreadState *g_threads = NULL;
 _Thread_local ThreadState *tls_ts = NULL;
 StatsArray g_retired = {NULL, 0};
@@ -10,6 +12,7 @@ static PyObject *g_ts_key = NULL;        /* the thread dict entry that owns the 
 
 static void ThreadState_dealloc(ThreadState *ts) {
     /* Runs on the ending thread when its thread dict is cleared: fold its slots. */
+    tasks_thread_free(ts);
     if (stats_array_merge(&g_retired, &ts->stats) < 0) g_internal++;
     stats_array_clear(&ts->stats);
     if (ts->perf_gen) perf_set_close(&ts->perf);
@@ -41,6 +44,7 @@ ThreadState *ts_create(void) {
     ts->stats.v = NULL;
     ts->stats.n = 0;
     ts->perf_gen = 0;
+    ts->tasks = NULL;
     static uint64_t next_serial = 0;
     ts->serial = ++next_serial;
     ts->native_id = PyThread_get_thread_native_id();

@@ -12,6 +12,7 @@ typedef struct ThreadState {
     uint32_t perf_gen;           /* g_ctr_gen the set was opened for; 0 = not open */
     uint64_t serial;             /* unique per thread state: addresses are reused after a thread ends */
     unsigned long native_id;
+    struct TaskThread *tasks;    /* asyncio attribution (tasks.c), allocated on first use */
     struct ThreadState *prev, *next;
 } ThreadState;
 

@@ -11,10 +11,11 @@
 #include "threads.h"
 #include "hist.h"
 #include "nvtx_emit.h"
+#include "tasks.h"
 #include "exemplars.h"
 #include "rootexit.h"
 
-static PyObject *g_stack_var = NULL;         /* context variable holding the Stack */
+PyObject *g_stack_var = NULL;                /* context variable holding the Stack */
 static PyObject *g_get_running_loop = NULL;  /* asyncio.events._get_running_loop, once asyncio is imported */
 
 /* ------------------------------------------------------------- stack type */
@@ -32,6 +33,7 @@ static int Stack_clear(Stack *st) {
 
 static void Stack_dealloc(Stack *st) {
     PyObject_GC_UnTrack(st);
+    tasks_stack_free(st);   /* a context that died with stages open: recorded as abandoned */
     if (st->xm) xm_stack_gone(st);
     g_open_frames -= st->depth;
     for (int32_t i = 0; i < st->depth; i++) {
@@ -74,7 +76,8 @@ Stack *stack_current(int create) {
     ns->depth = 0;
     ns->cap = 0;
     ns->frames = NULL;
-    ns->xm = NULL;
+    ns->suspended = 0, ns->taint = ns->chg_mark = 0, ns->clk = NULL;   /* tasks.c */
+    ns->xm = NULL;                                                      /* exemplars.c */
     PyObject_GC_Track(ns);
     PyObject *tok = PyContextVar_Set(g_stack_var, (PyObject *)ns);
     Py_DECREF(ns);
@@ -193,6 +196,7 @@ static void stage_enter(Stage *self) {
         }
     }
     if (f->cpu_src == 0 && g_cpu_clock && (f->cpu0 = thread_cpu_ns()) >= 0) f->cpu_src = 1;
+    tasks_frame_enter(ts, st, f);   /* readings relative to this context's task (tasks.c) */
     if (g_xm_k) xm_enter(st, f);   /* exemplars: a root stage starts its call's breakdown (exemplars.c) */
     f->t0 = now_ns();
 }
@@ -226,6 +230,9 @@ static void stage_exit(Stage *self, int error) {
     /* CPU time only from the clock cpu0 came from, on the thread that read it */
     if (fp->cpu_src == 2 && have_ctr && c1.running[g_ctr_taskclock]) cpu1 = (int64_t)c1.value[g_ctr_taskclock];
     else if (fp->cpu_src == 1 && same_thread) cpu1 = thread_cpu_ns();
+    int64_t susp = 0;   /* asyncio: task-relative readings, time suspended, overlap with other tasks (tasks.c) */
+    int overlapped = tasks_frame_exit(ts, st, fp, have_ctr ? &c1 : NULL, &cpu1, &susp);
+    if (overlapped) cpu1 = -1, have_ctr = 0;
     double cval[PERF_MAX_EVENTS];
     uint64_t cen[PERF_MAX_EVENTS], crun[PERF_MAX_EVENTS];
     if (have_ctr) {
@@ -256,6 +263,7 @@ static void stage_exit(Stage *self, int error) {
     if (i > 0) {
         Frame *p = &st->frames[i - 1];
         p->child_wall += wall;
+        p->child_susp += susp;
         if (cpu >= 0) p->child_cpu += cpu;
         if (have_ctr && p->ctr_gen == f.ctr_gen)
             for (int k = 0; k < g_ctr_n; k++) if (cval[k] >= 0) p->child_c[k] += cval[k];
@@ -277,6 +285,7 @@ static void stage_exit(Stage *self, int error) {
                 s->cpu_self += self_cpu > 0 ? self_cpu : 0;
             }
             if (hist_add(&s->h, wall > 0 ? (uint64_t)wall : 0) < 0) g_internal++;
+            tasks_record(s, &f, susp, overlapped);
             if (have_ctr && (s->ctr || (s->ctr = calloc(PERF_MAX_EVENTS, sizeof(CounterStat))))) {
                 for (int k = 0; k < g_ctr_n; k++) {
                     if (cval[k] < 0) continue;

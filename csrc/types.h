@@ -30,6 +30,8 @@ typedef struct {
     perf_reading c0;
     double child_c[PERF_MAX_EVENTS];
     int64_t child_wall, child_cpu;
+    uint64_t taint0;     /* the stack's taint at entry (tasks.c): changed at exit = overlapped */
+    int64_t susp0, child_susp;   /* the stack's suspended time at entry; that of closed children */
 } Frame;
 
 typedef struct {
@@ -39,12 +41,16 @@ typedef struct {
     uint32_t base_gen;   /* g_node_gen when base was taken */
     int32_t depth, cap;
     Frame *frames;
+    int suspended;       /* asyncio attribution (tasks.c): left by a task switch, not resumed yet */
+    uint64_t taint, chg_mark;
+    struct TaskClock *clk;
     struct XmCall *xm;   /* the root call open in this stack, for its exemplar (exemplars.c) */
 } Stack;
 
 #pragma GCC visibility push(hidden)
 
 extern PyTypeObject Stage_Type, Region_Type;
+extern PyObject *g_stack_var;               /* context variable holding the Stack */
 
 int types_init(void);                       /* readies the types; 0, or -1 with an exception */
 int check_name(PyObject *name);             /* 0, or -1 with the exception a bad stage name raises */

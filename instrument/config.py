@@ -157,6 +157,10 @@ OPTIONS: Tuple[Option, ...] = (
            "perf_event counters per stage: default, none, or a comma list of names / r<hex> raw codes"),
     Option("cpu_clock", "INSTRUMENT_CPU_CLOCK", True, _bool,
            "read the thread CPU clock at stage boundaries when no task-clock counter gives CPU time"),
+    Option("task_attribution", "INSTRUMENT_TASK_ATTRIBUTION", True, _bool,
+           "charge CPU time and counters inside asyncio tasks to each task's own stages (a hook on asyncio's task "
+           "steps); off: a call that overlaps other tasks on its thread keeps its wall time, its CPU time and counters "
+           "are left out (cpu_ns.overlapped_calls)"),
     Option("max_stages", "INSTRUMENT_MAX_STAGES", 10000, _int(1, 10_000_000),
            "distinct stage nodes kept; more are folded into '(other)'"),
     Option("trace_events", "INSTRUMENT_TRACE_EVENTS", 0, _int(0, 100_000_000),

@@ -53,6 +53,13 @@ class StageStats:
     ops: Optional[Mapping[str, Any]] = None
     other: bool = False
     verdict: Optional[Mapping[str, Any]] = None
+    # asyncio attribution: calls whose CPU time and counters were left out because they overlapped other tasks on
+    # their thread with no switch hook to tell them apart; calls whose context died with the stage open (recorded up
+    # to the task's last step); wall time the task was suspended inside the stage (total, and outside child stages)
+    overlapped_calls: int = 0
+    abandoned_calls: int = 0
+    suspended_total: int = 0
+    suspended_self: int = 0
     items: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)   # {name: {"total", "calls"}}
 
     @property
@@ -85,6 +92,22 @@ class StageStats:
     @property
     def cpu_ns(self) -> Dict[str, Any]:
         return {"total": self.cpu_total, "self": self.cpu_self, "calls": self.cpu_calls}
+
+    def attributed_wall(self, wall: Optional[int] = None) -> Optional[float]:
+        """Wall time (default: total) scaled to the calls whose CPU time and counters could be attributed
+        (overlapped calls left out), for ratios of counters to wall time."""
+        wall = self.wall_total if wall is None else wall
+        if not self.calls or self.overlapped_calls >= self.calls:
+            return None
+        return wall * (self.calls - self.overlapped_calls) / self.calls if self.overlapped_calls else wall
+
+    @property
+    def suspended_share(self) -> Optional[float]:
+        """Share of the stage's own wall time its task spent suspended (awaiting), over the attributed calls."""
+        wall = self.attributed_wall(self.wall_self if self.wall_self else self.wall_total)
+        if not wall:
+            return None
+        return min(1.0, self.suspended_self / wall)
 
     @property
     def cpu_ratio(self) -> Optional[float]:
@@ -125,6 +148,12 @@ class StageStats:
         }
         if self.other:
             d["other"] = True
+        if self.overlapped_calls:
+            d["cpu_ns"]["overlapped_calls"] = self.overlapped_calls
+        if self.suspended_total:
+            d["suspended_ns"] = {"total": self.suspended_total, "self": self.suspended_self}
+        if self.abandoned_calls:
+            d["abandoned_calls"] = self.abandoned_calls
         if self.gpu is not None:
             d["gpu"] = dict(self.gpu)
         if self.ops is not None:
@@ -159,7 +188,11 @@ class StageStats:
                        hist=_hist.from_pairs(h.get("buckets", [])),
                        counters={k: dict(v) for k, v in (d.get("counters") or {}).items()},
                        gpu=d.get("gpu"), ops=d.get("ops"), other=bool(d.get("other", False)),
-                       verdict=d.get("verdict"), items=_items_from(path, d.get("items")))
+                       verdict=d.get("verdict"), overlapped_calls=int(c.get("overlapped_calls", 0)),
+                       abandoned_calls=int(d.get("abandoned_calls", 0)),
+                       suspended_total=int((d.get("suspended_ns") or {}).get("total", 0)),
+                       suspended_self=int((d.get("suspended_ns") or {}).get("self", 0)),
+                       items=_items_from(path, d.get("items")))
         except SnapshotError:
             raise
         except (KeyError, TypeError, ValueError, AttributeError) as e:
@@ -230,7 +263,11 @@ def merge_stage(a: StageStats, b: StageStats) -> StageStats:
                    wall_max=mx(a.wall_max, b.wall_max), cpu_total=_add(a.cpu_total, b.cpu_total),
                    cpu_self=_add(a.cpu_self, b.cpu_self), cpu_calls=a.cpu_calls + b.cpu_calls,
                    hist=_hist.merge(a.hist, b.hist), counters=merge_counters(a.counters, b.counters),
-                   gpu=gpu, ops=ops, other=a.other or b.other, verdict=None, items=merge_items(a.items, b.items))
+                   gpu=gpu, ops=ops, other=a.other or b.other, verdict=None,
+                   overlapped_calls=a.overlapped_calls + b.overlapped_calls,
+                   abandoned_calls=a.abandoned_calls + b.abandoned_calls,
+                   suspended_total=a.suspended_total + b.suspended_total,
+                   suspended_self=a.suspended_self + b.suspended_self, items=merge_items(a.items, b.items))
 
 
 def gpu_fields(total: int, samples: int, dropped: int, errors: int, lo: Optional[int], hi: Optional[int],
@@ -366,7 +403,11 @@ def since_stage(a: StageStats, b: StageStats) -> StageStats:
                    cpu_total=_sub(a.cpu_total, b.cpu_total) if cpu_calls else None,
                    cpu_self=_sub(a.cpu_self, b.cpu_self) if cpu_calls else None, cpu_calls=cpu_calls, hist=h,
                    counters=_since_counters(a.counters, b.counters), gpu=_since_gpu(a.gpu, b.gpu),
-                   ops=_since_ops(a.ops, b.ops), verdict=None, items=_since_items(a.path, a.items, b.items))
+                   ops=_since_ops(a.ops, b.ops), verdict=None,
+                   overlapped_calls=a.overlapped_calls - b.overlapped_calls,
+                   abandoned_calls=a.abandoned_calls - b.abandoned_calls,
+                   suspended_total=a.suspended_total - b.suspended_total,
+                   suspended_self=a.suspended_self - b.suspended_self, items=_since_items(a.path, a.items, b.items))
 
 
 # ------------------------------------------------------------------ exemplars

@@ -1,11 +1,13 @@
 """The C hot path's paths, exercised for `valgrind --tool=memcheck` (see .ci/run)."""
 import asyncio
+import logging
 import threading
 import warnings
 
 import instrument
 
 warnings.simplefilter("ignore")
+logging.getLogger("asyncio").disabled = True   # tasks destroyed while pending, on purpose
 instrument.configure(counters=["task-clock", "page-faults"], trace_events=64, max_stages=40)
 
 
@@ -48,6 +50,39 @@ async def main():
     await asyncio.gather(*(task(i) for i in range(50)))
 
 asyncio.run(main())
+
+
+# asyncio attribution (csrc/tasks.c): a loop inside a stage, cancelled and never-finishing tasks, the fallback
+async def hang():
+    with instrument.stage("hang"):
+        await asyncio.Event().wait()
+
+
+async def doomed():
+    with instrument.stage("doomed"):
+        await asyncio.sleep(10)
+
+
+async def main2():
+    with instrument.stage("main2"):
+        hs = [asyncio.ensure_future(hang()) for _ in range(5)]
+        ds = [asyncio.ensure_future(doomed()) for _ in range(5)]
+        await asyncio.gather(*(task(i) for i in range(20)))
+        for d in ds:
+            d.cancel()
+        await asyncio.gather(*ds, return_exceptions=True)
+        del hs
+
+loop = asyncio.new_event_loop()
+with instrument.stage("loop"):
+    loop.run_until_complete(main2())
+loop.close()
+del loop
+import gc  # noqa: E402
+gc.collect()
+instrument.configure(task_attribution=False)
+asyncio.run(main())
+instrument.configure(task_attribution=True)
 a, b = instrument.stage("a"), instrument.stage("b")
 a.__enter__(); b.__enter__(); a.__exit__(None, None, None); b.__exit__(None, None, None)
 b.__exit__(None, None, None)
@@ -55,7 +90,8 @@ for i in range(100):
     with instrument.stage(f"n{i}"):
         pass
 snap = instrument.snapshot()
-assert snap["req"].calls == 800 and snap["task"].calls == 50
+assert snap["req"].calls == 800 and snap["task"].calls == 100 and snap["loop/main2/task"].calls == 20
+assert snap["loop/main2/hang"].abandoned_calls == 5 and snap["loop/main2/doomed"].errors == 5
 assert snap["req"].items["requests"]["total"] == 800 and snap.exemplars
 instrument.configure(exemplars=2)      # the stores are dropped and rebuilt with K = 2
 for i in range(50):

@@ -154,6 +154,33 @@ def test_since_is_exactly_the_window(tmp_path):
         b.since(Snapshot([], dict(meta, start_time=1.5)))
 
 
+def test_task_attribution_fields_round_trip_merge_and_window(tmp_path):
+    """overlapped, abandoned and suspended time survive save/load, add up in a merge and subtract in a window;
+    ratios to wall time leave the overlapped calls out."""
+    from dataclasses import replace
+
+    from tests.snapfactory import snap, st
+    a = replace(st("req", 10, 1_000_000, cpu_ns=4_000_000), cpu_calls=8, overlapped_calls=2, abandoned_calls=1,
+                suspended_total=3_000_000, suspended_self=2_000_000)
+    s1 = snap(a)
+    path = tmp_path / "s.json"
+    s1.save(path)
+    d = Snapshot.load(path)["req"]
+    assert (d.overlapped_calls, d.abandoned_calls, d.suspended_total, d.suspended_self) == (2, 1, 3_000_000, 2_000_000)
+    raw = s1.to_dict()["stages"][0]
+    assert raw["cpu_ns"]["overlapped_calls"] == 2 and raw["suspended_ns"] == {"total": 3_000_000, "self": 2_000_000}
+    assert "suspended_ns" not in snap(st("plain", 1, 5)).to_dict()["stages"][0]      # absent when 0
+    assert a.attributed_wall() == 10_000_000 * 8 / 10
+    assert abs(a.suspended_share - 2_000_000 / 8_000_000) < 1e-9
+    m = s1.merge(snap(a, pid=1001))["req"]
+    assert (m.overlapped_calls, m.abandoned_calls, m.suspended_total, m.suspended_self) == (4, 2, 6_000_000, 4_000_000)
+    later = replace(a, calls=20, wall_total=20_000_000, wall_self=20_000_000, cpu_calls=16, overlapped_calls=5,
+                    suspended_total=7_000_000, suspended_self=5_000_000,
+                    hist={k: 2 * v for k, v in a.hist.items()})
+    w = snap(later).since(s1)["req"]
+    assert (w.calls, w.overlapped_calls, w.suspended_total, w.suspended_self) == (10, 3, 4_000_000, 3_000_000)
+
+
 def test_since_of_a_live_process_is_exactly_the_interval(backend):
     """Two snapshots of this process: the window has the calls made between them, its percentiles those of
     the durations the trace ring recorded for that interval (within the histogram's error)."""

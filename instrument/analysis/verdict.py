@@ -6,12 +6,14 @@ thresholds passed in, else those recorded in the snapshot's `meta.verdict_thresh
 
 - gpu-bound   GPU time / wall >= verdict_gpu_share
 - gpu-sync    the profile shows the host blocked in CUDA synchronisation
-- waiting     CPU / wall < verdict_wait_cpu and no GPU time explains it
+- waiting     CPU / wall < verdict_wait_cpu and no GPU time explains it, or its asyncio task was suspended
+              (awaiting) for at least 1 - verdict_wait_cpu of the stage's own time
 - memory-bound  cache-miss ratio > verdict_miss_ratio or MPKI > verdict_mpki, with IPC < verdict_low_ipc
               ("memory-bound?" when the misses are high but IPC is unknown)
 - compute-bound CPU / wall >= verdict_compute_cpu (and IPC >= verdict_low_ipc where measured)
 - mixed       CPU / wall in between
-- unknown     no CPU time and no GPU time were measured
+- unknown     no CPU time and no GPU time were measured (also when every call overlapped other tasks on its
+              thread with no task-switch hook: their CPU time and counters are left out, never summed)
 
 A verdict never claims more than its numbers: `evidence` holds them, and
 `limited_by` names the counters that were missing and would sharpen it.
@@ -55,6 +57,11 @@ def judge(s: StageStats, th: Mapping[str, float]) -> Dict[str, Any]:
     """The verdict of one stage: {"verdict", "reason", "evidence", "limited_by"}."""
     wall = s.wall_self if s.wall_self else s.wall_total
     ev: Dict[str, Any] = {"self_ms": round(wall / 1e6, 3)}
+    if s.overlapped_calls:
+        ev["overlapped_calls"] = s.overlapped_calls
+    suspended = s.suspended_share if s.suspended_self else None
+    if suspended is not None:
+        ev["suspended_share"] = round(suspended, 3)
     cpu_ratio = None
     if s.cpu_self is not None and s.cpu_calls and wall:
         measured_wall = wall * s.cpu_calls / s.calls if s.calls else wall
@@ -86,7 +93,15 @@ def judge(s: StageStats, th: Mapping[str, float]) -> Dict[str, Any]:
         return out("gpu-bound", f"GPU time is {gpu_share:.0%} of wall time")
     if sync is not None and sync >= 0.5:
         return out("gpu-sync", f"{sync:.0%} of the stage's CPU time is spent in CUDA synchronisation")
+    if suspended is not None and suspended >= 1 - th["wait_cpu"]:
+        why = f"its task was suspended (awaiting) {suspended:.0%} of the stage's own time"
+        if cpu_ratio is not None:
+            why += f"; CPU/wall {cpu_ratio:.2f}"
+        return out("waiting", why)
     if cpu_ratio is None and gpu_share is None:
+        if s.overlapped_calls:
+            return out("unknown", f"{s.overlapped_calls} of {s.calls} calls overlapped other tasks on their thread with "
+                       "no task-switch hook to tell them apart: their CPU time and counters are left out")
         return out("unknown", "no CPU or GPU time was measured for this stage")
     if cpu_ratio is not None and cpu_ratio < th["wait_cpu"]:
         why = f"CPU/wall {cpu_ratio:.2f}: the thread was off the CPU (I/O, locks, sleep or waiting on the device)"

@@ -37,7 +37,7 @@ class Column:
 
 def _counter_derived(s: StageStats, key: str):
     totals = {k: v.get("total") for k, v in s.counters.items()}
-    return counters.derived(totals, s.wall_total, s.cpu_total).get(key)
+    return counters.derived(totals, s.attributed_wall(), s.cpu_total).get(key)   # overlapped calls left out
 
 
 def _has_counter(*names: str) -> Callable[[Snapshot], bool]:
@@ -224,6 +224,10 @@ def render(snap: Snapshot, sort: str = "tree", depth: Optional[int] = None, fold
         lines.append("(no stages recorded)")
     total = snap.total_ns
     lines.append(f"{len(rows)} stages, {ms(total)} ms in top-level stages")
+    overlapped = sum(s.overlapped_calls for s in rows)
+    if overlapped:
+        lines.append(f"{overlapped} calls overlapped other asyncio tasks on their thread with no task-switch hook: "
+                     "their CPU time and counters are left out (n/a), never summed")
     return "\n".join(lines)
 
 

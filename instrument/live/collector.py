@@ -19,7 +19,7 @@ from .. import counters
 from .._version import __version__
 from ..snapshot import Snapshot, StageStats
 from . import backend as _backend
-from . import integrations, nvtx, perf, torchwatch
+from . import integrations, nvtx, perf, tasks, torchwatch
 
 backend = _backend.current   # the hot path reads this global; _on_backend_switch keeps it current
 
@@ -60,6 +60,10 @@ def _apply(cfg: _config.Config, explicit_counters: bool = False) -> None:
     backend.configure(enabled=cfg.enabled, cpu_clock=cfg.cpu_clock, max_stages=cfg.max_stages,
                       trace_events=cfg.trace_events, nvtx=cfg.nvtx, exemplars=cfg.exemplars)
     _apply_counters(cfg.counters, explicit_counters)
+    try:
+        tasks.apply(cfg.task_attribution, backend)
+    except Exception as e:  # attribution must never stop the configuration; overlapped calls are then marked
+        warnings.warn(f"instrument: asyncio attribution: {e}", RuntimeWarning, stacklevel=3)
     try:
         torchwatch.on_configure(cfg)
     except Exception as e:  # an integration must never stop the configuration
@@ -262,6 +266,7 @@ def _meta(raw: Dict[str, Any]) -> Dict[str, Any]:
         "exemplars": dict(zip(("k", "bytes", "call_bytes"), (_config_now.exemplars, *raw.get("exemplar_bytes", (0, 0))))),
         "counters": _counter_meta(raw),
         "nvtx": {"emitter": nvtx.backend(), "domain": _config_now.nvtx_domain if _config_now.nvtx else None},
+        "tasks": tasks.status(raw.get("tasks")),
     }
     for integ in integrations.registered():
         try:
@@ -325,13 +330,16 @@ def snapshot(finish: bool = True) -> Snapshot:
             continue
         path = paths[s["node"]]
         cpu_ok = s["cpu_calls"] > 0
+        overlapped, abandoned, susp_total, susp_self = s.get("tasks") or (0, 0, 0, 0)
         stages.append(StageStats(
             path=path, calls=s["calls"], errors=s["errors"], wall_total=s["wall_total"], wall_self=s["wall_self"],
             wall_min=s["wall_min"] if s["calls"] else None, wall_max=s["wall_max"] if s["calls"] else None,
             cpu_total=s["cpu_total"] if cpu_ok else None, cpu_self=s["cpu_self"] if cpu_ok else None,
             cpu_calls=s["cpu_calls"], hist=dict(s["hist"]),
             counters=_counter_dict(_counter_names, s.get("counters") or []),
-            other=s["node"] in others, items=_items(s.get("items")), **extra.pop(path, {})))
+            other=s["node"] in others, overlapped_calls=overlapped, abandoned_calls=abandoned,
+            suspended_total=susp_total, suspended_self=susp_self, items=_items(s.get("items")),
+            **extra.pop(path, {})))
     for path, fields in extra.items():   # stages only an integration saw (e.g. GPU time of a still-open stage)
         stages.append(StageStats(path, 0, 0, 0, 0, None, None, None, None, 0, {}, **fields))
     events = [{"path": list(paths[e[0]]), "tid": e[1], "ts_ns": e[2] - _start_clock, "dur_ns": e[3],

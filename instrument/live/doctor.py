@@ -8,9 +8,11 @@ import os
 import platform
 import shutil
 
-from . import backend, collector, nvtx, perf, torch_profiler
+from . import backend, collector, nvtx, perf, tasks, torch_profiler
 
 __all__ = ["collect", "format_text"]
+
+MECHANISM_SHORT = tasks.MECHANISM
 
 CAP_SYS_ADMIN, CAP_PERFMON = 21, 38
 _PMU_DIR = "/sys/bus/event_source/devices"
@@ -73,7 +75,7 @@ def collect(events=None):
         "rdpmc_sysfs": rdpmc_sysfs,
         "perf_binary": shutil.which("perf"),
         "events": {}, "exclude_kernel": None, "rdpmc": None, "backend": None, "probe_error": None,
-        "nvtx": None, "torch": None, "cuda": None,
+        "nvtx": None, "torch": None, "cuda": None, "tasks": None,
     }
     try:
         d.update(perf.probe(events))
@@ -91,6 +93,7 @@ def _integrations():
     cfg = collector.current_config()
     out["nvtx"] = {"emitter": nvtx.backend(), "enabled": bool(cfg.nvtx), "domain": cfg.nvtx_domain,
                    "tool": os.environ.get("NVTX_INJECTION64_PATH") or None}
+    out["tasks"] = tasks.status()
     if importlib.util.find_spec("torch") is None:
         out["torch"] = {"installed": False, "reason": "torch is not installed: profiler and GPU integration are off"}
         out["cuda"] = {"available": False, "reason": "needs torch"}
@@ -139,6 +142,15 @@ def format_text(d):
         lines.append("NVTX              %s, emitter %s, domain %r, tool %s" % (
             "on" if nv.get("enabled") else "off (the nvtx option)", nv.get("emitter"), nv.get("domain"),
             nv.get("tool") or "none attached (ranges cost a null check; run under nsys to record them)"))
+    tk = d.get("tasks") or {}
+    if tk:
+        lines.append("asyncio           %s" % (
+            "CPU time and counters per task (%s; Python %s); %s" % (tk.get("mechanism"), tk.get("python"),
+                                                                    "uvloop and hand-entered contexts: overlapped calls marked")
+            if tk.get("installed") else
+            "overlapped calls marked, their CPU time and counters left out (%s)" % tk.get("reason")
+            if tk.get("reason") != "asyncio not imported yet" else
+            "CPU time and counters per task once asyncio is imported (%s; Python %s)" % (MECHANISM_SHORT, tk.get("python"))))
     if tc:
         lines.append("torch             %s" % (("%s" % tc.get("version")) if tc.get("installed") and tc.get("version")
                                                else tc.get("reason")))

@@ -47,6 +47,7 @@ _lock = threading.RLock()         # guards node creation, thread registry, foldi
 _warned: set = set()
 _counts = {"unmatched_exits": 0, "out_of_order_exits": 0, "cross_thread_exits": 0, "internal_failures": 0,
            "folded_calls": 0}
+_tasks = {"steps": 0, "switch_reads": 0, "unhooked_changes": 0, "overlapped_calls": 0, "abandoned_calls": 0}
 
 # nodes: id -> (parent, name, other); (parent, name) -> id.  Node 0 is the root.
 _nodes: List[tuple] = [(-1, None, 0)]
@@ -126,15 +127,15 @@ def _node_child(parent: int, name: str) -> int:
 
 # ----------------------------------------------------------- per-thread slots
 # slot: [calls, errors, cpu_calls, wall_total, wall_self, wall_min, wall_max, cpu_total, cpu_self, hist, counters,
-#        items]
+#        overlapped, abandoned, suspended_total, suspended_self, items]
 # counters: None or a list per event of [total, self, enabled, running, counted, scaled]
 # items: {name: [int_total, float_total, calls, float_calls]}
 def _new_slot() -> list:
-    return [0, 0, 0, 0, 0, sys.maxsize, 0, 0, 0, {}, None, {}]
+    return [0, 0, 0, 0, 0, sys.maxsize, 0, 0, 0, {}, None, 0, 0, 0, 0, {}]
 
 
 def _merge_slot(d: list, s: list) -> None:
-    for k in (0, 1, 2, 3, 4, 7, 8):
+    for k in (0, 1, 2, 3, 4, 7, 8, 11, 12, 13, 14):
         d[k] += s[k]
     d[5] = min(d[5], s[5])
     d[6] = max(d[6], s[6])
@@ -147,8 +148,8 @@ def _merge_slot(d: list, s: list) -> None:
         for dc, sc in zip(d[10], s[10]):
             for k in range(6):
                 dc[k] += sc[k]
-    for name, v in s[11].items():
-        it = _item_slot(d[11], name)
+    for name, v in s[15].items():
+        it = _item_slot(d[15], name)
         for k in range(4):
             it[k] += v[k]
 
@@ -170,12 +171,24 @@ _threads: "weakref.WeakValueDictionary[int, _ThreadSlots]" = weakref.WeakValueDi
 
 class _ThreadSlots:
     """One thread's slots; folded into the retired slots when the thread ends."""
-    __slots__ = ("stats", "native_id", "perf", "perf_gen", "__weakref__")
+    __slots__ = ("stats", "native_id", "perf", "perf_gen", "tok", "htok", "changes", "ctx", "batch", "chain", "last",
+                 "step_outer", "step_ctx", "__weakref__")
 
     def __init__(self) -> None:
         self.stats: Dict[int, list] = {}
         self.perf = None
         self.perf_gen = 0
+        # asyncio attribution (as csrc/tasks.c): token of the last boundary's context, unhooked context changes,
+        # the context the step hook runs, open loop iterations, and whether `last` may serve the next switch
+        self.tok = None
+        self.htok = None         # a token made in the context the step hook runs: tells that context from others
+        self.changes = 0
+        self.ctx = None
+        self.batch = 0
+        self.chain = False
+        self.last = None
+        self.step_outer = None   # the stack around the running step: it runs while the step's context has no stage open
+        self.step_ctx = None
         self.native_id = threading.get_native_id()
         with _lock:
             _threads[id(self)] = self
@@ -210,17 +223,86 @@ def _slots() -> _ThreadSlots:
 # ----------------------------------------------------------------- the stack
 class _Frame:
     __slots__ = ("stage", "node", "parent", "slots", "epoch", "t0", "cpu0", "child_wall", "child_cpu", "hook",
-                 "nvtx", "nvtx_id", "c0", "child_c", "gen", "cpu_src", "open", "xm", "xm_child")
+                 "nvtx", "nvtx_id", "c0", "child_c", "gen", "cpu_src", "taint0", "susp0", "child_susp",
+                 "xm", "xm_child")
+
+
+class _Stack:
+    """A context's open stages and task clock, as csrc/types.c's Stack and csrc/tasks.c keep them.
+
+    The clock sums what the thread's readings advanced while the context was suspended by the step hook, so
+    readings taken in it are task-relative.  A context owns the stack it made (checked with the token of the
+    context variable that holds it: a copied context sees its parent's stack but cannot exit its stages)."""
+    __slots__ = ("frames", "tok", "owner", "suspended", "taint", "chg_mark", "clk", "s_wall", "s_cpu", "s_gen", "s",
+                 "out", "__weakref__")
+
+    def __init__(self, owner) -> None:
+        self.frames: List[_Frame] = []
+        self.tok = None
+        self.owner = owner         # the context the step hook ran it in (None: made outside a hooked step)
+        self.suspended = False
+        self.taint = self.chg_mark = 0
+        self.clk = None            # (thread slots, epoch) the sums are of; None: none yet
+        self.s_wall = self.s_cpu = self.s_gen = 0
+        self.s: Optional[list] = None
+        self.out = None
 
     def __del__(self) -> None:
-        # a frame whose context died before it exited (an abandoned task) no longer holds the node table,
-        # as the C backend's stack does when it is freed
+        # the context died with stages open (a task destroyed while pending): each is recorded up to the task's
+        # last switch, and no longer holds the node table
         global _open
         try:
-            if self.open:
-                _open -= 1
-        except AttributeError:
+            frames, self.frames = self.frames, []
+            _open -= len(frames)
+            for i in range(len(frames) - 1, -1, -1):
+                _abandon(self, frames, i)
+        except Exception:
             pass
+
+
+_stack: contextvars.ContextVar = contextvars.ContextVar("instrument_stack", default=None)   # innermost frame seen
+_owned: contextvars.ContextVar = contextvars.ContextVar("instrument_owned_stack", default=None)
+_mark: contextvars.ContextVar = contextvars.ContextVar("instrument_context_mark", default=None)
+_hmark: contextvars.ContextVar = contextvars.ContextVar("instrument_hooked_mark", default=None)
+
+
+def _marks() -> tuple:
+    """Run in a handle's context by the step hook: a token of each mark, made in that context."""
+    return _mark.set(None), _hmark.set(None)
+
+
+def _in_hooked(slots: "_ThreadSlots") -> bool:
+    """Whether the running context is the one the step hook runs (not an eager step or a context entered by hand)."""
+    t = slots.htok
+    if t is None:
+        return False
+    try:
+        _hmark.reset(t)
+    except (ValueError, RuntimeError):
+        return False
+    slots.htok = _hmark.set(None)
+    return True
+
+
+def _owns(st: _Stack) -> bool:
+    """Whether the running context made `st` (its token was created in this very context)."""
+    try:
+        _owned.reset(st.tok)
+    except (ValueError, RuntimeError, TypeError):
+        return False
+    st.tok = _owned.set(st)
+    return True
+
+
+def _stack_current(slots: "_ThreadSlots") -> _Stack:
+    st = _owned.get()
+    if st is None or not _owns(st):
+        st = _Stack(slots.ctx if slots.ctx is not None and _in_hooked(slots) else None)
+        st.tok = _owned.set(st)
+    elif st.owner is not slots.ctx and slots.ctx is not None and _in_hooked(slots):
+        st.owner = slots.ctx      # ran outside the hook until now: what its open stages saw is not attributable
+        st.taint += 1
+    return st
 
 
 def _counters(slots: "_ThreadSlots"):
@@ -247,29 +329,253 @@ def _in_event_loop() -> bool:
     return _loop() is not None
 
 
-_stack: contextvars.ContextVar = contextvars.ContextVar("instrument_stack", default=None)
+# ------------------------------------------------------ asyncio attribution
+def _boundary(slots: "_ThreadSlots") -> None:
+    """A stage boundary in another context than the last one, with no hook to account for it, counts a change."""
+    t = slots.tok
+    if t is not None:
+        try:
+            _mark.reset(t)
+        except ValueError:          # the token was made in another context
+            slots.changes += 1
+            _tasks["unhooked_changes"] += 1
+        except RuntimeError:
+            pass
+    slots.tok = _mark.set(None)
+
+
+def _fold(slots: "_ThreadSlots", st: _Stack) -> None:
+    if not st.suspended and st.chg_mark != slots.changes:   # changes while it ran taint its open stages
+        st.taint += 1
+        st.chg_mark = slots.changes
+
+
+def _take_reading(slots: "_ThreadSlots") -> tuple:
+    ctr, gen, cpu = None, 0, -1
+    if _ctr_events and slots.perf is not None and slots.perf_gen == _ctr_gen:
+        ctr, gen = slots.perf.read(), _ctr_gen
+    if _cpu_clock and not (gen and _ctr_taskclock >= 0 and ctr[_ctr_taskclock][2]):
+        cpu = _thread_ns()
+    _tasks["switch_reads"] += 1
+    return (_perf_ns(), cpu, gen, _epoch, ctr)
+
+
+def _clock_reset(st: _Stack, slots: "_ThreadSlots") -> None:
+    st.clk = (slots, _epoch)
+    st.s_wall = st.s_cpu = st.s_gen = 0
+    st.s = st.out = None
+
+
+def _clock_for(st: _Stack, slots: "_ThreadSlots") -> bool:
+    if st.clk is None:
+        return False
+    if st.clk[0] is not slots or st.clk[1] != _epoch:
+        _clock_reset(st, slots)   # another thread, or a forked child: older frames are not comparable anyway
+        st.taint += 1
+    return True
+
+
+def _suspend(slots: "_ThreadSlots", st: _Stack, r: tuple) -> None:
+    _fold(slots, st)
+    if st.clk is None or st.clk[0] is not slots or st.clk[1] != _epoch:
+        _clock_reset(st, slots)
+    st.out = r
+    st.suspended = True
+
+
+def _resume(slots: "_ThreadSlots", st: _Stack, r: tuple) -> None:
+    clk, out = st.clk, st.out
+    if not st.suspended or clk is None or clk[0] is not slots or clk[1] != _epoch or out is None or out[3] != r[3]:
+        st.taint += 1             # it ran where no hook saw it leave, or elsewhere
+        if clk is not None and (clk[0] is not slots or clk[1] != _epoch):
+            _clock_reset(st, slots)
+    else:
+        st.s_wall += r[0] - out[0]
+        if out[1] >= 0 and r[1] >= 0:
+            st.s_cpu += r[1] - out[1]
+        elif (out[1] >= 0) != (r[1] >= 0):
+            st.taint += 1
+        if out[2] and out[2] == r[2]:
+            if st.s_gen != r[2] or st.s is None:
+                st.s, st.s_gen = [[0, 0, 0] for _ in r[4]], r[2]
+            for acc, (v0, e0, n0), (v1, e1, n1) in zip(st.s, out[4], r[4]):
+                acc[0] += v1 - v0
+                acc[1] += e1 - e0
+                acc[2] += n1 - n0
+        elif out[2] != r[2]:
+            st.taint += 1
+    st.suspended = False
+    st.chg_mark = slots.changes
+
+
+def _less(reading: list, s: list) -> list:
+    return [(v - a[0], e - a[1], n - a[2]) for (v, e, n), a in zip(reading, s)]
+
+
+def _frame_reading(f: _Frame, c, cpu: int) -> tuple:
+    """A frame's own raw readings as a switch reading."""
+    return (_perf_ns(), cpu if f.cpu_src == 1 else -1, f.c0[0] if c is not None else 0, _epoch, c)
+
+
+def _task_enter(slots: "_ThreadSlots", st: _Stack, f: _Frame) -> None:
+    f.child_susp = f.susp0 = 0
+    _boundary(slots)
+    _fold(slots, st)
+    slots.chain = False
+    o = slots.step_outer
+    if o is not None and len(st.frames) == 1 and st is not o and not o.suspended and st.owner is slots.step_ctx:
+        # the step's context opens its first stage: the stage around the step stops here
+        _suspend(slots, o, _frame_reading(f, None if f.c0 is None else f.c0[1], f.cpu0))
+    has = _clock_for(st, slots)
+    f.taint0 = st.taint
+    if not has:
+        return
+    f.susp0 = st.s_wall
+    if f.c0 is not None and st.s is not None and st.s_gen == f.c0[0]:
+        f.c0 = (f.c0[0], _less(f.c0[1], st.s))
+    if f.cpu_src == 2:
+        f.cpu0 = f.c0[1][_ctr_taskclock][0]
+    elif f.cpu_src == 1:
+        f.cpu0 -= st.s_cpu
+
+
+def _task_exit(slots: "_ThreadSlots", st: _Stack, f: _Frame, c1, cpu1: int):
+    """(c1, cpu1, suspended ns, overlapped) with the readings made task-relative."""
+    _boundary(slots)
+    _fold(slots, st)
+    slots.chain = False
+    o = slots.step_outer
+    if o is not None and len(st.frames) == 1 and st is not o and o.suspended and st.owner is slots.step_ctx:
+        _resume(slots, o, _frame_reading(f, c1, cpu1))   # its last stage closes: the stage around the step resumes
+    susp = 0
+    if _clock_for(st, slots):
+        if c1 is not None and st.s is not None and st.s_gen == f.c0[0]:
+            c1 = _less(c1, st.s)
+        if cpu1 >= 0:
+            if f.cpu_src == 2 and c1 is not None:
+                cpu1 = c1[_ctr_taskclock][0]
+            elif f.cpu_src == 1:
+                cpu1 -= st.s_cpu
+        susp = max(st.s_wall - f.susp0, 0)
+    over = st.taint != f.taint0
+    if over:
+        _tasks["overlapped_calls"] += 1
+    return c1, cpu1, susp, over
+
+
+def _deltas(c0: list, c1: list) -> list:
+    out = []
+    for (v0, e0, r0), (v1, e1, r1) in zip(c0, c1):
+        de, dr = e1 - e0, r1 - r0
+        # multiplexed: scale by enabled/running; never ran: no value (not 0)
+        out.append((None if dr == 0 else float(v1 - v0) if dr == de else (v1 - v0) * (de / dr), de, dr))
+    return out
+
+
+def _record(slots: "_ThreadSlots", st: _Stack, f: _Frame, p: Optional[_Frame], wall: int, cpu: int, cvals,
+            susp: int, over: bool, error: bool, abandoned: bool) -> None:
+    """One finished call of f (p: the frame below it in its stack) into the thread's slots."""
+    global _ring_next, _ring_total
+    if p is not None:
+        p.child_wall += wall
+        p.child_susp += susp
+        if cpu >= 0:
+            p.child_cpu += cpu
+        if cvals is not None and p.c0 is not None and p.c0[0] == f.c0[0]:
+            for k, (v, _, _) in enumerate(cvals):
+                if v is not None:
+                    p.child_c[k] += v
+    if f.epoch != _epoch:
+        return
+    s = slots.stats.get(f.node)
+    if s is None:
+        s = slots.stats[f.node] = _new_slot()
+    s[0] += 1
+    if error:
+        s[1] += 1
+    s[3] += wall
+    s[4] += max(wall - f.child_wall, 0)
+    if wall < s[5]:
+        s[5] = wall
+    if wall > s[6]:
+        s[6] = wall
+    if cpu >= 0:
+        s[2] += 1
+        s[7] += cpu
+        s[8] += max(cpu - f.child_cpu, 0)
+    i = _hist.index(wall)
+    h = s[9]
+    h[i] = h.get(i, 0) + 1
+    s[11] += over
+    s[12] += abandoned
+    s[13] += susp
+    s[14] += max(susp - f.child_susp, 0)
+    if cvals is not None:
+        if s[10] is None:
+            s[10] = [[0.0, 0.0, 0, 0, 0, 0] for _ in cvals]
+        for k, (v, de, dr) in enumerate(cvals):
+            if v is None:
+                continue
+            c = s[10][k]
+            c[0] += v
+            c[1] += max(v - f.child_c[k], 0.0)
+            c[2] += de
+            c[3] += dr
+            c[4] += 1
+            c[5] += dr != de
+    if _ring and not abandoned:
+        _ring[_ring_next] = (f.node, slots.native_id, f.t0, wall, f.cpu0 if cpu >= 0 else -1, cpu)
+        _ring_next = (_ring_next + 1) % len(_ring)
+        _ring_total += 1
+
+
+def _abandon(st: _Stack, frames: List[_Frame], i: int) -> None:
+    """frames[i] of a stack whose context died: a call that ended at the context's last task switch."""
+    slots = getattr(_local, "slots", None)   # never made here: this may run during finalisation
+    f = frames[i]
+    if slots is None or f.epoch != _epoch:
+        return
+    out = st.out
+    known = st.suspended and st.clk is not None and st.clk[1] == _epoch and out is not None
+    wall = max((out[0] if known else _perf_ns()) - f.t0, 0)
+    susp = max(st.s_wall - f.susp0, 0) if known else 0
+    attributable = known and st.taint == f.taint0 and f.slots is st.clk[0]
+    cpu, cvals = -1, None
+    if attributable and f.c0 is not None and f.c0[0] == _ctr_gen and out[2] == f.c0[0]:
+        c1 = _less(out[4], st.s) if st.s is not None and st.s_gen == f.c0[0] else out[4]
+        cvals = _deltas(f.c0[1], c1)
+        if f.cpu_src == 2:
+            cpu = c1[_ctr_taskclock][0] - f.cpu0
+    if attributable and f.cpu_src == 1 and out[1] >= 0 and f.cpu0 >= 0:
+        cpu = out[1] - st.s_cpu - f.cpu0
+    _tasks["abandoned_calls"] += 1
+    _record(slots, st, f, frames[i - 1] if i > 0 else None, wall, max(cpu, -1), cvals, susp,
+            known and not attributable, False, True)
 
 
 def _enter(stage: "Stage") -> None:
     if not _enabled:
         return
     try:
+        slots = _slots()
+        st = _stack_current(slots)
         parent = _stack.get()
         f = _Frame()
         f.stage = stage
         f.parent = parent
         f.node = _node_child(parent.node if parent is not None and parent.gen == _node_gen else 0, stage.name)
         f.gen = _node_gen
-        f.slots = _slots()
+        f.slots = slots
         f.epoch = _epoch
         f.child_wall = f.child_cpu = 0
         f.hook = None
         f.xm, f.xm_child = None, 0
         f.nvtx, f.c0, f.cpu0, f.cpu_src, f.t0 = 0, None, -1, 0, _perf_ns()
+        f.taint0 = f.susp0 = f.child_susp = 0
         _stack.set(f)   # before the hook, as in the C backend: current_path() includes this stage
+        st.frames.append(f)
         global _open
         _open += 1
-        f.open = True
         if _hook_enter is not None:
             try:
                 f.hook = _hook_enter(stage.name)
@@ -288,6 +594,7 @@ def _enter(stage: "Stage") -> None:
                 f.cpu0, f.cpu_src = f.c0[1][_ctr_taskclock][0], 2
         if f.cpu_src == 0 and _cpu_clock:
             f.cpu0, f.cpu_src = _thread_ns(), 1
+        _task_enter(slots, st, f)   # readings relative to this context's task
         if _xm_k:
             _xm_enter(f, parent)
         f.t0 = _perf_ns()
@@ -296,13 +603,16 @@ def _enter(stage: "Stage") -> None:
 
 
 def _exit(stage: "Stage", error: bool) -> None:
-    global _ring_next, _ring_total
     t1 = _perf_ns()
     top = _stack.get()
-    f, above = top, None
-    while f is not None and f.stage is not stage:
-        above, f = f, f.parent
-    if f is None:
+    st = _owned.get()
+    i = -1
+    if st is not None and st.frames and _owns(st):   # only the context that entered a stage can exit it
+        frames = st.frames
+        i = len(frames) - 1
+        while i >= 0 and frames[i].stage is not stage:
+            i -= 1
+    if i < 0:
         if _enabled:
             _counts["unmatched_exits"] += 1
             _warn_once("unmatched", f"instrument: stage {stage.name!r} exited on a different thread or task than it was "
@@ -310,80 +620,43 @@ def _exit(stage: "Stage", error: bool) -> None:
         return
     global _open
     _open -= 1
-    f.open = False
+    f = frames[i]
     try:
         slots = _slots()
-        cvals = None
-        cpu = -1
+        cvals, cpu, c1 = None, -1, None
         if f.c0 is not None and f.c0[0] == _ctr_gen and f.slots is slots and slots.perf_gen == _ctr_gen:
             c1 = slots.perf.read()
-            cvals = []
-            for (v0, e0, r0), (v1, e1, r1) in zip(f.c0[1], c1):
-                de, dr = e1 - e0, r1 - r0
-                # multiplexed: scale by enabled/running; never ran: no value (not 0)
-                cvals.append((None if dr == 0 else float(v1 - v0) if dr == de else (v1 - v0) * (de / dr), de, dr))
             if f.cpu_src == 2 and c1[_ctr_taskclock][2]:
-                cpu = c1[_ctr_taskclock][0] - f.cpu0
+                cpu = c1[_ctr_taskclock][0]
         if f.cpu_src == 1 and f.slots is slots:   # CPU time only from the clock cpu0 came from
-            cpu = _thread_ns() - f.cpu0
-        if above is None:
+            cpu = _thread_ns()
+        c1, cpu, susp, over = _task_exit(slots, st, f, c1, cpu)
+        if over:
+            c1, cpu = None, -1
+        if c1 is not None:
+            cvals = _deltas(f.c0[1], c1)
+        if cpu >= 0 and f.cpu0 >= 0:
+            cpu -= f.cpu0
+        else:
+            cpu = -1
+        del frames[i]
+        if i == len(frames):
             _stack.set(f.parent)
         else:
             _counts["out_of_order_exits"] += 1
             _warn_once("order", f"instrument: stage {stage.name!r} exited while an inner stage was still open; both "
                        "are kept and recorded as they close")
-            above.parent = f.parent
+            above = top
+            while above is not None and above.parent is not f:
+                above = above.parent
+            if above is not None:
+                above.parent = f.parent
         if f.slots is not slots:
             _counts["cross_thread_exits"] += 1
             _warn_once("thread", f"instrument: stage {stage.name!r} was exited on another thread than it was entered "
                        "on; its CPU time is not recorded for that call")
         wall = t1 - f.t0
-        p = f.parent
-        if p is not None:
-            p.child_wall += wall
-            if cpu >= 0:
-                p.child_cpu += cpu
-            if cvals is not None and p.c0 is not None and p.c0[0] == f.c0[0]:
-                for k, (v, _, _) in enumerate(cvals):
-                    if v is not None:
-                        p.child_c[k] += v
-        if f.epoch == _epoch:
-            s = slots.stats.get(f.node)
-            if s is None:
-                s = slots.stats[f.node] = _new_slot()
-            s[0] += 1
-            if error:
-                s[1] += 1
-            s[3] += wall
-            s[4] += max(wall - f.child_wall, 0)
-            if wall < s[5]:
-                s[5] = wall
-            if wall > s[6]:
-                s[6] = wall
-            if cpu >= 0:
-                s[2] += 1
-                s[7] += cpu
-                s[8] += max(cpu - f.child_cpu, 0)
-            i = _hist.index(wall)
-            h = s[9]
-            h[i] = h.get(i, 0) + 1
-            if cvals is not None:
-                if s[10] is None:
-                    s[10] = [[0.0, 0.0, 0, 0, 0, 0] for _ in cvals]
-                for k, (v, de, dr) in enumerate(cvals):
-                    if v is None:
-                        continue
-                    c = s[10][k]
-                    c[0] += v
-                    c[1] += max(v - f.child_c[k], 0.0)
-                    c[2] += de
-                    c[3] += dr
-                    c[4] += 1
-                    c[5] += dr != de
-            if _ring:
-                _ring[_ring_next] = (f.node, slots.native_id, f.t0, wall, f.cpu0 if cpu >= 0 else -1, cpu)
-                _ring_next = (_ring_next + 1) % len(_ring)
-                _ring_total += 1
+        _record(slots, st, f, frames[i - 1] if i > 0 else None, wall, cpu, cvals, susp, over, error, False)
         if f.xm is not None and f.xm.open:
             _xm_exit(f, wall, slots)
         if f.hook is not None and _hook_exit is not None:
@@ -488,7 +761,7 @@ def _xm_offer(root: int, seq: int, wall: int, t0: int, tid: int, parts: dict) ->
         (heapq.heappush if len(slow) < k else heapq.heapreplace)(slow, x)
     if len(res) < k:
         res.append(x)
-    elif j < k:
+    elif j < k:                     # as the C store: the reservoir never holds more than K calls
         res[j] = x
 
 
@@ -571,13 +844,113 @@ def add(name: str, value: Any = 1) -> None:
         s = stats.get(node)
         if s is None:
             s = stats[node] = _new_slot()
-        it = _item_slot(s[11], str(name))
+        it = _item_slot(s[15], str(name))
         it[0] += n
         it[1] += x
         it[2] += 1
         it[3] += fl
     except Exception:
         _internal_failure("add")
+
+
+
+# the asyncio step hooks (live/tasks.py installs them), as csrc/tasks.c's Runner
+def _inner_of(ctx) -> Optional[_Stack]:
+    """The stack the handle's context owns, with stages open."""
+    st = ctx.get(_owned)
+    if st is None or not st.frames:
+        return None
+    if st.owner is ctx:
+        return st
+    if st.owner is None:          # made in this context outside the hook (an eager first step, by hand)?
+        try:
+            if ctx.run(_owns, st):
+                st.owner = ctx    # adopted; it was never suspended, so resuming it marks its open stages
+                return st
+        except RuntimeError:
+            pass
+    return None
+
+
+def step_runner(run):
+    """A stand-in for asyncio.events.Handle._run that charges each task step to its context."""
+    if not callable(run):
+        raise TypeError(f"step_runner needs the method it stands in for, not {type(run).__name__}")
+
+    def _run(handle):
+        if not _enabled:
+            return run(handle)
+        try:
+            ctx = handle._context
+            if not isinstance(ctx, contextvars.Context):
+                return run(handle)
+        except AttributeError:
+            return run(handle)
+        slots = _slots()
+        _tasks["steps"] += 1
+        # when the handle's context has stages open, the stack around the step (the running context's, own or
+        # inherited, with its innermost stage on this thread) leaves and the handle's enters at one reading;
+        # otherwise the one around keeps running until the step opens a stage (_task_enter)
+        outer = _owned.get()
+        if outer is not None and (not outer.frames or outer.suspended or outer.frames[-1].slots is not slots):
+            outer = None
+        inner = _inner_of(ctx)
+        if inner is not None:
+            last = slots.last
+            r = (last if slots.chain and slots.batch > 0 and last is not None and last[3] == _epoch and
+                 last[2] == (_ctr_gen if slots.perf_gen == _ctr_gen and _ctr_events else 0) else _take_reading(slots))
+            if outer is not None:
+                _suspend(slots, outer, r)
+            if inner is not None:
+                _resume(slots, inner, r)
+        slots.chain = False
+        prev = slots.ctx, slots.tok, slots.htok, slots.step_outer, slots.step_ctx
+        try:
+            slots.tok, slots.htok = ctx.run(_marks)   # boundaries in the step compare with its own context
+        except RuntimeError:
+            slots.tok = slots.htok = None
+        slots.ctx = ctx
+        slots.step_outer, slots.step_ctx = outer, ctx
+        try:
+            return run(handle)
+        finally:
+            inner = _inner_of(ctx)
+            if inner is not None and inner.suspended:
+                inner = None
+            if inner is not None or (outer is not None and outer.suspended):
+                slots.last = r = _take_reading(slots)
+                if inner is not None:
+                    _suspend(slots, inner, r)
+                if outer is not None and outer.suspended:
+                    _resume(slots, outer, r)
+                slots.chain = True
+            else:
+                slots.chain = False
+            slots.ctx, slots.tok, slots.htok, slots.step_outer, slots.step_ctx = prev
+
+    _run.__wrapped__ = run
+    return _run
+
+
+def iteration_runner(run):
+    """A stand-in for BaseEventLoop._run_once: readings are never carried across its wait for events."""
+    if not callable(run):
+        raise TypeError(f"iteration_runner needs the method it stands in for, not {type(run).__name__}")
+
+    def _run_once(loop):
+        if not _enabled:
+            return run(loop)
+        slots = _slots()
+        slots.chain = False
+        slots.batch += 1
+        try:
+            return run(loop)
+        finally:
+            slots.batch -= 1
+            slots.chain = False
+
+    _run_once.__wrapped__ = run
+    return _run_once
 
 
 class Stage:
@@ -721,15 +1094,15 @@ def collect() -> Dict[str, Any]:
                 if d is None:
                     d = merged[nid] = _new_slot()
                 _merge_slot(d, [s[0], s[1], s[2], s[3], s[4], s[5], s[6], s[7], s[8], dict(s[9]),
-                                None if s[10] is None else [list(c) for c in s[10]],
-                                {k: list(v) for k, v in s[11].items()}])
+                                None if s[10] is None else [list(c) for c in s[10]], s[11], s[12], s[13], s[14],
+                                {k: list(v) for k, v in s[15].items()}])
         nodes = [(i, p, n, o) for i, (p, n, o) in enumerate(_nodes) if i > 0]
         threads = len(_threads)
     stats = [{"node": nid, "calls": s[0], "errors": s[1], "wall_total": s[3], "wall_self": s[4], "wall_min": s[5],
               "wall_max": s[6], "cpu_calls": s[2], "cpu_total": s[7], "cpu_self": s[8], "hist": sorted(s[9].items()),
               "counters": [tuple(c) for c in s[10]] if s[10] is not None else [],
-              "items": [(k, v[0], v[1], v[2], v[3]) for k, v in s[11].items()]}
-             for nid, s in sorted(merged.items()) if s[0] or s[11]]
+              "tasks": (s[11], s[12], s[13], s[14]), "items": [(k, v[0], v[1], v[2], v[3]) for k, v in s[15].items()]}
+             for nid, s in sorted(merged.items()) if s[0] or s[15]]
     n = min(_ring_total, len(_ring))
     start = 0 if _ring_total < len(_ring) else _ring_next
     events = [_ring[(start + k) % len(_ring)] for k in range(n)]
@@ -737,7 +1110,8 @@ def collect() -> Dict[str, Any]:
     if _ctr_first is not None:
         res["counter_open"] = {"exclude_kernel": _ctr_first["exclude_kernel"], "rdpmc": False}
     return dict(res, nodes=nodes, stats=stats, events=events, events_dropped=_ring_total - n, max_stages=_max_nodes,
-                threads=threads, clock_ns=_perf_ns(), exemplars=_xm_collect(), exemplar_bytes=_xm_bytes(), **_counts)
+                threads=threads, clock_ns=_perf_ns(), tasks=dict(_tasks), exemplars=_xm_collect(),
+                exemplar_bytes=_xm_bytes(), **_counts)
 
 
 def _zero() -> None:

@@ -216,7 +216,9 @@ def test_region_on_generator_times_each_resumption(backend):
     # four items plus the final StopIteration resumption; the consumer's own stage never nests under gen
     assert p[("consumer", "gen")].calls == 5
     assert ("consumer", "use") in p and ("consumer", "gen", "use") not in p
-    assert p[("consumer", "gen")].wall_total < p[("consumer", "use")].wall_total
+    # the resumptions and the consumer's work are disjoint spans of the consumer's call, by the same clock,
+    # however long the machine made each sleep: gen timed as one span would overlap use and overflow consumer
+    assert p[("consumer", "gen")].wall_total + p[("consumer", "use")].wall_total <= p[("consumer",)].wall_total
 
 
 def test_bad_names_rejected_at_call_site(backend):

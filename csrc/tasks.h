@@ -1,0 +1,72 @@
+/* asyncio attribution: CPU time and counters of a thread charged to the context
+ * (the asyncio task) that runs on it, not to every stage open on the thread.
+ *
+ * Each stack (one per context, types.c) has a virtual clock: the thread's
+ * readings (CPU clock, counter group, monotonic time) less what they advanced
+ * while the context was suspended.  The switch hook (the Runner installed as
+ * asyncio.events.Handle._run, which runs every task step) suspends the
+ * context that is left and resumes the one entered, with one reading per
+ * switch; a frame's readings are made task-relative at enter and exit, so
+ * enter/exit deltas and self/total follow the task's own stage tree.
+ *
+ * Where no hook sees a switch (another loop, a context entered by hand), a
+ * stage boundary that finds the thread in another context than the last one
+ * counts a change; a frame whose stack was running while a change happened is
+ * "overlapped": its CPU time and counters are left out, never summed.
+ */
+#ifndef INSTRUMENT_TASKS_H
+#define INSTRUMENT_TASKS_H
+
+#include "core.h"
+#include "stats.h"
+#include "threads.h"
+#include "types.h"
+
+typedef struct {
+    int64_t t, cpu;      /* now_ns(); thread CPU clock or -1 when task-clock gives CPU time */
+    uint32_t ctr_gen;    /* g_ctr_gen of c; 0: counters not read */
+    uint32_t epoch;      /* g_epoch: a forked child's counters are not its parent's */
+    perf_reading c;
+} TaskReading;
+
+/* The sums of what the thread's readings advanced while the context was suspended. */
+typedef struct TaskClock {
+    uint64_t serial;     /* thread the sums are of */
+    uint32_t s_gen, epoch;
+    TaskReading out;     /* the reading the context was suspended at */
+    int64_t s_wall, s_cpu;
+    perf_reading s;
+} TaskClock;
+
+/* Per thread (ThreadState.tasks): the switch hook's state. */
+typedef struct TaskThread {
+    PyObject *ctx;       /* context of the last stage boundary or switch (borrowed: compared, never used) */
+    uint64_t changes;    /* context changes no switch hook accounted for */
+    int32_t batch;       /* loop iterations of a hooked loop open on the thread */
+    int chain;           /* `last` is the latest reading and only the loop's dispatch ran since */
+    Stack *step_outer;   /* the stack around the step that runs (held by the runner): it runs while the step's */
+    PyObject *step_ctx;  /* context (borrowed) has no stage open, and is suspended while it has */
+    TaskReading last;
+} TaskThread;
+
+#pragma GCC visibility push(hidden)
+
+extern uint64_t g_task_steps, g_task_reads, g_task_changes, g_task_overlapped, g_task_abandoned;
+
+int tasks_add_functions(PyObject *module);   /* step_runner, iteration_runner; 0 or -1 with an exception */
+
+/* Frame enter/exit (types.c): readings made task-relative.  exit returns 1 when
+ * the call overlapped other contexts' work on its thread (then no CPU time or
+ * counters are recorded for it) and sets *susp to the wall time it was suspended. */
+void tasks_frame_enter(ThreadState *ts, Stack *st, Frame *f);
+int tasks_frame_exit(ThreadState *ts, Stack *st, const Frame *f, perf_reading *c1, int64_t *cpu1, int64_t *susp);
+void tasks_record(NodeStats *s, const Frame *f, int64_t susp, int overlapped);
+void tasks_stack_free(Stack *st);             /* Stack dealloc: open frames recorded as abandoned */
+void tasks_thread_free(ThreadState *ts);
+void tasks_merge(NodeStats *d, const NodeStats *s);
+int tasks_collect_stats(PyObject *d, const NodeStats *s);   /* adds its fields to a collect() stats dict */
+int tasks_collect(PyObject *res);             /* adds collect()["tasks"] */
+
+#pragma GCC visibility pop
+
+#endif

@@ -1,0 +1,201 @@
+"""asyncio attribution: the CPU time and counters of a thread charged to the task
+(the context) that runs on it, not to every stage open on the thread.
+
+Mechanism, on every Python this package supports (3.9 to 3.13; the same code
+runs on 3.14): every step of an asyncio task, and every other callback, runs in
+`asyncio.events.Handle._run`, which enters the handle's context.  The backend's
+`step_runner` stands in for that method: before the step it takes one reading
+(the thread's counter group, or its CPU clock, and the time) and suspends the
+task clock of the context that is left; after it, one reading resumes it and
+suspends the handle's context.  `iteration_runner` stands in for
+`BaseEventLoop._run_once` so that a reading is reused for the next step only
+inside one loop iteration, never across its wait for events.
+
+Not covered, and marked rather than summed (`cpu_ns.overlapped_calls`): loops
+that do not run handles through `asyncio.events.Handle` (uvloop), the first step
+of eager tasks (3.12+ `eager_task_factory`), and contexts entered by hand with
+`Context.run` while a stage of another context is open on the thread.  Python
+3.14's context-switch watchers (`PyContext_AddWatcher`) would cover those too;
+they are not used yet.
+
+Installed when the `task_attribution` option is on (the default), at once if
+asyncio is imported, else by a finder at the front of sys.meta_path that waits
+for `import asyncio` and then removes itself.
+"""
+from __future__ import annotations
+
+import platform
+import sys
+import warnings
+from typing import Any, Dict, Optional
+
+MECHANISM = "step hook: asyncio.events.Handle._run and BaseEventLoop._run_once stand-ins"
+FALLBACK = ("calls that overlap other tasks on their thread where no hook sees the switch (uvloop, a context entered "
+            "by hand) keep their wall time; their CPU time and counters are left out (cpu_ns.overlapped_calls)")
+
+_backend = None          # the backend module whose runners are installed, or None
+_wanted = None           # the backend to install once asyncio is imported
+_reason: Optional[str] = "asyncio not imported yet"
+
+
+def _targets():
+    ev, be = sys.modules.get("asyncio.events"), sys.modules.get("asyncio.base_events")
+    if ev is None or be is None or not hasattr(ev, "Handle") or not hasattr(be, "BaseEventLoop"):
+        return None
+    return ev.Handle, be.BaseEventLoop
+
+
+def _ours(m) -> bool:
+    """A stand-in of ours: the C extension's _Runner, or the pure twin's function."""
+    t = type(m)
+    return (t.__module__ == "instrument._native" and t.__name__ == "_Runner") or getattr(m, "_instrument_runner", False)
+
+
+def _original(cls, name):
+    """The method as asyncio defines it, under our stand-in if there is one."""
+    m = cls.__dict__.get(name)
+    while m is not None and _ours(m):
+        m = m.__wrapped__
+    return m
+
+
+def apply(enabled: bool, backend) -> None:
+    """Install the backend's runners (enabled) or remove them; runs at import and at every configure()."""
+    global _wanted, _reason
+    if not enabled:
+        _wanted = None
+        _remove_watcher()
+        uninstall()
+        _reason = "the task_attribution option is off"
+        return
+    _wanted = backend
+    if _targets() is None:
+        _reason = "asyncio not imported yet"
+        if _WATCHER not in sys.meta_path:
+            sys.meta_path.insert(0, _WATCHER)
+        return
+    _remove_watcher()
+    _install(backend)
+
+
+def _install(backend) -> None:
+    global _backend, _reason
+    targets = _targets()
+    if targets is None:
+        return
+    handle, loop = targets
+    run, once = _original(handle, "_run"), _original(loop, "_run_once")
+    if run is None or once is None:
+        _reason = "this asyncio has no Handle._run / BaseEventLoop._run_once to hook"
+        uninstall()
+        return
+    cur_run, cur_once = handle.__dict__.get("_run"), loop.__dict__.get("_run_once")
+    if (cur_run is not run and not _ours(cur_run)) or (cur_once is not once and not _ours(cur_once)):
+        _reason = "asyncio's Handle._run or BaseEventLoop._run_once was replaced by another library: left alone"
+        return
+    if _backend is backend and _ours(cur_run) and _ours(cur_once):
+        return
+    step, it = backend.step_runner(run), backend.iteration_runner(once)
+    for r in (step, it):
+        try:
+            r._instrument_runner = True
+        except AttributeError:
+            pass   # the C runner is told by its type
+    handle._run = step
+    loop._run_once = it
+    _backend, _reason = backend, None
+
+
+def uninstall() -> None:
+    """Put asyncio's own methods back (only where ours are in place)."""
+    global _backend
+    targets = _targets()
+    if targets is not None:
+        handle, loop = targets
+        if _ours(handle.__dict__.get("_run")):
+            handle._run = _original(handle, "_run")
+        if _ours(loop.__dict__.get("_run_once")):
+            loop._run_once = _original(loop, "_run_once")
+    _backend = None
+
+
+def installed() -> bool:
+    return _backend is not None
+
+
+def status(raw: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
+    """What meta and doctor say: which attribution is in force, by what, and what it saw."""
+    on = _backend is not None
+    out: Dict[str, Any] = {
+        "attribution": "per task" if on else "overlapped calls marked",
+        "mechanism": MECHANISM if on else None,
+        "python": platform.python_version(),
+        "installed": on,
+        "reason": None if on else _reason,
+        "fallback": FALLBACK,
+    }
+    if raw:
+        out.update({k: raw.get(k, 0) for k in ("steps", "switch_reads", "unhooked_changes", "overlapped_calls",
+                                               "abandoned_calls")})
+    return out
+
+
+def _remove_watcher() -> None:
+    try:
+        sys.meta_path.remove(_WATCHER)
+    except ValueError:
+        pass
+
+
+def _on_asyncio() -> None:
+    _remove_watcher()
+    if _wanted is not None:
+        _install(_wanted)
+
+
+class _Loader:
+    """asyncio's own loader, plus the installation once asyncio's package has run."""
+
+    def __init__(self, real) -> None:
+        self._real = real
+
+    def __getattr__(self, name):
+        return getattr(self._real, name)
+
+    def create_module(self, spec):
+        return self._real.create_module(spec)
+
+    def exec_module(self, module) -> None:
+        try:
+            self._real.exec_module(module)
+        finally:   # asyncio keeps its real loader, as if we had never been there
+            module.__loader__ = self._real
+            if getattr(module, "__spec__", None) is not None and module.__spec__.loader is self:
+                module.__spec__.loader = self._real
+        try:
+            _on_asyncio()
+        except Exception as e:   # never fail the user's import of asyncio
+            warnings.warn(f"instrument: asyncio attribution not installed: {e}", RuntimeWarning, stacklevel=2)
+
+
+class _Watcher:
+    """A sys.meta_path finder that finds nothing but the moment asyncio is imported."""
+
+    def find_spec(self, name, path=None, target=None):
+        if name != "asyncio":
+            return None
+        for finder in sys.meta_path:
+            if finder is self:
+                continue
+            find = getattr(finder, "find_spec", None)
+            spec = find(name, path, target) if find else None
+            if spec is not None:
+                break
+        else:
+            return None
+        if spec.loader is not None and hasattr(spec.loader, "exec_module") and not isinstance(spec.loader, _Loader):
+            spec.loader = _Loader(spec.loader)
+        return spec
+
+
+_WATCHER = _Watcher()
