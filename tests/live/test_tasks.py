@@ -161,12 +161,12 @@ def test_cancellation_exceptions_and_tasks_that_never_finish_lose_nothing(backen
 
     async def cancelled():
         with instrument.stage("cancelled"):
-            spins["cancelled"] += spin(1_500_000)
+            spins["cancelled"] += spin(3_000_000)     # its cancellation (the exception thrown in) is its own CPU too
             await asyncio.sleep(30)
 
     async def hang():
         instrument.stage("hang").__enter__()    # no `with`: closing the destroyed coroutine exits nothing
-        spins["hang"] += spin(1_500_000)
+        spins["hang"] += spin(3_000_000)
         await asyncio.Event().wait()            # never finishes
 
     async def main():
