@@ -320,10 +320,14 @@ static PyObject *run_step(Runner *self, PyObject *const *args, size_t nargsf, Py
     /* switch in: when the handle's context has stages open, the stack around the step (the running context's,
      * its own or inherited, with its innermost stage on this thread) leaves and the handle's enters, at one
      * reading; otherwise the one around keeps running until the step opens a stage (tasks_frame_enter) */
-    Stack *outer = stack_visible(), *inner = stack_of(ctx);
-    if (outer && (!outer->depth || outer->suspended || outer->frames[outer->depth - 1].ts_serial != ts->serial))
-        outer = NULL;
-    if (inner && !inner->depth) inner = NULL;
+    Stack *outer = NULL, *inner = NULL;
+    if (g_open_frames > 0) {   /* no stage open anywhere: nothing to suspend or resume */
+        outer = stack_visible();
+        inner = stack_of(ctx);
+        if (outer && (!outer->depth || outer->suspended || outer->frames[outer->depth - 1].ts_serial != ts->serial))
+            outer = NULL;
+        if (inner && !inner->depth) inner = NULL;
+    }
     Py_XINCREF(outer);
     if (inner) {
         TaskReading r;
@@ -344,7 +348,7 @@ static PyObject *run_step(Runner *self, PyObject *const *args, size_t nargsf, Py
     PyObject *et, *ev, *tb;
     PyErr_Fetch(&et, &ev, &tb);
     if ((tt = ts->tasks)) {
-        inner = stack_of(ctx);
+        inner = g_open_frames > 0 ? stack_of(ctx) : NULL;
         if (inner && (!inner->depth || inner->suspended)) inner = NULL;
         if (inner || (outer && outer->suspended)) {
             take_reading(ts, &tt->last);

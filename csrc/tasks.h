@@ -7,7 +7,11 @@
  * asyncio.events.Handle._run, which runs every task step) suspends the
  * context that is left and resumes the one entered, with one reading per
  * switch; a frame's readings are made task-relative at enter and exit, so
- * enter/exit deltas and self/total follow the task's own stage tree.
+ * enter/exit deltas and self/total follow the task's own stage tree.  A step
+ * of a context with no stage open goes to the stack around the loop (if it
+ * has a stage open on this thread), which stops only while the step's context
+ * has one.  A context that dies with stages open has them recorded up to its
+ * last step (abandoned).
  *
  * Where no hook sees a switch (another loop, a context entered by hand), a
  * stage boundary that finds the thread in another context than the last one

@@ -891,10 +891,10 @@ def step_runner(run):
         # when the handle's context has stages open, the stack around the step (the running context's, own or
         # inherited, with its innermost stage on this thread) leaves and the handle's enters at one reading;
         # otherwise the one around keeps running until the step opens a stage (_task_enter)
-        outer = _owned.get()
+        outer = _owned.get() if _open else None      # no stage open anywhere: nothing to suspend or resume
         if outer is not None and (not outer.frames or outer.suspended or outer.frames[-1].slots is not slots):
             outer = None
-        inner = _inner_of(ctx)
+        inner = _inner_of(ctx) if _open else None
         if inner is not None:
             last = slots.last
             r = (last if slots.chain and slots.batch > 0 and last is not None and last[3] == _epoch and
@@ -914,7 +914,7 @@ def step_runner(run):
         try:
             return run(handle)
         finally:
-            inner = _inner_of(ctx)
+            inner = _inner_of(ctx) if _open else None
             if inner is not None and inner.suspended:
                 inner = None
             if inner is not None or (outer is not None and outer.suspended):
