@@ -23,6 +23,7 @@ VERSION = 1
 MAX_FILE_BYTES = 1 << 30          # refuse to read snapshot files over 1 GiB
 QUANTILES = (("p50", 0.5), ("p90", 0.9), ("p99", 0.99), ("p999", 0.999))
 TOP_OPS = 10                                            # operators kept per ranking in a stage's `ops`
+MAX_WINDOWS = 512          # windows kept per stage by merge(); beyond, neighbours are joined two by two
 OP_FIELDS = ("calls", "self_cpu_ns", "cpu_total_ns", "device_ns")
 
 
@@ -53,6 +54,7 @@ class StageStats:
     ops: Optional[Mapping[str, Any]] = None
     other: bool = False
     verdict: Optional[Mapping[str, Any]] = None
+    windows: Optional[Tuple[Mapping[str, Any], ...]] = None   # per merged source (Snapshot.merge): its sums
 
     @property
     def name(self) -> str:
@@ -113,7 +115,20 @@ class StageStats:
             d["ops"] = self.ops
         if self.verdict is not None:
             d["verdict"] = dict(self.verdict)
+        if self.windows is not None:
+            d["windows"] = [dict(w, counters=dict(w.get("counters") or {})) for w in self.windows]
         return d
+
+    def window(self, start_time: Optional[float] = None, end_time: Optional[float] = None) -> Dict[str, Any]:
+        """This stage's sums and median as one window (what merge() keeps of each source)."""
+        return {"calls": self.calls, "wall_ns": self.wall_total, "p50_ns": _num(self.quantile(0.5)),
+                "cpu_ns": self.cpu_total if self.cpu_calls == self.calls else None,
+                "counters": {k: v.get("total") for k, v in self.counters.items()},
+                "start_time": start_time, "end_time": end_time}
+
+    def all_windows(self) -> Tuple[Mapping[str, Any], ...]:
+        """The windows this stage was merged from (one when it was never merged)."""
+        return tuple(self.windows) if self.windows is not None else (self.window(),)
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> "StageStats":
@@ -139,12 +154,59 @@ class StageStats:
                        hist=_hist.from_pairs(h.get("buckets", [])),
                        counters={k: dict(v) for k, v in (d.get("counters") or {}).items()},
                        gpu=d.get("gpu"), ops=d.get("ops"), other=bool(d.get("other", False)),
-                       verdict=d.get("verdict"))
+                       verdict=d.get("verdict"), windows=_windows_from(path, d.get("windows")))
         except SnapshotError:
             raise
         except (KeyError, TypeError, ValueError, AttributeError) as e:
             raise SnapshotError(f"malformed stage entry {str(dict(d))[:200] if isinstance(d, Mapping) else d!r}: "
                                 f"{type(e).__name__}: {e}") from None
+
+
+def _windows_from(path: Tuple[str, ...], raw: Any) -> Optional[Tuple[Dict[str, Any], ...]]:
+    if raw is None:
+        return None
+    if not isinstance(raw, list) or not all(isinstance(w, Mapping) for w in raw):
+        raise SnapshotError(f"stage {'/'.join(path)}: windows must be a list of objects, got {str(raw)[:80]}")
+    out = []
+    for w in raw:
+        calls, wall = w.get("calls"), w.get("wall_ns")
+        if not isinstance(calls, int) or isinstance(calls, bool) or calls < 0 or not isinstance(wall, (int, float)):
+            raise SnapshotError(f"stage {'/'.join(path)}: a window needs calls (an integer >= 0) and wall_ns "
+                                f"(a number), got {str(dict(w))[:80]}")
+        counters = w.get("counters") or {}
+        if not isinstance(counters, Mapping):
+            raise SnapshotError(f"stage {'/'.join(path)}: window counters must be an object")
+        out.append({"calls": calls, "wall_ns": wall, "p50_ns": w.get("p50_ns"), "cpu_ns": w.get("cpu_ns"),
+                    "counters": dict(counters), "start_time": w.get("start_time"), "end_time": w.get("end_time")})
+    return tuple(out)
+
+
+def join_windows(windows: Sequence[Mapping[str, Any]]) -> Tuple[Dict[str, Any], ...]:
+    """At most MAX_WINDOWS windows: while there are more, neighbours are joined two by
+    two (a joined window is still a window, only longer; its median is the larger
+    window's, an approximation)."""
+    out = [dict(w) for w in windows]
+    while len(out) > MAX_WINDOWS:
+        pairs = []
+        for k in range(0, len(out), 2):
+            if k + 1 == len(out):
+                pairs.append(out[k])
+                continue
+            a, b = out[k], out[k + 1]
+            names = set(a.get("counters") or {}) | set(b.get("counters") or {})
+            big = a if a["calls"] >= b["calls"] else b
+            starts = [t for t in (a.get("start_time"), b.get("start_time")) if t is not None]
+            ends = [t for t in (a.get("end_time"), b.get("end_time")) if t is not None]
+            pairs.append({"calls": a["calls"] + b["calls"], "wall_ns": a["wall_ns"] + b["wall_ns"],
+                          "p50_ns": big.get("p50_ns"), "start_time": min(starts) if starts else None,
+                          "end_time": max(ends) if ends else None,
+                          "cpu_ns": None if a.get("cpu_ns") is None or b.get("cpu_ns") is None
+                          else a["cpu_ns"] + b["cpu_ns"],
+                          "counters": {n: None if (a.get("counters") or {}).get(n) is None
+                                       or (b.get("counters") or {}).get(n) is None
+                                       else a["counters"][n] + b["counters"][n] for n in names}})
+        out = pairs
+    return tuple(out)
 
 
 def _add(a: Optional[float], b: Optional[float]) -> Optional[float]:
@@ -171,7 +233,11 @@ def merge_counters(a: Mapping[str, Mapping[str, Any]], b: Mapping[str, Mapping[s
     return out
 
 
-def merge_stage(a: StageStats, b: StageStats) -> StageStats:
+def merge_stage(a: StageStats, b: StageStats, windows: bool = False) -> StageStats:
+    """Sums added, histograms merged.  windows=True (Snapshot.merge): `a` and `b` are
+    separate recordings, and the result keeps each one's sums as a window, so a
+    comparison can measure the spread between them; otherwise (parts of one
+    recording) no windows are kept."""
     def mn(x, y):
         return y if x is None else x if y is None else min(x, y)
 
@@ -185,7 +251,8 @@ def merge_stage(a: StageStats, b: StageStats) -> StageStats:
                    wall_max=mx(a.wall_max, b.wall_max), cpu_total=_add(a.cpu_total, b.cpu_total),
                    cpu_self=_add(a.cpu_self, b.cpu_self), cpu_calls=a.cpu_calls + b.cpu_calls,
                    hist=_hist.merge(a.hist, b.hist), counters=merge_counters(a.counters, b.counters),
-                   gpu=gpu, ops=ops, other=a.other or b.other, verdict=None)
+                   gpu=gpu, ops=ops, other=a.other or b.other, verdict=None,
+                   windows=join_windows(a.all_windows() + b.all_windows()) if windows else None)
 
 
 def gpu_fields(total: int, samples: int, dropped: int, errors: int, lo: Optional[int], hi: Optional[int],
@@ -421,7 +488,7 @@ class Snapshot:
     # --------------------------------------------------------- combination
     def merge(self, *others: "Snapshot") -> "Snapshot":
         """Exact for counts and sums; percentiles from the merged histograms."""
-        stages: Dict[Tuple[str, ...], StageStats] = {s.path: s for s in self._stages}
+        stages: Dict[Tuple[str, ...], StageStats] = {s.path: _stamped(s, self._meta) for s in self._stages}
         meta = dict(self._meta)
         sources = list(meta.get("merged_from") or [_source(meta)])
         events = list(self._events)
@@ -429,7 +496,8 @@ class Snapshot:
             if not isinstance(o, Snapshot):
                 raise TypeError(f"Snapshot.merge takes Snapshots, not {type(o).__name__}")
             for s in o._stages:
-                stages[s.path] = merge_stage(stages[s.path], s) if s.path in stages else s
+                s = _stamped(s, o._meta)
+                stages[s.path] = merge_stage(stages[s.path], s, windows=True) if s.path in stages else s
             sources.extend(o._meta.get("merged_from") or [_source(o._meta)])
             events.extend(o._events)
             for k in ("start_time", "end_time"):
@@ -572,6 +640,13 @@ def atomic_write(path: str, data: bytes) -> str:
             pass
         raise
     return path
+
+
+def _stamped(s: StageStats, meta: Mapping[str, Any]) -> StageStats:
+    """A stage of a snapshot being merged, as one window with its snapshot's times."""
+    if s.windows is not None or not s.calls:
+        return s
+    return replace(s, windows=(s.window(meta.get("start_time"), meta.get("end_time")),))
 
 
 def _source(meta: Mapping[str, Any]) -> Dict[str, Any]:

@@ -67,7 +67,7 @@ def test_render_formats():
     r = next(x for x in rows if x["path"] == "request/model")
     assert float(r["total_before"]) == 2000 * MS and float(r["total_after"]) == 1400 * MS
     j = json.loads(table.render_diff(d, "json"))
-    assert j["headline"] == table.headline(d) and j["rows"][0]["total"]["delta"] == -690 * MS
+    assert j["headline"] == table.headline(d) and j["rows"][0]["total_ns"]["delta"] == -690 * MS
     assert table.render_diff(d, "markdown").startswith("**request: 25.0 ms")
     with pytest.raises(ValueError):
         table.render_diff(d, "xml")
