@@ -29,7 +29,7 @@ from .analysis.advice import advise
 from .analysis.diff import diff
 from .analysis.verdict import with_verdicts
 from .exporters import table
-from .snapshot import Snapshot, SnapshotError, atomic_write, load_many
+from .snapshot import Snapshot, SnapshotError, atomic_write, load_many, path_text
 
 TABLE_FORMATS = ("table", "markdown", "csv", "json")
 EXPORTS = ("chrome", "prometheus", "hatchet", "html")
@@ -171,16 +171,37 @@ def _cmd_report(a) -> int:
 
 
 # --------------------------------------------------------------------- diff
+def _diff_options(a) -> Dict[str, float]:
+    try:
+        opts = config.diff_options(config.from_env(strict=True))
+    except ValueError as e:
+        raise CLIError(f"diff: {e}") from None
+    if a.alpha is not None:
+        opts["alpha"] = a.alpha
+    if a.min_change is not None:
+        opts["min_change"] = a.min_change / 100
+    return opts
+
+
 def _cmd_diff(a) -> int:
-    d = diff(Snapshot.load(a.before), Snapshot.load(a.after))
+    try:
+        d = diff(Snapshot.load(a.before), Snapshot.load(a.after), **_diff_options(a))
+    except ValueError as e:
+        if isinstance(e, SnapshotError):
+            raise
+        raise CLIError(f"diff: {e}") from None
     print(table.render_diff(d, format=a.format))
     if a.fail_if_slower is not None:
         if d.change is None:
             raise CLIError(f"diff: --fail-if-slower cannot judge: {table.headline(d)}")
+        stage = path_text(d.stage or ())
         if round(d.change * 100, 9) > a.fail_if_slower:   # 27.5/25 is 10.000000000000009 % in floats
-            _err(f"diff: {'/'.join(d.stage or ())} is {d.change * 100:.1f}% slower per call, more than the "
-                 f"{a.fail_if_slower:g}% allowed")
-            return 1
+            if d.significance.direction > 0:
+                _err(f"diff: {stage} is {d.change * 100:.1f}% slower per call, more than the {a.fail_if_slower:g}% "
+                     f"allowed, and beyond noise ({d.significance.reason})")
+                return 1
+            _err(f"diff: {stage} is {d.change * 100:.1f}% slower per call, more than the {a.fail_if_slower:g}% "
+                 f"allowed, but not beyond noise ({d.significance.reason}); not failing")
     return 0
 
 
@@ -390,6 +411,16 @@ def _percent(s: str) -> float:
     return x
 
 
+def _alpha(s: str) -> float:
+    try:
+        x = float(s)
+    except ValueError:
+        x = float("nan")
+    if not 0 < x <= 0.5:
+        raise argparse.ArgumentTypeError(f"must be a number in (0, 0.5], such as 0.01, got {s!r}")
+    return x
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = _Parser(prog="instrument", description="Per-stage instrumentation for ML inference services.")
     p.add_argument("--version", action="version", version=f"instrument {__version__}")
@@ -418,7 +449,12 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("after", metavar="AFTER")
     d.add_argument("--format", choices=TABLE_FORMATS, default="table")
     d.add_argument("--fail-if-slower", type=_percent, metavar="PCT",
-                   help="exit 1 when the headline stage got more than PCT percent slower per call")
+                   help="exit 1 when the headline stage got more than PCT percent slower per call and the "
+                   "slowdown is beyond noise")
+    d.add_argument("--alpha", type=_alpha, metavar="A",
+                   help="chance of calling noise a change (default: the diff_alpha option, 0.01)")
+    d.add_argument("--min-change", type=_percent, metavar="PCT",
+                   help="smallest change in percent called beyond noise (default: the diff_min_change option, 3)")
     d.set_defaults(func=_cmd_diff)
 
     m = sub.add_parser("merge", help="merge snapshot files exactly")

@@ -31,6 +31,41 @@ class SnapshotError(ValueError):
     """A snapshot file or dict that cannot be read, with the reason."""
 
 
+def name_text(name: str) -> str:
+    """A stage name as it appears in a path: a '\\' or '/' inside it escaped with '\\'."""
+    return name.replace("\\", "\\\\").replace("/", "\\/")
+
+
+def path_text(path: Sequence[str]) -> str:
+    """A path as one string: names joined by '/', each escaped by name_text, so a stage
+    named "a/b" (`a\\/b`) never reads like "b" nested in "a" (`a/b`)."""
+    return "/".join(name_text(n) for n in path)
+
+
+def parse_path(text: str) -> Tuple[str, ...]:
+    """The path a path_text string names (an unescaped '/' separates names)."""
+    names, cur, k = [], [], 0
+    while k < len(text):
+        c = text[k]
+        if c == "\\" and k + 1 < len(text) and text[k + 1] in "\\/":
+            cur.append(text[k + 1])
+            k += 2
+            continue
+        if c == "/":
+            names.append("".join(cur))
+            cur = []
+        else:
+            cur.append(c)
+        k += 1
+    names.append("".join(cur))
+    return tuple(names)
+
+
+def as_path(path: Any) -> Tuple[str, ...]:
+    """A path given as path_text or as a sequence of names."""
+    return parse_path(path) if isinstance(path, str) else tuple(path)
+
+
 def _num(x: Any) -> Any:
     return None if x is None else (int(x) if isinstance(x, float) and x.is_integer() and abs(x) < 2 ** 53 else x)
 
@@ -139,11 +174,11 @@ class StageStats:
             w, c = d["wall_ns"], d.get("cpu_ns") or {}
             h = d.get("hist") or {"scheme": _hist.SCHEME, "buckets": []}
             if h.get("scheme") != _hist.SCHEME:
-                raise SnapshotError(f"stage {'/'.join(path)}: histogram scheme {h.get('scheme')!r} is not "
+                raise SnapshotError(f"stage {path_text(path)}: histogram scheme {h.get('scheme')!r} is not "
                                     f"{_hist.SCHEME!r}")
             calls = int(d["calls"])
             if calls < 0:
-                raise SnapshotError(f"stage {'/'.join(path)}: calls must be >= 0, got {calls}")
+                raise SnapshotError(f"stage {path_text(path)}: calls must be >= 0, got {calls}")
             return cls(path=path, calls=calls, errors=int(d.get("errors", 0)),
                        wall_total=int(w["total"]), wall_self=int(w.get("self", w["total"])),
                        wall_min=None if w.get("min") is None else int(w["min"]),
@@ -166,16 +201,16 @@ def _windows_from(path: Tuple[str, ...], raw: Any) -> Optional[Tuple[Dict[str, A
     if raw is None:
         return None
     if not isinstance(raw, list) or not all(isinstance(w, Mapping) for w in raw):
-        raise SnapshotError(f"stage {'/'.join(path)}: windows must be a list of objects, got {str(raw)[:80]}")
+        raise SnapshotError(f"stage {path_text(path)}: windows must be a list of objects, got {str(raw)[:80]}")
     out = []
     for w in raw:
         calls, wall = w.get("calls"), w.get("wall_ns")
         if not isinstance(calls, int) or isinstance(calls, bool) or calls < 0 or not isinstance(wall, (int, float)):
-            raise SnapshotError(f"stage {'/'.join(path)}: a window needs calls (an integer >= 0) and wall_ns "
+            raise SnapshotError(f"stage {path_text(path)}: a window needs calls (an integer >= 0) and wall_ns "
                                 f"(a number), got {str(dict(w))[:80]}")
         counters = w.get("counters") or {}
         if not isinstance(counters, Mapping):
-            raise SnapshotError(f"stage {'/'.join(path)}: window counters must be an object")
+            raise SnapshotError(f"stage {path_text(path)}: window counters must be an object")
         out.append({"calls": calls, "wall_ns": wall, "p50_ns": w.get("p50_ns"), "cpu_ns": w.get("cpu_ns"),
                     "counters": dict(counters), "start_time": w.get("start_time"), "end_time": w.get("end_time")})
     return tuple(out)
@@ -360,12 +395,12 @@ def since_stage(a: StageStats, b: StageStats) -> StageStats:
     """What stage `a` recorded after `b`, an earlier state of the same stage: counts, sums and
     histograms subtracted exactly; min and max bounded by the window's histogram buckets."""
     if a.calls < b.calls or a.wall_total < b.wall_total or a.cpu_calls < b.cpu_calls:
-        raise SnapshotError(f"stage {'/'.join(a.path)}: {b.calls} calls before and {a.calls} after: the earlier "
+        raise SnapshotError(f"stage {path_text(a.path)}: {b.calls} calls before and {a.calls} after: the earlier "
                             "snapshot is not an earlier state of the later one (out of order, or reset between)")
     try:
         h = _hist.subtract(a.hist, b.hist)
     except ValueError as e:
-        raise SnapshotError(f"stage {'/'.join(a.path)}: {e}: not an earlier state of the same stage") from None
+        raise SnapshotError(f"stage {path_text(a.path)}: {e}: not an earlier state of the same stage") from None
     calls = a.calls - b.calls
     lo, hi = (a.wall_min, a.wall_max) if b.calls == 0 else _hist_range(h, a.wall_min, a.wall_max)
     cpu_calls = a.cpu_calls - b.cpu_calls
@@ -440,12 +475,12 @@ class Snapshot:
         return len(self._stages)
 
     def __getitem__(self, path) -> StageStats:
-        key = tuple(path.split("/")) if isinstance(path, str) else tuple(path)
+        key = as_path(path)
         try:
             return self._index[key]
         except KeyError:
-            raise KeyError(f"no stage {'/'.join(key)!r}; the stages are: "
-                           f"{', '.join('/'.join(p) for p in list(self._index)[:20])}") from None
+            raise KeyError(f"no stage {path_text(key)!r}; the stages are: "
+                           f"{', '.join(path_text(p) for p in list(self._index)[:20])}") from None
 
     def get(self, path, default=None) -> Optional[StageStats]:
         try:
@@ -454,7 +489,7 @@ class Snapshot:
             return default
 
     def children(self, path=()) -> List[StageStats]:
-        key = tuple(path.split("/")) if isinstance(path, str) else tuple(path)
+        key = as_path(path)
         return [s for s in self._stages if s.path[:-1] == key]
 
     @property
@@ -535,7 +570,7 @@ class Snapshot:
                 stages.append(w)
         for path in earlier._index:
             if path not in self._index and earlier._index[path].calls:
-                raise SnapshotError(f"since: stage {'/'.join(path)} is in the earlier snapshot only: not an earlier "
+                raise SnapshotError(f"since: stage {path_text(path)} is in the earlier snapshot only: not an earlier "
                                     "state of this one")
         meta = dict(a)
         meta["window"] = {"start_time": b.get("end_time"), "end_time": a.get("end_time"),

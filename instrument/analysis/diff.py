@@ -16,7 +16,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Dict, Mapping, Optional, Tuple
 
-from ..snapshot import Snapshot, StageStats
+from ..snapshot import Snapshot, StageStats, as_path
 from . import significance as _sig
 from .significance import Significance
 from .verdict import with_verdicts
@@ -87,7 +87,7 @@ class Diff:
     min_change: float = _sig.MIN_CHANGE
 
     def row(self, path) -> Optional[DiffRow]:
-        key = tuple(path.split("/")) if isinstance(path, str) else tuple(path)
+        key = as_path(path)
         return next((r for r in self.rows if r.path == key), None)
 
     @property

@@ -31,12 +31,13 @@ import math
 from dataclasses import dataclass
 from typing import Any, Dict, Mapping, Optional, Sequence, Tuple
 
+from .. import config
 from .. import histogram as _hist
 
 MIN_WINDOWS = 3
 MIN_TURNS = 8          # the exact signed-rank test reaches p < 0.01 from 8 pairs on
-ALPHA = 0.01
-MIN_CHANGE = 0.03
+ALPHA = config.BY_NAME["diff_alpha"].default
+MIN_CHANGE = config.BY_NAME["diff_min_change"].default
 
 
 @dataclass(frozen=True)
@@ -58,9 +59,16 @@ class Significance:
             return 0
         return 1 if self.estimate > 0 else -1
 
+    def interval_list(self) -> Optional[list]:
+        """The interval for JSON: an unbounded end (too few turns for the level) is null."""
+        if self.interval is None:
+            return None
+        return [x if math.isfinite(x) else None for x in self.interval]
+
     def to_dict(self) -> Dict[str, Any]:
+        """Relative values as fractions (+0.1 = 10 % more)."""
         return {"significant": self.significant, "basis": self.basis, "estimate": self.estimate,
-                "interval": list(self.interval) if self.interval else None, "p": self.p, "level": self.level,
+                "interval": self.interval_list(), "p": self.p, "level": self.level,
                 "min_change": self.min_change, "n": list(self.n), "reason": self.reason}
 
 
@@ -73,15 +81,23 @@ def _decide(basis: str, est: float, lo: float, hi: float, p: float, alpha: float
             n: Tuple[int, int], unit: str) -> Significance:
     sig = (lo > min_change or hi < -min_change) and p < alpha
     level = 1 - alpha
+    size = f"{n[0]} {unit}" if n[0] == n[1] and basis == "turns" else f"{n[0]} → {n[1]} {unit}"
+    span = f"{_pct(level)} interval {_pct(lo, True)} … {_pct(hi, True)}"
     if sig:
-        reason = (f"{level:.0%} interval {lo:+.1%} … {hi:+.1%} lies beyond ±{min_change:.0%} "
-                  f"({n[0]} → {n[1]} {unit}, p={p:.2g})")
+        reason = f"{span} lies beyond ±{_pct(min_change)} ({size}, p={p:.2g})"
     elif p >= alpha:
-        reason = f"{level:.0%} interval {lo:+.1%} … {hi:+.1%} includes no change ({n[0]} → {n[1]} {unit}, p={p:.2g})"
+        reason = f"{span} includes no change ({size}, p={p:.2g})"
     else:
-        reason = (f"{level:.0%} interval {lo:+.1%} … {hi:+.1%} reaches within ±{min_change:.0%}, the smallest "
-                  f"change claimed ({n[0]} → {n[1]} {unit})")
+        reason = f"{span} reaches within ±{_pct(min_change)}, the smallest change claimed ({size}, p={p:.2g})"
     return Significance(sig, basis, est, (lo, hi), p, level, min_change, n, reason)
+
+
+def _pct(x: float, sign: bool = False) -> str:
+    if math.isinf(x):
+        return "+∞" if x > 0 else "−∞"
+    v = 100 * x
+    text = f"{abs(v):.1f}".rstrip("0").rstrip(".") if not sign else f"{abs(v):.1f}"
+    return (("+" if v >= 0 else "\u2212") if sign else ("\u2212" if v < 0 else "")) + text + "%"
 
 
 # ------------------------------------------------------------ distributions

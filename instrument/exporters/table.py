@@ -16,8 +16,9 @@ from typing import Any, Callable, Dict, List, Optional, Sequence
 
 from .. import counters
 from ..analysis.diff import METRICS, Change, Diff, DiffRow
+from ..analysis.significance import MIN_WINDOWS, Significance
 from ..snapshot import Snapshot, StageStats
-from .format import MINUS, count, human, md, ms, pct, printable, ratio, signed_percent
+from .format import MINUS, count, human, md, ms, name as name_display, path_text, pct, printable, ratio, signed_percent
 
 SORTS = ("tree", "total", "self", "calls", "p99", "mean", "name", "cpu")
 FORMATS = ("table", "markdown", "csv", "json")
@@ -139,13 +140,13 @@ def render(snap: Snapshot, sort: str = "tree", depth: Optional[int] = None, fold
         w = csv.writer(buf)
         w.writerow(["path"] + [c.header for c in cols])
         for s in rows:
-            w.writerow(["/".join(s.path)] + [c.raw(snap, s) for c in cols])
+            w.writerow([path_text(s.path)] + [c.raw(snap, s) for c in cols])
         return buf.getvalue()
     if format == "markdown":
         lines = ["| stage | " + " | ".join(c.header for c in cols) + " |",
                  "| --- | " + " | ".join("---:" for _ in cols) + " |"]
         for s in rows:
-            name = "&nbsp;" * (2 * s.depth) + md(s.name)
+            name = "&nbsp;" * (2 * s.depth) + md(name_display(s.name))
             lines.append(f"| {name} | " + " | ".join(c.value(snap, s) for c in cols) + " |")
         return "\n".join(lines)
     name_w = max(10, min(40, (width or 80) - sum(c.width + 1 for c in cols)))
@@ -155,7 +156,7 @@ def render(snap: Snapshot, sort: str = "tree", depth: Optional[int] = None, fold
         lines.append(title)
     lines += [head, "-" * len(head)]
     for s in rows:
-        label = "  " * s.depth + printable(s.name)
+        label = "  " * s.depth + name_display(s.name)
         if len(label) > name_w:
             label = label[: name_w - 1] + "…"
         lines.append(f"{label:<{name_w}}" + "".join(f" {c.value(snap, s):>{c.width}}" for c in cols))
@@ -202,7 +203,7 @@ def render_with_ops(snap: Snapshot, sort: str = "tree", depth: Optional[int] = N
         for s in rows:
             lines = ops_lines(s.ops, "    ")
             if lines:
-                extra += ["", f"**{md('/'.join(s.path))}**", "", "```", *lines, "```"]
+                extra += ["", f"**{md(path_text(s.path))}**", "", "```", *lines, "```"]
         return text + ("\n" + "\n".join(extra) if extra else "")
     lines = text.split("\n")
     head, body, tail = lines[:2], lines[2:2 + len(rows)], lines[2 + len(rows):]
@@ -219,7 +220,7 @@ def render_advice(advice: Sequence[Dict[str, Any]]) -> str:
     lines = ["Where to look next (the stages with the most self time):"]
     for i, a in enumerate(advice, 1):
         share = a["saving_upper_bound"]
-        lines.append(f"{i}. {'/'.join(printable(p) for p in a['path'])}: {a['verdict']} — {a['reason']}")
+        lines.append(f"{i}. {path_text(a['path'])}: {a['verdict']} — {a['reason']}")
         lines.append(f"   self {a['self_ns'] / 1e6:.2f} ms"
                      + (f"; removing it would save at most {share:.0%} of end-to-end time" if share is not None else ""))
         lines.append(f"   next: {a['next']}")
@@ -229,7 +230,9 @@ def render_advice(advice: Sequence[Dict[str, Any]]) -> str:
 
 
 # ------------------------------------------------------------------------ diff
-DIFF_HEADERS = ["calls", "total ms", "→", "Δ ms", "Δ%", "mean ms", "→", "Δ%", "p50 Δ%", "p99 ms", "→", "Δ%", "CPU Δ%"]
+DIFF_HEADERS = ["calls", "total ms", "→", "Δ ms", "Δ%", "mean ms", "→", "Δ%", "p50 Δ%", "p99 ms", "→", "Δ%", "CPU Δ%",
+                "change"]
+NOISE = "~"   # marks a change not shown to be beyond noise
 
 
 def percent(c: Change) -> str:
@@ -238,24 +241,54 @@ def percent(c: Change) -> str:
     return signed_percent(c.ratio)
 
 
+def relative(x: Optional[float]) -> str:
+    """A relative change as a signed percentage: 0.1 -> +10.0%; unbounded ends as ∞."""
+    if x is None:
+        return "n/a"
+    if x == float("inf"):
+        return "+∞"
+    return signed_percent(1 + x)
+
+
+def verdict_of(sig: Significance) -> str:
+    """slower, faster, within noise, or untested."""
+    if sig.basis == "none":
+        return "untested"
+    return {1: "slower", -1: "faster"}.get(sig.direction, "within noise")
+
+
+def test_text(sig: Significance, what: str = "typical call") -> str:
+    """`typical call +11.2% (99% interval +10.4% … +12.0%, 40 turns)`."""
+    if sig.basis == "none":
+        return f"untested ({sig.reason})"
+    lo, hi = sig.interval or (None, None)
+    n = f"{sig.n[0]} turns" if sig.basis == "turns" else f"{sig.n[0]} → {sig.n[1]} {sig.basis}"
+    return f"{what} {relative(sig.estimate)} ({sig.level:.0%} interval {relative(lo)} … {relative(hi)}, {n})"
+
+
 def headline(d: Diff) -> str:
-    """One line on the top-level stage: `request: 25.0 ms → 18.1 ms (−27.6%)`."""
+    """One line on the top-level stage: `request: 25.0 ms → 18.1 ms (−27.6%), beyond noise: typical
+    call −27.2% (99% interval …)`, or `…, within noise: …`."""
     top = d.row(d.stage) if d.stage else None
     if top is None:
         return "no stages on either side"
-    name = printable(top.name)
+    name = name_display(top.name)
     tot = top.metrics["total"]
     if top.status != "both":
         side = tot.before if top.status == "only before" else tot.after
         return f"{name}: {top.status} ({human(side)} total)"
     mean, calls = top.metrics["mean"], top.metrics["calls"]
     if d.basis != "mean":
-        return f"{name}: total {human(tot.before)} → {human(tot.after)} ({percent(tot)})"
-    text = f"{name}: {human(mean.before)} → {human(mean.after)} ({percent(mean)})"
-    if calls.before != calls.after:
-        text += (f" per call; total {human(tot.before)} → {human(tot.after)} ({percent(tot)}) over "
-                 f"{calls.before:.0f} → {calls.after:.0f} calls")
-    return text
+        text = f"{name}: total {human(tot.before)} → {human(tot.after)} ({percent(tot)})"
+    else:
+        text = f"{name}: {human(mean.before)} → {human(mean.after)} ({percent(mean)})"
+        if calls.before != calls.after:
+            text += (f" per call; total {human(tot.before)} → {human(tot.after)} ({percent(tot)}) over "
+                     f"{calls.before:.0f} → {calls.after:.0f} calls")
+    sig = top.significance
+    if sig.basis == "none":
+        return text + f"; untested: {sig.reason}"
+    return text + f"; {'beyond noise' if sig.significant else 'within noise'}: {test_text(sig)}"
 
 
 def _ms_or_dash(x: Optional[float]) -> str:
@@ -272,27 +305,62 @@ def _signed_ms(x: Optional[float]) -> str:
     return "0" if x == 0 else ("+" if x > 0 else MINUS) + ms(abs(x))
 
 
+def _marked(text: str, sig: Significance) -> str:
+    return text if sig.significant or text in ("n/a", "new", "-") else NOISE + text
+
+
 def _diff_cells(r: DiffRow) -> List[str]:
     m = r.metrics
     calls = m["calls"]
+    t, c = r.significance, r.cpu_significance
     return [f"{_int_or_dash(calls.before)}→{_int_or_dash(calls.after)}",
             _ms_or_dash(m["total"].before), _ms_or_dash(m["total"].after), _signed_ms(m["total"].delta),
-            percent(m["total"]), _ms_or_dash(m["mean"].before), _ms_or_dash(m["mean"].after), percent(m["mean"]),
-            percent(m["p50"]), _ms_or_dash(m["p99"].before), _ms_or_dash(m["p99"].after), percent(m["p99"]),
-            percent(m["cpu"])]
+            percent(m["total"]), _ms_or_dash(m["mean"].before), _ms_or_dash(m["mean"].after),
+            _marked(percent(m["mean"]), t), _marked(percent(m["p50"]), t), _ms_or_dash(m["p99"].before),
+            _ms_or_dash(m["p99"].after), _marked(percent(m["p99"]), t), _marked(percent(m["cpu"]), c),
+            "-" if r.status != "both" else {"within noise": NOISE + "noise"}.get(verdict_of(t), verdict_of(t))]
 
 
 def _diff_label(r: DiffRow) -> str:
-    return "/".join(printable(p) for p in r.path) + ("" if r.status == "both" else f" ({r.status})")
+    return path_text(r.path) + ("" if r.status == "both" else f" ({r.status})")
 
 
 def _counter_lines(r: DiffRow) -> List[str]:
-    lines = [f"{n}: {count(c.before)} → {count(c.after)} ({percent(c)})" for n, c in r.counters.items()
-             if c.before or c.after]   # counters that stayed 0 or were never counted say nothing
+    lines = []
+    for n, c in r.counters.items():
+        if not (c.before or c.after):   # counters that stayed 0 or were never counted say nothing
+            continue
+        t = r.counter_significance.get(n)
+        line = f"{n}: {count(c.before)} → {count(c.after)} ({percent(c)}"
+        if t is None or t.basis == "none":
+            lines.append(NOISE + line + ", untested: one window)")
+        elif t.significant:
+            lines.append(line + f"; per call {relative(t.estimate)}, {t.level:.0%} interval {relative(t.interval[0])}"
+                         f" … {relative(t.interval[1])})")
+        else:
+            lines.append(NOISE + line + ", within noise)")
+    if r.status == "both" and r.significance.significant:
+        lines.insert(0, f"{verdict_of(r.significance)}: {test_text(r.significance)}")
     if any(r.verdict):
         b, a = (v or "-" for v in r.verdict)
         lines.insert(0, f"verdict: {b}" + ("" if a == b else f" → {a}"))
     return lines
+
+
+def legend(d: Diff) -> List[str]:
+    return [f"{NOISE} not shown beyond noise: the {1 - d.alpha:.0%} interval of the change includes no change or "
+            f"reaches within ±{d.min_change:.0%}, the smallest change claimed",
+            "tests: turns (windows taken in turns, paired), windows, or calls (rank test, one window a side); "
+            f"CPU time and counters only with {MIN_WINDOWS}+ windows a side (merged snapshots)"]
+
+
+CSV_TESTS = ["significant", "basis", "estimate_pct", "interval_low_pct", "interval_high_pct", "p"]
+
+
+def _test_cells(sig: Significance) -> List[Any]:
+    lo, hi = sig.interval_list() or (None, None)
+    pct_ = (lambda x: None if x is None else 100 * x)
+    return [sig.significant if sig.basis != "none" else None, sig.basis, pct_(sig.estimate), pct_(lo), pct_(hi), sig.p]
 
 
 def render_diff(d: Diff, format: str = "table", limit: Optional[int] = None) -> str:
@@ -307,20 +375,26 @@ def render_diff(d: Diff, format: str = "table", limit: Optional[int] = None) -> 
         buf = io.StringIO()
         w = csv.writer(buf)
         names = list(dict.fromkeys(n for r in rows for n in r.counters))
-        w.writerow(["path", "status"] + [f"{m}_{k}" for m in METRICS for k in ("before", "after", "delta", "ratio")]
-                   + [f"counter:{n}_{k}" for n in names for k in ("before", "after")])
+
+        def head(m: str, k: str) -> str:
+            return f"{m}_{k}" if m == "calls" or k == "ratio" else f"{m}_{k}_ns"
+        w.writerow(["path", "status"] + [head(m, k) for m in METRICS for k in ("before", "after", "delta", "ratio")]
+                   + CSV_TESTS + [f"counter:{n}_{k}" for n in names for k in ("before", "after")])
         for r in rows:
             vals = [v for m in METRICS for v in r.metrics[m].to_dict().values()]
             cs = [v for n in names for v in ((r.counters[n].before, r.counters[n].after) if n in r.counters
                                             else (None, None))]
-            w.writerow(["/".join(r.path), r.status] + ["" if v is None else v for v in vals + cs])
+            w.writerow([path_text(r.path), r.status] + ["" if v is None else v for v in vals]
+                       + ["" if v is None else v for v in _test_cells(r.significance)]
+                       + ["" if v is None else v for v in cs])
         return buf.getvalue()
     if format == "markdown":
         out = [f"**{md(headline(d))}**", "", "| stage | " + " | ".join(DIFF_HEADERS) + " |",
                "| --- | " + " | ".join("---:" for _ in DIFF_HEADERS) + " |"]
         for r in rows:
             extra = "<br>" + "<br>".join(md(x) for x in _counter_lines(r)) if _counter_lines(r) else ""
-            out.append(f"| {md(_diff_label(r))}{extra} | " + " | ".join(_diff_cells(r)) + " |")
+            out.append(f"| {md(_diff_label(r))}{extra} | " + " | ".join(md(c) for c in _diff_cells(r)) + " |")
+        out += ["", "<br>".join(md(x) for x in legend(d))]
         return "\n".join(out)
     table = [[_diff_label(r)] + _diff_cells(r) for r in rows]
     head = ["stage"] + DIFF_HEADERS
@@ -336,4 +410,6 @@ def render_diff(d: Diff, format: str = "table", limit: Optional[int] = None) -> 
         out += ["    " + x for x in _counter_lines(r)]
     if not rows:
         out.append("(no stages on either side)")
+    else:
+        out += ["", *legend(d)]
     return "\n".join(out)
