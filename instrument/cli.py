@@ -166,7 +166,7 @@ def _cmd_report(a) -> int:
     print(render(snap, sort=a.sort, depth=a.depth, fold=a.fold, format=a.format))
     if a.format == "table":
         print()
-        print(table.render_advice(advise(snap)))
+        print(table.render_advice(advise(snap), about=", ".join(a.files)))
     return 0
 
 
@@ -376,7 +376,7 @@ def _cmd_demo(a) -> int:
 
 def _cmd_advise(a) -> int:
     advice = advise(load_many(a.files), a.top)
-    print(json.dumps(advice, indent=2) if a.json else table.render_advice(advice))
+    print(json.dumps(advice, indent=2) if a.json else table.render_advice(advice, about=", ".join(a.files)))
     return 0
 
 

@@ -189,10 +189,10 @@ def test_report_known_numbers(tmp_path, capsys):
     rc, out, _ = main(capsys, "report", pa, "--format", "csv")
     assert rc == 0
     rows = {r["path"]: r for r in csv.DictReader(io.StringIO(out))}
-    assert rows["request"]["calls"] == "100" and rows["request"]["total ms"] == str(2500 * MS)
-    assert float(rows["request"]["mean"]) == 25 * MS and float(rows["request"]["p99"]) == 25 * MS
-    assert rows["request"]["self ms"] == str(100 * MS) and rows["request"]["CPU ms"] == str(2000 * MS)
-    assert float(rows["request/tokenize"]["%root"]) == pytest.approx(0.12)
+    assert rows["request"]["calls"] == "100" and rows["request"]["total_ns"] == str(2500 * MS)
+    assert float(rows["request"]["mean_ns"]) == 25 * MS and float(rows["request"]["p99_ns"]) == 25 * MS
+    assert rows["request"]["self_ns"] == str(100 * MS) and rows["request"]["cpu_ns"] == str(2000 * MS)
+    assert float(rows["request/tokenize"]["root_pct"]) == pytest.approx(12.0)
     rc, out, _ = main(capsys, "report", pa)
     line = next(l for l in out.splitlines() if l.startswith("request"))
     assert line.split()[:7] == ["request", "100", "2500.0", "100.0", "25.00", "25.00", "25.00"]

@@ -125,14 +125,16 @@ def test_demo_run_writes_both_snapshots(model, tmp_path, capsys):
         assert STAGE_PATHS <= set(stages)
         assert all(stages[p]["calls"] == 3 for p in STAGE_PATHS)  # the warm-up requests are not counted
     assert (tmp_path / "report.html").read_text().count("tokenize") >= 1
-    assert "perf counters:" in out and "NVTX:" in out and "Where to look next" in out
+    assert "perf counters:" in out and "NVTX:" in out
+    assert f"Where to look next in optimized ({tmp_path / 'optimized.json'})" in out   # which side it judges
     # the verdicts: the tokenizers are CPU work, never judged as waiting; the advice starts with the
     # stage of the largest self time, whichever it is on this machine
     base = instrument.Snapshot.load(tmp_path / "baseline.json")
     assert base["request/tokenize"].verdict["verdict"] in ("compute-bound", "mixed")
     from instrument.analysis.advice import advise
-    top = advise(base)[0]
-    assert top["path"] == list(max((s for s in base if s.calls), key=lambda s: s.wall_self).path)
+    judged = instrument.Snapshot.load(tmp_path / "optimized.json")
+    top = advise(judged)[0]
+    assert top["path"] == list(max((s for s in judged if s.calls), key=lambda s: s.wall_self).path)
     assert top["path"][-1] + ": " + top["verdict"] in out.replace("request/", "")
 
 

@@ -140,7 +140,8 @@ def run_demo(argv=None) -> int:
     page.write_text(report, encoding="utf-8")
     written.append(page)
     print()
-    print(render_advice(advise(snapshots[variants[0]])))
+    judged = variants[-1]   # after a diff, the advice is about what is left to do: the last variant
+    print(render_advice(advise(snapshots[judged]), about=f"{judged} ({out / (judged + '.json')})"))
     print()
     for line in status_lines(snapshots[variants[0]]):
         print(line)

@@ -11,6 +11,7 @@ import csv
 import io
 import json
 import shutil
+import textwrap
 from dataclasses import dataclass
 from typing import Any, Callable, Dict, List, Optional, Sequence
 
@@ -26,11 +27,12 @@ FORMATS = ("table", "markdown", "csv", "json")
 
 @dataclass(frozen=True)
 class Column:
-    header: str
+    header: str                                      # text and markdown, with the unit of the values shown
     width: int
     value: Callable[[Snapshot, StageStats], str]
-    raw: Callable[[Snapshot, StageStats], object]
+    raw: Callable[[Snapshot, StageStats], object]    # CSV: the value in the unit its `field` names
     wants: Callable[[Snapshot], bool] = lambda snap: True
+    field: str = ""                                  # CSV header: name_unit (ns, pct) or a plain count or ratio
 
 
 def _counter_derived(s: StageStats, key: str):
@@ -42,35 +44,44 @@ def _has_counter(*names: str) -> Callable[[Snapshot], bool]:
     return lambda snap: any(s.counter(n) is not None for s in snap for n in names)
 
 
+def _percent(x: Optional[float]) -> Optional[float]:
+    return None if x is None else 100 * x
+
+
 COLUMNS: List[Column] = [
-    Column("calls", 6, lambda n, s: str(s.calls), lambda n, s: s.calls),
-    Column("total ms", 8, lambda n, s: ms(s.wall_total), lambda n, s: s.wall_total),
-    Column("%root", 5, lambda n, s: pct(n.share_of_root(s)), lambda n, s: n.share_of_root(s)),
-    Column("mean", 6, lambda n, s: ms(s.wall_mean), lambda n, s: s.wall_mean),
-    Column("p50", 6, lambda n, s: ms(s.quantile(0.5)), lambda n, s: s.quantile(0.5)),
-    Column("p99", 6, lambda n, s: ms(s.quantile(0.99)), lambda n, s: s.quantile(0.99)),
-    Column("self ms", 7, lambda n, s: ms(s.wall_self), lambda n, s: s.wall_self),
-    Column("CPU ms", 7, lambda n, s: ms(s.cpu_total), lambda n, s: s.cpu_total),
-    Column("C/W", 4, lambda n, s: ratio(s.cpu_ratio), lambda n, s: s.cpu_ratio),
+    Column("calls", 6, lambda n, s: str(s.calls), lambda n, s: s.calls, field="calls"),
+    Column("total ms", 8, lambda n, s: ms(s.wall_total), lambda n, s: s.wall_total, field="total_ns"),
+    Column("%root", 5, lambda n, s: pct(n.share_of_root(s)), lambda n, s: _percent(n.share_of_root(s)),
+           field="root_pct"),
+    Column("mean ms", 7, lambda n, s: ms(s.wall_mean), lambda n, s: s.wall_mean, field="mean_ns"),
+    Column("p50 ms", 6, lambda n, s: ms(s.quantile(0.5)), lambda n, s: s.quantile(0.5), field="p50_ns"),
+    Column("p99 ms", 6, lambda n, s: ms(s.quantile(0.99)), lambda n, s: s.quantile(0.99), field="p99_ns"),
+    Column("self ms", 7, lambda n, s: ms(s.wall_self), lambda n, s: s.wall_self, field="self_ns"),
+    Column("CPU ms", 6, lambda n, s: ms(s.cpu_total), lambda n, s: s.cpu_total, field="cpu_ns"),
+    Column("C/W", 4, lambda n, s: ratio(s.cpu_ratio), lambda n, s: s.cpu_ratio, field="cpu_per_wall"),
     Column("IPC", 5, lambda n, s: ratio(_counter_derived(s, "ipc")), lambda n, s: _counter_derived(s, "ipc"),
-           _has_counter("instructions")),
+           _has_counter("instructions"), field="ipc"),
     Column("miss%", 6, lambda n, s: pct(_counter_derived(s, "cache_miss_ratio")),
-           lambda n, s: _counter_derived(s, "cache_miss_ratio"), _has_counter("cache-misses")),
+           lambda n, s: _percent(_counter_derived(s, "cache_miss_ratio")), _has_counter("cache-misses"),
+           field="cache_miss_pct"),
     Column("MPKI", 6, lambda n, s: ratio(_counter_derived(s, "mpki"), 1), lambda n, s: _counter_derived(s, "mpki"),
-           _has_counter("cache-misses")),
+           _has_counter("cache-misses"), field="mpki"),
     Column("brmiss%", 7, lambda n, s: pct(_counter_derived(s, "branch_miss_ratio")),
-           lambda n, s: _counter_derived(s, "branch_miss_ratio"), _has_counter("branch-misses")),
+           lambda n, s: _percent(_counter_derived(s, "branch_miss_ratio")), _has_counter("branch-misses"),
+           field="branch_miss_pct"),
     Column("faults", 7, lambda n, s: "n/a" if s.counter("page-faults") is None else f"{s.counter('page-faults'):.0f}",
-           lambda n, s: s.counter("page-faults"), _has_counter("page-faults")),
+           lambda n, s: s.counter("page-faults"), _has_counter("page-faults"), field="page_faults"),
     Column("ctxsw", 6, lambda n, s: "n/a" if s.counter("context-switches") is None else
            f"{s.counter('context-switches'):.0f}", lambda n, s: s.counter("context-switches"),
-           _has_counter("context-switches")),
+           _has_counter("context-switches"), field="context_switches"),
     Column("GPU ms", 7, lambda n, s: ms((s.gpu or {}).get("total_ns")), lambda n, s: (s.gpu or {}).get("total_ns"),
-           lambda snap: any(s.gpu for s in snap)),
+           lambda snap: any(s.gpu for s in snap), field="gpu_ns"),
     Column("verdict", 14, lambda n, s: (s.verdict or {}).get("verdict", ""), lambda n, s: (s.verdict or {}).get("verdict"),
-           lambda snap: any(s.verdict for s in snap)),
+           lambda snap: any(s.verdict for s in snap), field="verdict"),
 ]
 BASE = 9   # the first nine columns always show
+UNITS = ("ms: milliseconds of wall time (CPU ms: thread CPU time); %root: percent of the top-level stage's "
+         "total; C/W: CPU time / wall time")
 
 
 def _sort_key(sort: str):
@@ -100,22 +111,31 @@ def ordered(snap: Snapshot, sort: str = "tree", depth: Optional[int] = None) -> 
 
 
 def choose_columns(snap: Snapshot, width: Optional[int], names: Optional[Sequence[str]] = None) -> List[Column]:
+    return _choose(snap, width, names)[0]
+
+
+def _choose(snap: Snapshot, width: Optional[int], names: Optional[Sequence[str]] = None):
+    """The columns that fit `width`, and those with data that did not fit."""
     if names:
         by = {c.header.lower(): c for c in COLUMNS}
+        by.update({c.field: c for c in COLUMNS})
         bad = [n for n in names if n.lower() not in by]
         if bad:
             raise ValueError(f"unknown column {', '.join(bad)}; the columns are: {', '.join(c.header for c in COLUMNS)}")
-        return [by[n.lower()] for n in names]
+        return [by[n.lower()] for n in names], []
     cols = COLUMNS[:BASE]
     extra = [c for c in COLUMNS[BASE:] if c.wants(snap)]
     if width is None:
-        return cols + extra
+        return cols + extra, []
     used = 16 + sum(c.width + 1 for c in cols)
+    dropped = []
     for c in extra:
         if used + c.width + 1 <= width:
             cols.append(c)
             used += c.width + 1
-    return cols
+        else:
+            dropped.append(c)
+    return cols, dropped
 
 
 def render(snap: Snapshot, sort: str = "tree", depth: Optional[int] = None, fold: bool = False,
@@ -130,15 +150,15 @@ def render(snap: Snapshot, sort: str = "tree", depth: Optional[int] = None, fold
     if fold:
         snap = snap.fold()
     rows = ordered(snap, sort, depth)
-    if format == "json":
-        return json.dumps([dict(s.to_dict(), share_of_root=snap.share_of_root(s)) for s in rows], indent=2)
+    if format == "json":   # times in ns (wall_ns, cpu_ns), root_pct in percent
+        return json.dumps([dict(s.to_dict(), root_pct=_percent(snap.share_of_root(s))) for s in rows], indent=2)
     if width is None:
         width = max(80, shutil.get_terminal_size((80, 24)).columns) if format == "table" else None
-    cols = choose_columns(snap, width, columns)
+    cols, dropped = _choose(snap, width, columns)
     if format == "csv":
         buf = io.StringIO()
         w = csv.writer(buf)
-        w.writerow(["path"] + [c.header for c in cols])
+        w.writerow(["path"] + [c.field for c in cols])
         for s in rows:
             w.writerow([path_text(s.path)] + [c.raw(snap, s) for c in cols])
         return buf.getvalue()
@@ -164,29 +184,37 @@ def render(snap: Snapshot, sort: str = "tree", depth: Optional[int] = None, fold
         lines.append("(no stages recorded)")
     total = snap.total_ns
     lines.append(f"{len(rows)} stages, {ms(total)} ms in top-level stages")
+    if dropped:
+        lines += textwrap.wrap(f"not shown at {width} columns: {', '.join(c.header for c in dropped)} (a wider "
+                               "terminal, COLUMNS=160, or --format csv/json shows them)", width)
     return "\n".join(lines)
 
 
 # ------------------------------------------------------------------ operators
 def ops_lines(ops: Any, indent: str) -> List[str]:
-    """The torch operators of a stage, as far as the record has them."""
+    """The torch operators of a stage, as far as the record has them; device time
+    only where a device ran (a CPU-only profile has none to show)."""
     if not isinstance(ops, dict):
         return []
+    rows_of = {k: [r for r in (ops.get(k) or []) if isinstance(r, dict)] if isinstance(ops.get(k), list) else []
+               for k in ("by_self_cpu", "by_device")}
+    device = bool(ops.get("device_total_ns")) or any(r.get("device_ns") for rows in rows_of.values() for r in rows)
     out = []
     for key, title in (("by_self_cpu", "ops by self CPU"), ("by_device", "ops by device time")):
-        rows = ops.get(key)
-        if not isinstance(rows, list) or not rows:
+        rows = rows_of[key]
+        if not rows:
             continue
         out.append(f"{indent}{title}:")
         for r in rows[:10]:
-            if not isinstance(r, dict):
-                continue
             name = printable(str(r.get("name", "?")))
             name = name if len(name) <= 40 else name[:39] + "…"
-            out.append(f"{indent}  {name:<40} {r.get('calls', 0):>7} calls  {ms(r.get('self_cpu_ns')):>8} ms CPU"
-                       f"  {ms(r.get('device_ns')):>8} ms device")
-    if ops.get("device_total_ns") is not None:
-        out.append(f"{indent}device total: {ms(ops['device_total_ns'])} ms")
+            line = f"{indent}  {name:<40} {r.get('calls', 0):>7} calls  {ms(r.get('self_cpu_ns')):>8} ms CPU"
+            if device:
+                line += f"  {ms(r.get('device_ns')):>8} ms device"
+            out.append(line)
+    if device:
+        out.append(f"{indent}device total: {ms(ops['device_total_ns'])} ms" if ops.get("device_total_ns") is not None
+                   else f"{indent}device total: n/a")
     return out
 
 
@@ -215,9 +243,10 @@ def render_with_ops(snap: Snapshot, sort: str = "tree", depth: Optional[int] = N
 
 
 # ---------------------------------------------------------------------- advice
-def render_advice(advice: Sequence[Dict[str, Any]]) -> str:
-    """instrument.analysis.advice.advise()'s list as text."""
-    lines = ["Where to look next (the stages with the most self time):"]
+def render_advice(advice: Sequence[Dict[str, Any]], about: Optional[str] = None) -> str:
+    """instrument.analysis.advice.advise()'s list as text; `about` names the snapshot it
+    judges (needed wherever two are on screen, as after a diff)."""
+    lines = [f"Where to look next{' in ' + printable(about) if about else ''} (the stages with the most self time):"]
     for i, a in enumerate(advice, 1):
         share = a["saving_upper_bound"]
         lines.append(f"{i}. {path_text(a['path'])}: {a['verdict']} — {a['reason']}")
