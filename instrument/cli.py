@@ -1,6 +1,6 @@
 """The `instrument` command.
 
-    instrument run [-o run.json] [--trace-events N] [--no-report] -- python serve.py ...
+    instrument run [-o run.json] [--trace-events N] [--no-report] [--keep-parts] -- python serve.py ...
     instrument report FILE... [--sort total|self|calls|p99] [--depth N] [--fold] [--format ...] [--ops]
     instrument diff BEFORE AFTER [--fail-if-slower PCT] [--format ...]
     instrument merge FILE... -o all.json
@@ -252,9 +252,18 @@ def _cmd_export(a) -> int:
 
 
 # ---------------------------------------------------------------------- run
+def parts_dir(output: str) -> str:
+    """The folder beside `output` where each process of `instrument run` saves its part."""
+    d, base = os.path.split(os.path.abspath(output))
+    stem = base[:-5] if base.endswith(".json") else base
+    return os.path.join(d, f"{stem}.parts")
+
+
 def run_env(output: str, trace_events: int = 100_000, environ: Optional[Dict[str, str]] = None) -> Dict[str, str]:
     """The environment that turns the SDK on in a program and every Python process
-    it starts; each saves to `<dir>/<stem>.<pid>.json` beside `output`."""
+    it starts; each saves to `<stem>.parts/<stem>.<pid>.json` beside `output` (the
+    folder is made here)."""
+    os.makedirs(parts_dir(output), exist_ok=True)
     env = dict(os.environ if environ is None else environ)
     boot = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_bootstrap")
     env["PYTHONPATH"] = os.pathsep.join([boot] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
@@ -263,9 +272,23 @@ def run_env(output: str, trace_events: int = 100_000, environ: Optional[Dict[str
 
 
 def _pattern(output: str) -> str:
-    d, base = os.path.split(os.path.abspath(output))
+    base = os.path.basename(os.path.abspath(output))
     stem = base[:-5] if base.endswith(".json") else base
-    return os.path.join(d, f"{stem}.{{pid}}.json")
+    return os.path.join(parts_dir(output), f"{stem}.{{pid}}.json")
+
+
+def _remove_parts(paths: Sequence[str], folder: str) -> bool:
+    """Remove merged parts, then the folder when nothing else is in it; whether it went."""
+    for p in paths:
+        try:
+            os.unlink(p)
+        except OSError:
+            pass
+    try:
+        os.rmdir(folder)
+        return True
+    except OSError:
+        return False
 
 
 def _process_files(output: str) -> Dict[str, Tuple[int, int]]:
@@ -293,11 +316,16 @@ def _cmd_run(a) -> int:
         raise CLIError("run: -o - is not supported (stdout is the program's); give a file name")
     if not os.path.isdir(os.path.dirname(os.path.abspath(out))):
         raise CLIError(f"run: {out}: the folder does not exist")
-    env = run_env(out, a.trace_events)
     try:
-        config.from_env(env, strict=True)
+        config.from_env(dict(os.environ, **config.to_env(trace_events=a.trace_events)), strict=True)
     except ValueError as e:
         raise CLIError(f"run: {e}") from None
+    try:
+        env = run_env(out, a.trace_events)
+    except OSError as e:
+        raise CLIError(f"run: {parts_dir(out)}: cannot make the folder for the processes' parts: "
+                       f"{e.strerror or e}") from None
+    folder = parts_dir(out)
     before = _process_files(out)
     try:
         proc = subprocess.Popen(cmd, env=env)
@@ -326,13 +354,15 @@ def _cmd_run(a) -> int:
     produced = sorted((p for p, v in _process_files(out).items() if before.get(p) != v),
                       key=lambda p: int(re.findall(r"\d+", os.path.basename(p))[-1]))
     if not produced:
+        _remove_parts([], folder)
         _err(f"run: the program wrote no snapshot (not Python, started with -I/-S/-E, or ended by SIGKILL?); "
              f"nothing written to {out}")
         return status
-    snaps = []
+    snaps, merged_parts = [], []
     for p in produced:
         try:
             snaps.append(Snapshot.load(p))
+            merged_parts.append(p)
         except SnapshotError as e:
             _err(f"run: skipped {e}")
     if not snaps:
@@ -341,8 +371,13 @@ def _cmd_run(a) -> int:
     _save(merged, out)
     if not a.no_report:
         print(table.render(with_verdicts(merged)), file=sys.stderr)
-    _err(f"run: {out} (merged from {len(snaps)} process{'es' if len(snaps) != 1 else ''}: "
-         f"{', '.join(os.path.basename(p) for p in produced[:8])}{' …' if len(produced) > 8 else ''})")
+    names = f"{', '.join(os.path.basename(p) for p in produced[:8])}{' …' if len(produced) > 8 else ''}"
+    if a.keep_parts:
+        where = f"; parts kept in {folder}"
+    else:
+        gone = _remove_parts(merged_parts, folder)
+        where = "; parts removed" + ("" if gone else f", {folder} holds other files")
+    _err(f"run: {out} (merged from {len(snaps)} process{'es' if len(snaps) != 1 else ''}: {names}{where})")
     return status
 
 
@@ -428,7 +463,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     r = sub.add_parser("run", help="run a program with the SDK on; merge and report its processes' snapshots")
     r.add_argument("-o", "--output", default="run.json", help="merged snapshot (default run.json); each process "
-                   "also leaves <stem>.<pid>.json beside it")
+                   "saves its part into <stem>.parts/ beside it, removed after the merge")
+    r.add_argument("--keep-parts", action="store_true", help="keep each process's snapshot in <stem>.parts/")
     r.add_argument("--trace-events", type=_count, default=100_000, metavar="N",
                    help="timeline events kept per process for the Chrome trace (default 100000, 0 = off)")
     r.add_argument("--no-report", action="store_true", help="do not print the breakdown")

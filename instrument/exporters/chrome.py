@@ -13,7 +13,7 @@ import json
 import os
 from typing import Any, Dict, List, Optional, Tuple
 
-from ..snapshot import Snapshot
+from ..snapshot import Snapshot, path_text
 
 LANE = 10_000_000   # synthetic tid = tid + lane * LANE; Linux tids stay below 2**22
 
@@ -78,7 +78,7 @@ def trace(*snaps: Snapshot) -> Dict[str, Any]:
                 t = tid + lane * LANE
                 threads.setdefault((pid, t), f"thread {tid}" + (f" (overlapping calls, lane {lane})" if lane else ""))
                 x = {"name": e["path"][-1], "cat": "stage", "ph": "X", "ts": (base + e["ts_ns"]) / 1e3,
-                     "dur": e["dur_ns"] / 1e3, "pid": pid, "tid": t, "args": {"path": "/".join(e["path"])}}
+                     "dur": e["dur_ns"] / 1e3, "pid": pid, "tid": t, "args": {"path": path_text(e["path"])}}
                 if e.get("tts_ns") is not None and e.get("tdur_ns") is not None:
                     x["tts"], x["tdur"] = e["tts_ns"] / 1e3, e["tdur_ns"] / 1e3
                 out.append(x)

@@ -8,7 +8,8 @@
 The live side is never imported here: whatever needs live snapshots is given a
 snapshot function (`source`), as the facade's `serve_metrics` does.
 
-Per stage, labels `stage` (its name) and `path` ("a/b"):
+Per stage, labels `stage` (its name) and `path` ("a/b"; a '/' or '\\' inside a name escaped
+with '\\', so a stage named "a/b" has path "a\\/b"):
 
 - `instrument_stage_duration_seconds` histogram; bucket bounds are 2**k - 1 ns
   (k = 10..36, about 1 µs to 69 s), which fall on the snapshot histogram's bucket
@@ -40,7 +41,7 @@ from prometheus_client.utils import floatToGoString
 
 from .. import counters
 from .. import histogram as _hist
-from ..snapshot import Snapshot, SnapshotError, StageStats
+from ..snapshot import Snapshot, SnapshotError, StageStats, path_text
 
 POWERS = range(10, 37)
 BOUNDS_NS = [(1 << k) - 1 for k in POWERS]   # le is inclusive and times are integer ns: 2**k - 1 == "below 2**k"
@@ -83,7 +84,7 @@ def families(snap: Snapshot) -> List[Metric]:
     derived = {k: GaugeMetricFamily(f"instrument_stage_{k}", f"{k.replace('_', ' ')} of a stage from its counters",
                                     labels=LABELS) for k in DERIVED}
     for s in snap:
-        lab = [s.name, "/".join(s.path)]
+        lab = [s.name, path_text(s.path)]
         hist.add_metric(lab, buckets(s), s.wall_total / 1e9)
         self_.add_metric(lab, s.wall_self / 1e9)
         errors.add_metric(lab, s.errors)
