@@ -11,7 +11,6 @@ import socket
 import sys
 import threading
 import time
-import warnings
 from typing import Any, Callable, Dict, Optional
 
 from .. import config as _config
@@ -19,7 +18,7 @@ from .. import counters
 from .._version import __version__
 from ..snapshot import Snapshot, StageStats
 from . import backend as _backend
-from . import integrations, nvtx, perf, torchwatch
+from . import callsite, integrations, nvtx, perf, torchwatch
 
 backend = _backend.current   # the hot path reads this global; _on_backend_switch keeps it current
 
@@ -53,7 +52,7 @@ def _apply(cfg: _config.Config, explicit_counters: bool = False) -> None:
     try:
         torchwatch.on_configure(cfg)
     except Exception as e:  # an integration must never stop the configuration
-        warnings.warn(f"instrument: torch integration: {e}", RuntimeWarning, stacklevel=3)
+        callsite.warn(f"instrument: torch integration: {e}")
 
 
 def use_backend(module) -> None:
@@ -98,9 +97,9 @@ def _apply_counters(names: tuple, explicit: bool = False) -> None:
             key = tuple(sorted(bad))
             if key not in _warned_counters:
                 _warned_counters.add(key)
-                warnings.warn(f"instrument: perf counters unavailable: {', '.join(bad)} ({first['reason']}"
+                callsite.warn(f"instrument: perf counters unavailable: {', '.join(bad)} ({first['reason']}"
                               f"{'; fix: ' + first['fix'] if first.get('fix') else ''}); stages are timed without "
-                              "them (instrument doctor tells more)", RuntimeWarning, stacklevel=4)
+                              "them (instrument doctor tells more)")
 
 
 _warned_counters: set = set()
@@ -278,7 +277,7 @@ def snapshot() -> Snapshot:
         try:
             integ.before_snapshot()
         except Exception as e:
-            warnings.warn(f"instrument: {integ.name}: {e}", RuntimeWarning, stacklevel=2)
+            callsite.warn(f"instrument: {integ.name}: {e}")
     raw = backend.collect()
     paths: Dict[int, tuple] = {}
     for nid, parent, name, _other in raw["nodes"]:
@@ -290,7 +289,7 @@ def snapshot() -> Snapshot:
             for path, fields in integ.stage_fields().items():
                 extra.setdefault(tuple(path), {}).update(fields)
         except Exception as e:
-            warnings.warn(f"instrument: {integ.name}: {e}", RuntimeWarning, stacklevel=2)
+            callsite.warn(f"instrument: {integ.name}: {e}")
     stages = []
     for s in raw["stats"]:
         path = paths[s["node"]]

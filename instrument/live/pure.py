@@ -8,11 +8,11 @@ import contextvars
 import sys
 import threading
 import time
-import warnings
 import weakref
 from typing import Any, Dict, List, Optional
 
 from .. import histogram as _hist
+from . import callsite
 
 MAX_NAME_LEN = 1024
 HIST_SUB_BITS = _hist.SUB_BITS
@@ -59,10 +59,7 @@ def _warn_once(key: str, msg: str) -> None:
     if key in _warned:
         return
     _warned.add(key)
-    try:
-        warnings.warn(msg, RuntimeWarning, stacklevel=3)
-    except Exception:
-        pass
+    callsite.warn(msg)
 
 
 def _internal_failure(what: str) -> None:
