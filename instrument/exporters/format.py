@@ -72,8 +72,9 @@ def printable(name: str) -> str:
 
 
 def md(text: str) -> str:
-    """Text for a markdown table cell."""
-    return printable(text).replace("|", "\\|").replace("<", "&lt;").replace(">", "&gt;")
+    """Text for a markdown table cell (a backslash doubled, so an escaped '/' in a path stays shown)."""
+    return (printable(text).replace("\\", "\\\\").replace("|", "\\|").replace("<", "&lt;")
+            .replace(">", "&gt;"))
 
 
 def path_text(path: Sequence[str]) -> str:
