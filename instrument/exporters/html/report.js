@@ -166,9 +166,9 @@
     ["calls", function (s) { return s.calls; }, String],
     ["total ms", function (s) { return s.total; }, ms],
     ["% root", function (s) { return s.root; }, pct],
-    ["mean", function (s) { return s.mean; }, ms],
-    ["p50", function (s) { return s.p50; }, ms],
-    ["p99", function (s) { return s.p99; }, ms],
+    ["mean ms", function (s) { return s.mean; }, ms],
+    ["p50 ms", function (s) { return s.p50; }, ms],
+    ["p99 ms", function (s) { return s.p99; }, ms],
     ["self ms", function (s) { return s.self; }, ms],
     ["CPU ms", function (s) { return s.cpu; }, ms],
     ["CPU/wall", function (s) { return s.ratio; }, function (v) { return v === null ? "n/a" : v.toFixed(2); }]
@@ -178,10 +178,10 @@
     cols.push(["GPU ms", function (s) { return s.gpu === undefined ? null : s.gpu; }, ms]);
   cols.push(["verdict", function (s) { return s.verdict || null; }, String]);
   if (B) {
-    cols = cols.filter(function (c) { return ["p50", "CPU/wall", "% root", "self ms"].indexOf(c[0]) < 0; });   // room for the comparison
+    cols = cols.filter(function (c) { return ["p50 ms", "CPU/wall", "% root", "self ms"].indexOf(c[0]) < 0; });   // room for the comparison
     cols.splice(3, 0, ["before ms", function (s) { var b = BI[key(s.path)]; return b ? b.total : null; }, ms],
       ["\u0394 total", function (s) { var b = BI[key(s.path)]; return b ? change(b.total, s.total) : null; }, signed, true]);
-    cols.splice(6, 0, ["before mean", function (s) { var b = BI[key(s.path)]; return b ? b.mean : null; }, ms],
+    cols.splice(6, 0, ["before mean ms", function (s) { var b = BI[key(s.path)]; return b ? b.mean : null; }, ms],
       ["\u0394 mean", function (s) { var b = BI[key(s.path)]; return b ? change(b.mean, s.mean) : null; }, signed, true],
       ["beyond noise?", function (s) { var t = TEST[key(s.path)]; return t ? (t.significant ? (t.direction > 0 ? "slower" : "faster") : "~ within noise") : null; }, String]);
   }
@@ -211,7 +211,7 @@
       cols.slice(1).forEach(function (c) {
         var v = s.onlyBefore && c[0].indexOf("before") < 0 && c[0].indexOf("\u0394") < 0 ? null : c[1](s);
         if (s.onlyBefore && c[0] === "before ms") v = s.total;
-        if (s.onlyBefore && c[0] === "before mean") v = s.mean;
+        if (s.onlyBefore && c[0] === "before mean ms") v = s.mean;
         var quiet = c[3] && !s.onlyBefore && BI[key(s.path)] && noisy(s) && c[0] === "\u0394 mean";
         var td = el("td", null, v === null || v === undefined ? "n/a" : (quiet ? "~" : "") + c[2](v));
         if (v === null || v === undefined) td.className = "na";
