@@ -10,8 +10,13 @@ from typing import Type
 _PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
 
 
+def _import_machinery(filename: str) -> bool:
+    """Frames warnings.warn itself skips when it counts `stacklevel`."""
+    return "importlib" in filename and "_bootstrap" in filename
+
+
 def _ours(filename: str) -> bool:
-    return filename.startswith(_PACKAGE) or filename.startswith("<frozen ") or "importlib" in filename
+    return filename.startswith(_PACKAGE) or _import_machinery(filename)
 
 
 def stacklevel(skip: int = 1) -> int:
@@ -21,8 +26,9 @@ def stacklevel(skip: int = 1) -> int:
     level = skip + 1
     f = sys._getframe(skip + 1)
     while f is not None and _ours(f.f_code.co_filename):
+        if not _import_machinery(f.f_code.co_filename):
+            level += 1
         f = f.f_back
-        level += 1
     return level if f is not None else skip + 1
 
 
