@@ -105,3 +105,30 @@ def test_diff_page_in_headless_chromium(chromium, tmp_path):
     before_cells = re.findall(r'data-path="([^"]*)"', dom.split('id="icicle-before"', 1)[1])
     assert "request/legacy" in before_cells
     assert "only before" in dom and "only after" in dom
+
+
+def test_diff_page_marks_noise(chromium, tmp_path):
+    import numpy as np
+    rng = np.random.default_rng(5)
+    same = [int(v) for v in rng.normal(10 * MS, 1 * MS, 400)]
+    again = [int(v) for v in rng.normal(10 * MS, 1 * MS, 400)]
+    before = snap(st("request", 0, 0, values=same), st("request/model", 0, 0, values=same),
+                  st("request/io", 0, 0, values=same))
+    after = snap(st("request", 0, 0, values=again), st("request/model", 0, 0, values=again),
+                 st("request/io", 0, 0, values=[2 * v for v in again]))
+    page = tmp_path / "noise.html"
+    page.write_text(html.render(after, before=before))
+    dom = htmllib.unescape(browse(chromium, page, tmp_path, "dom"))
+    head = re.search(r'<div id="headline" class="headline (\w+)" data-significant="(\w+)">([^<]*)<', dom)
+    assert head.group(1, 2) == ("noise", "false") and "within noise" in head.group(3)
+    rows = {}
+    for tr in re.findall(r"<tr>(.*?)</tr>", dom.split("<tbody>", 1)[1], re.S):
+        name = re.search(r'title="([^"]*)"', tr).group(1)
+        rows[name] = re.findall(r"<td[^>]*>([^<]*)</td>", tr)
+    head_cells = re.findall(r"<th[^>]*>([^<]*)</th>", dom)[1:]
+    col = {h: k for k, h in enumerate(head_cells)}
+    assert rows["request/io"][col["beyond noise?"]] == "slower"
+    assert rows["request/model"][col["beyond noise?"]] == "~ within noise"
+    assert rows["request/model"][col["\u0394 mean"]].startswith("~")
+    assert not rows["request/io"][col["\u0394 mean"]].startswith("~")
+    assert "within noise" in dom.split('id="legend"', 1)[1]
