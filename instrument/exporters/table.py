@@ -344,7 +344,8 @@ def _diff_cells(r: DiffRow) -> List[str]:
     t, c = r.significance, r.cpu_significance
     return [f"{_int_or_dash(calls.before)}→{_int_or_dash(calls.after)}",
             _ms_or_dash(m["total"].before), _ms_or_dash(m["total"].after), _signed_ms(m["total"].delta),
-            percent(m["total"]), _ms_or_dash(m["mean"].before), _ms_or_dash(m["mean"].after),
+            _marked(percent(m["total"]), t) if calls.before == calls.after else percent(m["total"]),
+            _ms_or_dash(m["mean"].before), _ms_or_dash(m["mean"].after),
             _marked(percent(m["mean"]), t), _marked(percent(m["p50"]), t), _ms_or_dash(m["p99"].before),
             _ms_or_dash(m["p99"].after), _marked(percent(m["p99"]), t), _marked(percent(m["cpu"]), c),
             "-" if r.status != "both" else {"within noise": NOISE + "noise"}.get(verdict_of(t), verdict_of(t))]

@@ -212,7 +212,8 @@
         var v = s.onlyBefore && c[0].indexOf("before") < 0 && c[0].indexOf("\u0394") < 0 ? null : c[1](s);
         if (s.onlyBefore && c[0] === "before ms") v = s.total;
         if (s.onlyBefore && c[0] === "before mean ms") v = s.mean;
-        var quiet = c[3] && !s.onlyBefore && BI[key(s.path)] && noisy(s) && c[0] === "\u0394 mean";
+        var quiet = c[3] && !s.onlyBefore && BI[key(s.path)] && noisy(s) &&
+          (c[0] === "\u0394 mean" || (c[0] === "\u0394 total" && BI[key(s.path)].calls === s.calls));
         var td = el("td", null, v === null || v === undefined ? "n/a" : (quiet ? "~" : "") + c[2](v));
         if (v === null || v === undefined) td.className = "na";
         else if (quiet) { td.className = "noise"; td.title = "within noise: " + TEST[key(s.path)].reason; }
