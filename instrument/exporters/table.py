@@ -286,7 +286,7 @@ def verdict_of(sig: Significance) -> str:
     return {1: "slower", -1: "faster"}.get(sig.direction, "within noise")
 
 
-def test_text(sig: Significance, what: str = "typical call") -> str:
+def significance_text(sig: Significance, what: str = "typical call") -> str:
     """`typical call +11.2% (99% interval +10.4% … +12.0%, 40 turns)`."""
     if sig.basis == "none":
         return f"untested ({sig.reason})"
@@ -317,7 +317,7 @@ def headline(d: Diff) -> str:
     sig = top.significance
     if sig.basis == "none":
         return text + f"; untested: {sig.reason}"
-    return text + f"; {'beyond noise' if sig.significant else 'within noise'}: {test_text(sig)}"
+    return text + f"; {'beyond noise' if sig.significant else 'within noise'}: {significance_text(sig)}"
 
 
 def _ms_or_dash(x: Optional[float]) -> str:
@@ -370,7 +370,7 @@ def _counter_lines(r: DiffRow) -> List[str]:
         else:
             lines.append(NOISE + line + ", within noise)")
     if r.status == "both" and r.significance.significant:
-        lines.insert(0, f"{verdict_of(r.significance)}: {test_text(r.significance)}")
+        lines.insert(0, f"{verdict_of(r.significance)}: {significance_text(r.significance)}")
     if any(r.verdict):
         b, a = (v or "-" for v in r.verdict)
         lines.insert(0, f"verdict: {b}" + ("" if a == b else f" → {a}"))
