@@ -3,8 +3,9 @@
 Repeated trials of a real workload (a pure-Python loop of ~20 µs per call in a stage),
 compared with itself and with versions doing 10 % and 30 % more iterations:
 
-- turns:   both sides take turns in chunks (each chunk a snapshot, merged per side),
-           as `instrument demo` runs its variants: the paired-windows test;
+- turns:   both sides take turns in chunks (each chunk a snapshot, merged per side), the
+           first of each turn alternating, as `instrument demo` runs its variants: the
+           paired-windows test;
 - windows: the same chunks, but all of one side before all of the other: Welch on windows;
 - calls:   one window a side, the two alternating every 50 calls in one recording:
            the rank test on the histograms;
@@ -37,7 +38,8 @@ def work(stage, calls, iterations):
 
 def chunks(slower, turns, calls, interleave, base=400):
     spin = instrument.stage("spin")
-    order = [(k, side) for k in range(turns) for side in (0, 1)]
+    order = [(k, side) for k in range(turns) for side in ((0, 1) if k % 2 == 0 else (1, 0))]   # ABBA: no side
+    # always goes first
     if not interleave:
         order.sort(key=lambda x: x[1])
     parts = ([], [])
@@ -53,9 +55,9 @@ def one_window(slower, turns, calls, interleave, base=400):
     instrument.reset()
     total = turns * calls
     if interleave:
-        for _ in range(total // 50):
-            work(a, 50, base)
-            work(b, 50, int(base * slower))
+        for k in range(total // 50):
+            for st_, it in ((a, base), (b, int(base * slower)))[:: 1 if k % 2 == 0 else -1]:
+                work(st_, 50, it)
     else:
         work(a, total, base)
         work(b, total, int(base * slower))

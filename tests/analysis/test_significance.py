@@ -101,8 +101,9 @@ def _work(calls, iterations):
 def in_turns(slower=1.0, turns=40, calls=200, base=400):
     """Before and after taking turns, `turns` chunks each, as instrument demo runs its variants."""
     parts = ([], [])
-    for _ in range(turns):
-        for side, iterations in ((0, base), (1, int(base * slower))):
+    for k in range(turns):
+        order = ((0, base), (1, int(base * slower)))
+        for side, iterations in order if k % 2 == 0 else order[::-1]:   # neither side always goes first
             instrument.reset()
             _work(calls, iterations)
             parts[side].append(instrument.snapshot())
@@ -148,8 +149,8 @@ def single_windows(slower=1.0, rounds=40, calls=50, base=400):
     under its own stage; each side's stage is then given the common path."""
     a, b = instrument.stage("side_a"), instrument.stage("side_b")
     instrument.reset()
-    for _ in range(rounds):
-        for st_, it in ((a, base), (b, int(base * slower))):
+    for k in range(rounds):
+        for st_, it in ((a, base), (b, int(base * slower)))[:: 1 if k % 2 == 0 else -1]:
             for _ in range(calls):
                 with st_:
                     x = 0
