@@ -36,6 +36,7 @@ from .. import histogram as _hist
 
 MIN_WINDOWS = 3
 MIN_TURNS = 8          # the exact signed-rank test reaches p < 0.01 from 8 pairs on
+EXACT_PAIRS = 60       # up to this many pairs the signed-rank test is exact; beyond, the normal approximation
 ALPHA = config.BY_NAME["diff_alpha"].default
 MIN_CHANGE = config.BY_NAME["diff_min_change"].default
 
@@ -268,23 +269,33 @@ def paired_test(diffs: Sequence[float], alpha: float = ALPHA, min_change: float 
     walsh = sorted((d[i] + d[j]) / 2 for i in range(n) for j in range(i, n))
     est = _median(walsh)
     m = len(walsh)
-    if ranks2:
-        counts = signed_rank_distribution(ranks2)
-        total, patterns = sum(ranks2), 2 ** len(ranks2)
-        w_plus = sum(r for r, (_, x) in zip(ranks2, nz) if x > 0)
-        w_minus = total - w_plus
-        lo_tail = sum(counts[: min(w_plus, w_minus) + 1]) / patterns
-        p = min(1.0, 2 * lo_tail)
-    else:
+    w_plus = sum(r for r, (_, x) in zip(ranks2, nz) if x > 0) / 2      # in ranks
+    total = sum(ranks2) / 2
+    if not ranks2:
         p = 1.0
+    elif len(ranks2) <= EXACT_PAIRS:
+        counts = signed_rank_distribution(ranks2)
+        lo_tail = sum(counts[: int(2 * min(w_plus, total - w_plus)) + 1]) / 2 ** len(ranks2)
+        p = min(1.0, 2 * lo_tail)
+    else:                                  # normal approximation, tie and continuity corrected
+        k = len(ranks2)
+        ties: Dict[int, int] = {}
+        for r in ranks2:
+            ties[r] = ties.get(r, 0) + 1
+        var = k * (k + 1) * (2 * k + 1) / 24 - sum(t ** 3 - t for t in ties.values()) / 48
+        z = max(0.0, abs(w_plus - k * (k + 1) / 4) - 0.5) / math.sqrt(var) if var > 0 else 0.0
+        p = min(1.0, 2 * normal_sf(z)) if var > 0 else 1.0
     # the interval: drop c Walsh averages at each end, c the largest count with P(W+ < c) <= alpha / 2
-    full = signed_rank_distribution([2 * (i + 1) for i in range(n)])
-    patterns_n, acc, c = 2 ** n, 0, 0
-    for w in range(0, len(full), 2):
-        acc += full[w]
-        if acc / patterns_n > alpha / 2:
-            break
-        c = w // 2 + 1
+    if n <= EXACT_PAIRS:
+        full = signed_rank_distribution([2 * (i + 1) for i in range(n)])
+        acc, c = 0, 0
+        for w in range(0, len(full), 2):
+            acc += full[w]
+            if acc / 2 ** n > alpha / 2:
+                break
+            c = w // 2 + 1
+    else:
+        c = max(0, int(math.floor(n * (n + 1) / 4 - normal_ppf(alpha / 2) * math.sqrt(n * (n + 1) * (2 * n + 1) / 24))))
     lo, hi = (walsh[c], walsh[m - 1 - c]) if c < m - c else (walsh[0], walsh[-1])
     if c == 0:
         lo, hi = -math.inf, math.inf            # too few turns for this confidence

@@ -68,6 +68,11 @@ def test_signed_rank_test_matches_scipy_exact():
         assert sig.p == pytest.approx(ref.pvalue, rel=1e-9)
         walsh = [(d[i] + d[j]) / 2 for i in range(n) for j in range(i, n)]
         assert math.log1p(sig.estimate) == pytest.approx(np.median(walsh), abs=1e-12)
+    d = np.round(rng.normal(0.01, 0.02, 200), 3)          # many pairs, with ties: the normal approximation
+    sig = S.paired_test(list(d), alpha=0.05, min_change=0)
+    ref = stats.wilcoxon(d, method="approx", correction=True, zero_method="wilcox")
+    assert sig.p == pytest.approx(ref.pvalue, rel=1e-6)
+    assert sig.interval[0] < math.expm1(np.median(d)) < sig.interval[1]
 
 
 def test_identical_values_are_never_a_change_and_constant_shift_always_is():
