@@ -107,7 +107,7 @@ def in_turns(slower=1.0, turns=40, calls=200, base=400):
     """Before and after taking turns, `turns` chunks each, as instrument demo runs its variants."""
     parts = ([], [])
     for k in range(turns):
-        order = ((0, base), (1, int(base * slower)))
+        order = ((0, int(base * 1.0)), (1, int(base * slower)))   # bounds made alike
         for side, iterations in order if k % 2 == 0 else order[::-1]:   # neither side always goes first
             instrument.reset()
             _work(calls, iterations)
@@ -155,7 +155,7 @@ def single_windows(slower=1.0, rounds=40, calls=50, base=400):
     a, b = instrument.stage("side_a"), instrument.stage("side_b")
     instrument.reset()
     for k in range(rounds):
-        for st_, it in ((a, base), (b, int(base * slower)))[:: 1 if k % 2 == 0 else -1]:
+        for st_, it in ((a, int(base * 1.0)), (b, int(base * slower)))[:: 1 if k % 2 == 0 else -1]:
             for _ in range(calls):
                 with st_:
                     x = 0
