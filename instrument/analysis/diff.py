@@ -66,11 +66,11 @@ class DiffRow:
         for k, c in self.counters.items():
             t = self.counter_significance.get(k)
             counters[k] = dict(c.to_dict(), significant=bool(t and t.significant),
-                               interval=list(t.interval) if t and t.interval else None)
+                               interval=t.interval_list() if t else None)
         return {"path": list(self.path), "status": self.status,
                 **{(k if k == "calls" else f"{k}_ns"): c.to_dict() for k, c in self.metrics.items()},
                 "significant": self.significance.significant,
-                "interval": list(self.significance.interval) if self.significance.interval else None,
+                "interval": self.significance.interval_list(),
                 "significance": self.significance.to_dict(),
                 "cpu_significance": self.cpu_significance.to_dict(),
                 "counters": counters,
@@ -104,7 +104,7 @@ class Diff:
     def to_dict(self) -> Dict[str, Any]:
         sig = self.significance
         return {"stage": list(self.stage) if self.stage else None, "change": self.change, "basis": self.basis,
-                "significant": sig.significant, "interval": list(sig.interval) if sig.interval else None,
+                "significant": sig.significant, "interval": sig.interval_list(),
                 "significance": sig.to_dict(), "alpha": self.alpha, "min_change": self.min_change,
                 "rows": [r.to_dict() for r in self.rows]}
 

@@ -247,3 +247,9 @@ def test_windows_survive_save_and_load(tmp_path):
     again = diff(instrument.Snapshot.load(a), instrument.Snapshot.load(b))
     assert again.significance == diff(before, after).significance
     assert len(instrument.Snapshot.load(a)["spin"].windows) == 9
+
+
+def test_unbounded_interval_is_null_in_json():
+    t = S.paired_test([0.1] * 8, alpha=1e-4, min_change=0)   # 8 pairs cannot reach 99.99 %
+    assert t.interval == (-1.0, math.inf) and t.interval_list() == [-1.0, None] and not t.significant
+    json.dumps(t.to_dict(), allow_nan=False)
