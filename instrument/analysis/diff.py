@@ -120,6 +120,10 @@ def _windows(s: StageStats) -> list:
     return [w for w in s.all_windows() if w["calls"]]
 
 
+def _in_time(ws: list) -> list:
+    return sorted(ws, key=lambda w: (w.get("start_time") is None, w.get("start_time") or 0))
+
+
 def _rates(ws: list, value) -> list:
     return [(w["calls"], value(w)) for w in ws]
 
@@ -134,7 +138,8 @@ def time_test(b: StageStats, a: StageStats, alpha: float = _sig.ALPHA,
                            [(w.get("start_time"), w["p50_ns"]) for w in wa])
         if pairs is not None:
             return _sig.paired_test([math.log(y / x) for x, y in pairs], alpha, min_change)
-        return _sig.log_window_test([w["p50_ns"] for w in wb], [w["p50_ns"] for w in wa], alpha, min_change)
+        return _sig.log_window_test([w["p50_ns"] for w in _in_time(wb)], [w["p50_ns"] for w in _in_time(wa)], alpha,
+                                    min_change)
     return _sig.rank_test(b.hist, a.hist, alpha, min_change)
 
 

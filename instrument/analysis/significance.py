@@ -11,8 +11,9 @@ The time per call is compared on the strongest basis both sides allow:
   the log ratios of their medians; estimate and interval from the Walsh averages.
   The machine's drift falls on both members of a pair alike and cancels.
 - **windows**: each side holds at least `MIN_WINDOWS` windows, not in turns:
-  Welch's t-test on the logs of the window medians.  The spread between windows
-  holds the drift within each run; drift between the runs is not seen.
+  Welch's t-test on the logs of the window medians, with the drift each side
+  shows between its first and second halves added to the variance, as a guess
+  at the drift between the runs (which no snapshot holds).
 - **calls**: otherwise the Mann-Whitney rank test on the two histograms of call
   times (ties within a bucket counted as such), with the Hodges-Lehmann shift of
   log call time and its Moses interval.  It treats calls as independent and
@@ -217,7 +218,12 @@ def window_test(before: Sequence[Tuple[float, float]], after: Sequence[Tuple[flo
 def log_window_test(before: Sequence[float], after: Sequence[float], alpha: float = ALPHA,
                     min_change: float = MIN_CHANGE, unit: str = "windows") -> Significance:
     """Welch's t-test on the logs of one positive value per window (each window's median
-    call time): the estimate is the ratio of their geometric means."""
+    call time, in time order): the estimate is the ratio of their geometric means.
+
+    The two sides were recorded at different times, so the machine may have drifted
+    between them; the windows of one side show how far it drifts over a run: the
+    squared difference between the means of each side's first and second halves is
+    added to the variance (a component with 2 degrees of freedom)."""
     b = [math.log(v) for v in before if v is not None and v > 0]
     a = [math.log(v) for v in after if v is not None and v > 0]
     if len(b) < MIN_WINDOWS or len(a) < MIN_WINDOWS:
@@ -225,16 +231,24 @@ def log_window_test(before: Sequence[float], after: Sequence[float], alpha: floa
     mb, ma = sum(b) / len(b), sum(a) / len(a)
     vb = sum((x - mb) ** 2 for x in b) / (len(b) - 1) / len(b)
     va = sum((x - ma) ** 2 for x in a) / (len(a) - 1) / len(a)
-    d, se = ma - mb, math.sqrt(vb + va)
+    halves = [_halves(x) for x in (b, a) if len(x) >= 4]
+    vd = sum(h * h for h in halves) / len(halves) if halves else 0.0
+    d, se = ma - mb, math.sqrt(vb + va + vd)
     if se == 0:
         p = 1.0 if d == 0 else 0.0
         return _decide("windows", math.exp(d) - 1, math.exp(d) - 1, math.exp(d) - 1, p, alpha, min_change,
                        (len(b), len(a)), unit)
-    df = (vb + va) ** 2 / ((vb * vb / (len(b) - 1) if vb else 0) + (va * va / (len(a) - 1) if va else 0))
+    parts = [(vb, len(b) - 1), (va, len(a) - 1), (vd, 2 * len(halves) or 1)]
+    df = (vb + va + vd) ** 2 / sum(v * v / k for v, k in parts if v)
     p = min(1.0, 2 * t_sf(abs(d) / se, df))
     half = t_ppf(alpha / 2, df) * se
     return _decide("windows", math.exp(d) - 1, math.exp(d - half) - 1, math.exp(d + half) - 1, p, alpha,
                    min_change, (len(b), len(a)), unit)
+
+
+def _halves(xs: Sequence[float]) -> float:
+    k = len(xs) // 2
+    return sum(xs[:k]) / k - sum(xs[-k:]) / k
 
 
 def signed_rank_distribution(ranks2: Sequence[int]) -> list:
