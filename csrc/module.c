@@ -1,13 +1,17 @@
 /* The module: its functions (stage, configure, set_counters, set_hooks, collect,
- * reset, after_fork_child, now_ns, hist_index, current_path) and its init, which
+ * reset, after_fork_child, now_ns, hist_index, current_path, add (items.c), set_root_exit_hook) and its
+ * init, which
  * also adds the NVTX functions (nvtx_emit.c) and CounterGroup (perf.c). */
 #include "core.h"   /* first: Python.h sets the feature macros */
 
 #include <string.h>
 
+#include "exemplars.h"
 #include "hist.h"
+#include "items.h"
 #include "nodes.h"
 #include "nvtx_emit.h"
+#include "rootexit.h"
 #include "stats.h"
 #include "threads.h"
 #include "types.h"
@@ -32,13 +36,15 @@ static PyObject *mod_stage(PyObject *m, PyObject *name) {
 }
 
 static PyObject *mod_configure(PyObject *m, PyObject *args, PyObject *kw) {
-    static char *kwlist[] = {"enabled", "cpu_clock", "max_stages", "trace_events", "nvtx", NULL};
+    static char *kwlist[] = {"enabled", "cpu_clock", "max_stages", "trace_events", "nvtx", "exemplars", NULL};
     int enabled = g_enabled, cpu_clock = g_cpu_clock, nvtx = g_nvtx;
-    int max_nodes = g_max_nodes;
+    int max_nodes = g_max_nodes, xm_k = g_xm_k;
     Py_ssize_t trace = (Py_ssize_t)g_ring_cap;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "|$ppinp:configure", kwlist, &enabled, &cpu_clock, &max_nodes, &trace, &nvtx)) return NULL;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "|$ppinpi:configure", kwlist, &enabled, &cpu_clock, &max_nodes, &trace, &nvtx, &xm_k)) return NULL;
     if (max_nodes < 1) return PyErr_Format(PyExc_ValueError, "max_stages must be at least 1, got %d", max_nodes);
     if (trace < 0) return PyErr_Format(PyExc_ValueError, "trace_events must be 0 or more, got %zd", trace);
+    if (xm_k < 0 || xm_k > XM_MAX_K) return PyErr_Format(PyExc_ValueError, "exemplars must be from 0 to %d, got %d", XM_MAX_K, xm_k);
+    xm_set_k(xm_k);
     if ((size_t)trace != g_ring_cap && trace_resize((size_t)trace) < 0) return PyErr_NoMemory();
     g_enabled = enabled;
     g_cpu_clock = cpu_clock;
@@ -128,7 +134,7 @@ static PyObject *mod_collect(PyObject *m, PyObject *unused) {
     }
     for (int32_t id = 0; id < all.n; id++) {
         NodeStats *s = all.v[id];
-        if (!s || !s->calls) continue;
+        if (!s || (!s->calls && !s->n_items)) continue;   /* node 0: items added outside any stage */
         PyObject *h = hist_to_list(&s->h);
         if (!h) goto done;
         PyObject *ctr = PyList_New(0);
@@ -148,6 +154,9 @@ static PyObject *mod_collect(PyObject *m, PyObject *unused) {
             "cpu_self", (long long)s->cpu_self, "hist", h);
         if (t && PyDict_SetItemString(t, "counters", ctr) < 0) Py_CLEAR(t);
         Py_DECREF(ctr);
+        PyObject *items = t ? items_to_list(s) : NULL;
+        if (t && (!items || PyDict_SetItemString(t, "items", items) < 0)) Py_CLEAR(t);
+        Py_XDECREF(items);
         if (!t || PyList_Append(stats, t) < 0) { Py_XDECREF(t); goto done; }
         Py_DECREF(t);
     }
@@ -171,6 +180,12 @@ static PyObject *mod_collect(PyObject *m, PyObject *unused) {
         "out_of_order_exits", (unsigned long long)g_out_of_order, "cross_thread_exits", (unsigned long long)g_cross_thread,
         "internal_failures", (unsigned long long)g_internal, "folded_calls", (unsigned long long)g_folded,
         "max_stages", (unsigned long long)g_max_nodes, "threads", (Py_ssize_t)live, "clock_ns", (long long)now_ns());
+    PyObject *xm = res ? xm_collect() : NULL;
+    if (res && (!xm || PyDict_SetItemString(res, "exemplars", xm) < 0)) Py_CLEAR(res);
+    Py_XDECREF(xm);
+    PyObject *xb = res ? Py_BuildValue("(nn)", (Py_ssize_t)xm_bytes(), (Py_ssize_t)xm_pool_bytes()) : NULL;
+    if (res && (!xb || PyDict_SetItemString(res, "exemplar_bytes", xb) < 0)) Py_CLEAR(res);
+    Py_XDECREF(xb);
     if (res && g_ctr_status_known) {
         PyObject *x = Py_BuildValue("{s:O,s:O}", "exclude_kernel", g_ctr_excl_used ? Py_True : Py_False,
                                     "rdpmc", g_ctr_rdpmc ? Py_True : Py_False);
@@ -188,6 +203,7 @@ done:
 static void zero_all(void) {
     for (ThreadState *ts = g_threads; ts; ts = ts->next) stats_array_clear(&ts->stats);
     stats_array_clear(&g_retired);
+    xm_reset();
     g_ring_next = 0;
     g_ring_total = 0;
     g_unmatched = g_out_of_order = g_cross_thread = g_internal = g_folded = 0;
@@ -245,6 +261,9 @@ static PyMethodDef native_methods[] = {
     {"now_ns", (PyCFunction)mod_now_ns, METH_NOARGS, "the hot path's clock (CLOCK_MONOTONIC)"},
     {"hist_index", (PyCFunction)mod_hist_index, METH_O, "bucket of a value in the histogram"},
     {"current_path", (PyCFunction)mod_current_path, METH_NOARGS, "names of the open stages of this context"},
+    {"add", (PyCFunction)(void (*)(void))mod_add, METH_FASTCALL | METH_KEYWORDS,
+     "add(name, value=1): items (tokens, samples, bytes, ...) of the innermost open stage of this context"},
+    {"set_root_exit_hook", (PyCFunction)mod_set_root_exit_hook, METH_O, "set_root_exit_hook(f): f() after every outermost stage exit; None clears"},
     {NULL}
 };
 

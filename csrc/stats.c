@@ -4,6 +4,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "items.h"
+
 TraceEvent *g_ring = NULL;
 size_t g_ring_cap = 0, g_ring_next = 0;
 uint64_t g_ring_total = 0;
@@ -29,6 +31,7 @@ NodeStats *stats_slot_new(StatsArray *a, int32_t node) {
 }
 
 static int stats_merge(NodeStats *d, const NodeStats *s) {
+    if (s->n_items && items_merge(d, s) < 0) return -1;
     if (!s->calls) return 0;
     d->calls += s->calls;
     d->errors += s->errors;
@@ -57,6 +60,7 @@ void stats_array_clear(StatsArray *a) {
     for (int32_t i = 0; i < a->n; i++) {
         if (a->v[i]) {
             hist_clear(&a->v[i]->h);
+            items_clear(a->v[i]);
             free(a->v[i]->ctr);
             free(a->v[i]);
         }
@@ -68,7 +72,7 @@ void stats_array_clear(StatsArray *a) {
 
 int stats_array_merge(StatsArray *into, const StatsArray *from) {
     for (int32_t i = 0; i < from->n; i++) {
-        if (!from->v[i] || !from->v[i]->calls) continue;
+        if (!from->v[i] || (!from->v[i]->calls && !from->v[i]->n_items)) continue;
         NodeStats *d = stats_get(into, i);
         if (!d || stats_merge(d, from->v[i]) < 0) return -1;
     }

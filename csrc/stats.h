@@ -12,12 +12,16 @@ typedef struct CounterStat {
     uint64_t scaled;           /* calls whose value was scaled for multiplexing */
 } CounterStat;
 
+typedef struct ItemStat ItemStat;   /* items.h */
+
 typedef struct {
     uint64_t calls, errors, cpu_calls;
     int64_t wall_total, wall_self, wall_min, wall_max;
     int64_t cpu_total, cpu_self;
     hist h;
     CounterStat *ctr;          /* PERF_MAX_EVENTS entries (g_ctr_n used), allocated on the first counted call */
+    ItemStat *items;           /* instrument.add() totals by item name (items.c); NULL until the first add */
+    int32_t n_items, cap_items;
 } NodeStats;
 
 typedef struct {

@@ -11,6 +11,8 @@
 #include "threads.h"
 #include "hist.h"
 #include "nvtx_emit.h"
+#include "exemplars.h"
+#include "rootexit.h"
 
 static PyObject *g_stack_var = NULL;         /* context variable holding the Stack */
 static PyObject *g_get_running_loop = NULL;  /* asyncio.events._get_running_loop, once asyncio is imported */
@@ -30,6 +32,7 @@ static int Stack_clear(Stack *st) {
 
 static void Stack_dealloc(Stack *st) {
     PyObject_GC_UnTrack(st);
+    if (st->xm) xm_stack_gone(st);
     g_open_frames -= st->depth;
     for (int32_t i = 0; i < st->depth; i++) {
         Py_XDECREF(st->frames[i].hook);
@@ -71,6 +74,7 @@ Stack *stack_current(int create) {
     ns->depth = 0;
     ns->cap = 0;
     ns->frames = NULL;
+    ns->xm = NULL;
     PyObject_GC_Track(ns);
     PyObject *tok = PyContextVar_Set(g_stack_var, (PyObject *)ns);
     Py_DECREF(ns);
@@ -189,6 +193,7 @@ static void stage_enter(Stage *self) {
         }
     }
     if (f->cpu_src == 0 && g_cpu_clock && (f->cpu0 = thread_cpu_ns()) >= 0) f->cpu_src = 1;
+    if (g_xm_k) xm_enter(st, f);   /* exemplars: a root stage starts its call's breakdown (exemplars.c) */
     f->t0 = now_ns();
 }
 
@@ -290,6 +295,7 @@ static void stage_exit(Stage *self, int error) {
             g_internal++;
         }
     }
+    if (st->xm) xm_exit(st, &f, wall, ts);   /* exemplars: self time into the open root call (exemplars.c) */
     if (f.hook) {
         if (g_hook_exit) {
             PyObject *et, *ev, *tb;
@@ -303,6 +309,7 @@ static void stage_exit(Stage *self, int error) {
     if (f.nvtx == 2) nvtx_emit_end(f.nvtx_id);
     else if (f.nvtx == 1 && same_thread) nvtx_emit_pop();   /* a pop on another thread would close its range */
     Py_DECREF(f.stage);
+    if (i == 0 && g_root_exit_hook) root_exit_notify();   /* rootexit.c: an outermost call is complete */
 }
 
 /* ----------------------------------------------------------- Stage methods */
@@ -610,4 +617,15 @@ int types_init(void) {
     if (stage_type_ready() < 0 || PyType_Ready(&Region_Type) < 0 || PyType_Ready(&Stack_Type) < 0) return -1;
     g_stack_var = PyContextVar_New("instrument_stack", NULL);
     return g_stack_var ? 0 : -1;
+}
+
+/* ------------------------------------------------ the innermost open stage */
+
+int32_t current_node(void) {
+    PyObject *val;
+    if (PyContextVar_Get(g_stack_var, NULL, &val) < 0) { PyErr_Clear(); return 0; }
+    if (!val) return 0;
+    Stack *st = (Stack *)val;
+    Py_DECREF(val);   /* the context keeps it alive */
+    return st->depth ? st->frames[st->depth - 1].node : stack_base(st);
 }

@@ -39,6 +39,7 @@ typedef struct {
     uint32_t base_gen;   /* g_node_gen when base was taken */
     int32_t depth, cap;
     Frame *frames;
+    struct XmCall *xm;   /* the root call open in this stack, for its exemplar (exemplars.c) */
 } Stack;
 
 #pragma GCC visibility push(hidden)
@@ -49,6 +50,7 @@ int types_init(void);                       /* readies the types; 0, or -1 with 
 int check_name(PyObject *name);             /* 0, or -1 with the exception a bad stage name raises */
 PyObject *stage_new_named(PyObject *name);
 Stack *stack_current(int create);           /* NULL: none yet (create=0), or failure */
+int32_t current_node(void);                 /* the innermost open stage of this context (a copied one: its parent's); 0 */
 
 #pragma GCC visibility pop
 

@@ -2,9 +2,11 @@
 
     instrument run [-o run.json] [--trace-events N] [--no-report] [--keep-parts] -- python serve.py ...
     instrument report FILE... [--sort total|self|calls|p99] [--depth N] [--fold] [--format ...] [--ops]
+    instrument report --tail [--quantile Q] [--json] FILE...  |  report --since EARLIER LATER [...]
     instrument diff BEFORE AFTER [--fail-if-slower PCT] [--format ...]
     instrument merge FILE... -o all.json
     instrument export --chrome|--prometheus|--hatchet|--html OUT FILE... [--diff]
+    instrument top URL [--interval S] [--sort KEY] [--once] [--json]
     instrument doctor [--json] | nsys ... | demo ... | advise ...
 
 Errors are one line on stderr (`instrument: <what>: <why>`) and exit status 2.
@@ -27,6 +29,7 @@ from . import config
 from ._version import __version__
 from .analysis.advice import advise
 from .analysis.diff import diff
+from .analysis.tail import tail
 from .analysis.verdict import with_verdicts
 from .exporters import table
 from .snapshot import Snapshot, SnapshotError, atomic_write, load_many, path_text
@@ -85,22 +88,24 @@ def declared_version(path: str) -> Optional[int]:
 
 
 def merge_snapshots(snaps: Iterable[Snapshot], progress: Optional[Callable[[int], None]] = None) -> Snapshot:
-    """Exact merge (Snapshot.merge); timeline events keep their process (`pid`)
-    and are put on the merged snapshot's time base."""
+    """Exact merge (Snapshot.merge); timeline events and exemplars keep their process
+    (`pid`) and are put on the merged snapshot's time base."""
     acc: Optional[Snapshot] = None
     events: List[Dict[str, Any]] = []
     for k, s in enumerate(snaps, 1):
         m = s.meta
         base = round((m.get("start_time") or 0) * 1e9)
         events += [dict(e, pid=e.get("pid", m.get("pid")), ts_ns=e["ts_ns"] + base) for e in s.events]
-        bare = Snapshot(s.stages, m)
+        bare = Snapshot(s.stages, m, None, [dict(e, pid=e.get("pid", m.get("pid")), start_ns=e["start_ns"] + base)
+                                            for e in s.exemplars])
         acc = bare if acc is None else acc.merge(bare)
         if progress:
             progress(k)
     if acc is None:
         raise CLIError("no snapshot files given")
     t0 = round((acc.meta.get("start_time") or 0) * 1e9)
-    return Snapshot(acc.stages, acc.meta, [dict(e, ts_ns=e["ts_ns"] - t0) for e in events])
+    return Snapshot(acc.stages, acc.meta, [dict(e, ts_ns=e["ts_ns"] - t0) for e in events],
+                    [dict(e, start_ns=e["start_ns"] - t0) for e in acc.exemplars])
 
 
 def _check_versions(paths: Sequence[str]) -> None:
@@ -160,13 +165,42 @@ def _rest(cmd: List[str]) -> List[str]:
 
 
 # ------------------------------------------------------------------- report
+def _window(earlier: str, later: str) -> Snapshot:
+    """What happened between two snapshot files of one process (Snapshot.since)."""
+    a, b = Snapshot.load(earlier), Snapshot.load(later)
+    try:
+        return b.since(a)
+    except SnapshotError as e:
+        why = str(e).removeprefix("since: ")
+        if "taken after this one" in why:
+            why = f"{earlier} was taken after {later}; give the earlier snapshot first"
+        raise CLIError(f"report --since: {why}") from None
+
+
 def _cmd_report(a) -> int:
-    snap = with_verdicts(load_many(a.files))
+    if a.since and a.files:
+        raise CLIError("report: --since EARLIER LATER reads those two files only; give no other FILE")
+    if not a.since and not a.files:
+        raise CLIError("report: no snapshot file given; usage: instrument report FILE... or --since EARLIER LATER")
+    if a.quantile is not None and not a.tail:
+        raise CLIError("report: --quantile goes with --tail")
+    snap = with_verdicts(_window(*a.since) if a.since else load_many(a.files))
+    fmt = "json" if a.json else a.format
+    if a.tail:
+        if fmt not in table.TAIL_FORMATS:
+            raise CLIError(f"report --tail: --format {fmt} is not available; use table, markdown or json")
+        q = 0.99 if a.quantile is None else a.quantile
+        print(table.render_tail(tail(snap, q), format=fmt))
+        return 0
     render = table.render_with_ops if a.ops else table.render
-    print(render(snap, sort=a.sort, depth=a.depth, fold=a.fold, format=a.format))
-    if a.format == "table":
+    print(render(snap, sort=a.sort, depth=a.depth, fold=a.fold, format=fmt))
+    if fmt == "table":
+        if a.since:
+            w = snap.meta.get("window") or {}
+            print(f"window: {(w.get('duration_ns') or 0) / 1e9:.3f} s between the two snapshots")
         print()
-        print(table.render_advice(advise(snap), about=", ".join(a.files)))
+        about = f"{a.since[1]} since {a.since[0]}" if a.since else ", ".join(a.files)
+        print(table.render_advice(advise(snap), about=about))
     return 0
 
 
@@ -221,6 +255,8 @@ def _cmd_export(a) -> int:
     out = getattr(a, fmt)
     if a.diff and (fmt != "html" or len(a.files) != 2):
         raise CLIError("export: --diff takes --html and exactly two snapshots: BEFORE AFTER")
+    if a.openmetrics and fmt != "prometheus":
+        raise CLIError("export: --openmetrics goes with --prometheus")
     if fmt == "chrome":
         from .exporters import chrome
         snaps = [Snapshot.load(f) for f in a.files]
@@ -244,7 +280,7 @@ def _cmd_export(a) -> int:
             from .exporters import prometheus
         except ImportError as e:
             raise CLIError(f"export: --prometheus needs prometheus_client ({e}); pip install prometheus-client") from None
-        _write(out, prometheus.render(snap))
+        _write(out, prometheus.render(snap, openmetrics=a.openmetrics))
     else:
         from .exporters import hatchet
         _write(out, hatchet.render(snap))
@@ -409,6 +445,14 @@ def _cmd_demo(a) -> int:
     return int(_optional("instrument.demo", "run_demo", "demo")(_rest(a.args)) or 0)
 
 
+def _cmd_top(a) -> int:
+    from . import top
+    try:
+        return top.main(a.url, a.interval, a.sort, a.once, a.json)
+    except top.TopError as e:
+        raise CLIError(f"top: {e}") from None
+
+
 def _cmd_advise(a) -> int:
     advice = advise(load_many(a.files), a.top)
     print(json.dumps(advice, indent=2) if a.json else table.render_advice(advice, about=", ".join(a.files)))
@@ -436,6 +480,16 @@ def _count(s: str) -> int:
     return n
 
 
+def _fraction(s: str) -> float:
+    try:
+        x = float(s)
+    except ValueError:
+        x = float("nan")
+    if not 0 < x < 1:
+        raise argparse.ArgumentTypeError(f"must be a number between 0 and 1 (exclusive), such as 0.99, got {s!r}")
+    return x
+
+
 def _percent(s: str) -> float:
     try:
         x = float(s.rstrip("%"))
@@ -456,6 +510,16 @@ def _alpha(s: str) -> float:
     return x
 
 
+def _interval(s: str) -> float:
+    try:
+        x = float(s)
+    except ValueError:
+        x = float("nan")
+    if not 0.05 <= x <= 3600:
+        raise argparse.ArgumentTypeError(f"must be a number of seconds from 0.05 to 3600, got {s!r}")
+    return x
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = _Parser(prog="instrument", description="Per-stage instrumentation for ML inference services.")
     p.add_argument("--version", action="version", version=f"instrument {__version__}")
@@ -472,7 +536,14 @@ def build_parser() -> argparse.ArgumentParser:
     r.set_defaults(func=_cmd_run)
 
     rp = sub.add_parser("report", help="print the breakdown of snapshot files (merged)")
-    rp.add_argument("files", nargs="+", metavar="FILE")
+    rp.add_argument("files", nargs="*", metavar="FILE")
+    rp.add_argument("--since", nargs=2, metavar=("EARLIER", "LATER"),
+                    help="only what happened between two snapshots of one process")
+    rp.add_argument("--tail", action="store_true",
+                    help="which stages the slow calls of each top-level stage lost their time in")
+    rp.add_argument("--quantile", type=_fraction, metavar="Q", help="with --tail: slow calls are those at or above "
+                    "this quantile of the top-level stage (default 0.99)")
+    rp.add_argument("--json", action="store_true", help="the same as --format json")
     rp.add_argument("--sort", choices=table.SORTS, default="tree")
     rp.add_argument("--depth", type=_positive, metavar="N")
     rp.add_argument("--fold", action="store_true", help="one row per stage name wherever it nested")
@@ -506,6 +577,8 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--html", metavar="OUT", help="self-contained HTML report")
     e.add_argument("files", nargs="+", metavar="SNAPSHOT")
     e.add_argument("--diff", action="store_true", help="with --html BEFORE AFTER: a comparison")
+    e.add_argument("--openmetrics", action="store_true", help="with --prometheus: the OpenMetrics format, which "
+                   "carries the slowest calls as exemplars")
     e.add_argument("--title", help="HTML page title")
     e.set_defaults(func=_cmd_export)
 
@@ -527,6 +600,17 @@ def build_parser() -> argparse.ArgumentParser:
     ad.add_argument("--json", action="store_true")
     ad.set_defaults(func=_cmd_advise)
 
+    tp = sub.add_parser("top", help="live view of a running process's stages, from its /snapshot endpoint")
+    tp.add_argument("url", metavar="URL", help=f"host:port (or port) of {config.env_name('serve')} / "
+                    "instrument.serve_metrics, or a full http://host:port/path serving a snapshot")
+    tp.add_argument("--interval", type=_interval, default=2.0, metavar="SECONDS",
+                    help="window length and refresh period (default 2)")
+    tp.add_argument("--sort", choices=("total", "calls", "p50", "p99", "cpu", "name", "tree"), default="total",
+                    help="siblings ordered by this (keys change it while running)")
+    tp.add_argument("--once", action="store_true", help="print one window after --interval seconds and exit")
+    tp.add_argument("--json", action="store_true", help="the window as snapshot JSON (implies --once)")
+    tp.set_defaults(func=_cmd_top)
+
     x = sub.add_parser("demo", help="run the demo inference service", add_help=False)
     x.add_argument("args", nargs=argparse.REMAINDER)
     x.set_defaults(func=_cmd_demo)
@@ -538,7 +622,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         argv = sys.argv[1:]
         config.unset_in_env("output")   # the command itself is not measured; run sets it for the program
         from . import configure
-        configure(output=None)
+        configure(output=None, serve=None)   # the command is not measured, nor served
     argv = list(argv)
     try:
         if argv[:1] == ["demo"]:   # the demo parses its own options

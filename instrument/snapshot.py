@@ -6,7 +6,7 @@ collector, so a saved file can do everything a live snapshot can.  This module
 imports nothing of the package but the histogram scheme.
 
 JSON: {"format": "instrument-snapshot", "version": 1, "meta": {...},
-       "stages": [...], "events": [...]}; the schema is in docs/schema.md.
+       "stages": [...], "events": [...], "exemplars": [...]}; the schema is in docs/schema.md.
 """
 from __future__ import annotations
 
@@ -90,6 +90,7 @@ class StageStats:
     other: bool = False
     verdict: Optional[Mapping[str, Any]] = None
     windows: Optional[Tuple[Mapping[str, Any], ...]] = None   # per merged source (Snapshot.merge): its sums
+    items: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)   # {name: {"total", "calls"}}
 
     @property
     def name(self) -> str:
@@ -134,10 +135,27 @@ class StageStats:
         c = self.counters.get(name)
         return None if c is None else c.get(kind)
 
-    def to_dict(self) -> Dict[str, Any]:
+    def item_total(self, name: str) -> Optional[float]:
+        it = self.items.get(name)
+        return None if it is None else it["total"]
+
+    def per_item_ns(self, name: str) -> Optional[float]:
+        """Wall time of the stage per item: total wall / items added (ns per token)."""
+        n = self.item_total(name)
+        return self.wall_total / n if n else None
+
+    def item_rate(self, name: str) -> Optional[float]:
+        """Items per second of the stage's wall time (tokens/s)."""
+        n = self.item_total(name)
+        return n / (self.wall_total / 1e9) if n is not None and self.wall_total else None
+
+    def to_dict(self, percentiles: bool = True) -> Dict[str, Any]:
+        """percentiles=False leaves out p50..p999 (derived from `hist`; from_dict does not read them)."""
+        wall = self.wall_ns if percentiles else {"total": self.wall_total, "self": self.wall_self,
+                                                 "min": self.wall_min, "max": self.wall_max, "mean": self.wall_mean}
         d: Dict[str, Any] = {
             "path": list(self.path), "calls": self.calls, "errors": self.errors,
-            "wall_ns": {k: _num(v) for k, v in self.wall_ns.items()},
+            "wall_ns": {k: _num(v) for k, v in wall.items()},
             "cpu_ns": self.cpu_ns,
             "counters": {k: dict(v) for k, v in self.counters.items()},
             "hist": {"scheme": _hist.SCHEME, "buckets": [[i, c] for i, c in sorted(self.hist.items())]},
@@ -152,6 +170,8 @@ class StageStats:
             d["verdict"] = dict(self.verdict)
         if self.windows is not None:
             d["windows"] = [dict(w, counters=dict(w.get("counters") or {})) for w in self.windows]
+        if self.items:
+            d["items"] = {k: {"total": _num(v["total"]), "calls": v["calls"]} for k, v in self.items.items()}
         return d
 
     def window(self, start_time: Optional[float] = None, end_time: Optional[float] = None) -> Dict[str, Any]:
@@ -189,7 +209,8 @@ class StageStats:
                        hist=_hist.from_pairs(h.get("buckets", [])),
                        counters={k: dict(v) for k, v in (d.get("counters") or {}).items()},
                        gpu=d.get("gpu"), ops=d.get("ops"), other=bool(d.get("other", False)),
-                       verdict=d.get("verdict"), windows=_windows_from(path, d.get("windows")))
+                       verdict=d.get("verdict"), windows=_windows_from(path, d.get("windows")),
+                       items=_items_from(path, d.get("items")))
         except SnapshotError:
             raise
         except (KeyError, TypeError, ValueError, AttributeError) as e:
@@ -244,6 +265,31 @@ def join_windows(windows: Sequence[Mapping[str, Any]]) -> Tuple[Dict[str, Any], 
     return tuple(out)
 
 
+def _items_from(path: Tuple[str, ...], raw: Any) -> Dict[str, Dict[str, Any]]:
+    if raw is None:
+        return {}
+    if not isinstance(raw, Mapping):
+        raise SnapshotError(f"stage {path_text(path)}: items must be an object {{name: {{total, calls}}}}")
+    out = {}
+    for k, v in raw.items():
+        total, calls = (v.get("total"), v.get("calls")) if isinstance(v, Mapping) else (None, None)
+        if (not isinstance(total, (int, float)) or isinstance(total, bool) or not isinstance(calls, int)
+                or total < 0 or calls < 0):
+            raise SnapshotError(f"stage {path_text(path)}: item {k!r} needs a total >= 0 and calls >= 0, got {v!r}")
+        out[str(k)] = {"total": total, "calls": calls}
+    return out
+
+
+def merge_items(a: Mapping[str, Mapping[str, Any]], b: Mapping[str, Mapping[str, Any]]) -> Dict[str, Dict[str, Any]]:
+    """Items of two stages as one: totals and calls added."""
+    out = {k: dict(v) for k, v in a.items()}
+    for k, v in b.items():
+        d = out.setdefault(k, {"total": 0, "calls": 0})
+        d["total"] += v["total"]
+        d["calls"] += v["calls"]
+    return out
+
+
 def _add(a: Optional[float], b: Optional[float]) -> Optional[float]:
     if a is None:
         return b
@@ -287,7 +333,8 @@ def merge_stage(a: StageStats, b: StageStats, windows: bool = False) -> StageSta
                    cpu_self=_add(a.cpu_self, b.cpu_self), cpu_calls=a.cpu_calls + b.cpu_calls,
                    hist=_hist.merge(a.hist, b.hist), counters=merge_counters(a.counters, b.counters),
                    gpu=gpu, ops=ops, other=a.other or b.other, verdict=None,
-                   windows=join_windows(a.all_windows() + b.all_windows()) if windows else None)
+                   windows=join_windows(a.all_windows() + b.all_windows()) if windows else None,
+                   items=merge_items(a.items, b.items))
 
 
 def gpu_fields(total: int, samples: int, dropped: int, errors: int, lo: Optional[int], hi: Optional[int],
@@ -391,6 +438,20 @@ def _hist_range(h: Mapping[int, int], lo: Optional[int], hi: Optional[int]) -> T
     return (a if lo is None else max(a, lo)), (b if hi is None else min(b, hi))
 
 
+def _since_items(path: Tuple[str, ...], a: Mapping[str, Mapping[str, Any]],
+                 b: Mapping[str, Mapping[str, Any]]) -> Dict[str, Dict[str, Any]]:
+    out = {}
+    for k, v in b.items():
+        if k not in a or a[k]["calls"] < v["calls"] or a[k]["total"] < v["total"]:
+            raise SnapshotError(f"stage {path_text(path)}: item {k!r} has {v['calls']} adds before and "
+                                f"{a.get(k, {}).get('calls', 0)} after: not an earlier state of the same stage")
+    for k, v in a.items():
+        e = b.get(k) or {"total": 0, "calls": 0}
+        if v["calls"] > e["calls"]:
+            out[k] = {"total": v["total"] - e["total"], "calls": v["calls"] - e["calls"]}
+    return out
+
+
 def since_stage(a: StageStats, b: StageStats) -> StageStats:
     """What stage `a` recorded after `b`, an earlier state of the same stage: counts, sums and
     histograms subtracted exactly; min and max bounded by the window's histogram buckets."""
@@ -409,7 +470,65 @@ def since_stage(a: StageStats, b: StageStats) -> StageStats:
                    cpu_total=_sub(a.cpu_total, b.cpu_total) if cpu_calls else None,
                    cpu_self=_sub(a.cpu_self, b.cpu_self) if cpu_calls else None, cpu_calls=cpu_calls, hist=h,
                    counters=_since_counters(a.counters, b.counters), gpu=_since_gpu(a.gpu, b.gpu),
-                   ops=_since_ops(a.ops, b.ops), verdict=None)
+                   ops=_since_ops(a.ops, b.ops), verdict=None, items=_since_items(a.path, a.items, b.items))
+
+
+# ------------------------------------------------------------------ exemplars
+# One dict per kept call of a root stage: {"path": [root], "wall_ns", "start_ns" (since the start of recording),
+# "pid", "tid", "seq" (the call's number in its process), "slow" (among the K slowest), "sample" (in the uniform
+# sample of typical calls), "breakdown": [{"path", "wall_ns"}, ...] (self time of each stage in that call)}.
+
+def _exemplar_from(d: Any) -> Dict[str, Any]:
+    try:
+        path = d["path"]
+        if not isinstance(path, list) or len(path) != 1 or not isinstance(path[0], str):
+            raise SnapshotError(f"exemplar path must be a one-name list (a root stage), got {path!r}")
+        parts = []
+        for b in d.get("breakdown") or []:
+            bp = b["path"]
+            if not isinstance(bp, list) or not bp or not all(isinstance(x, str) for x in bp):
+                raise SnapshotError(f"exemplar breakdown path must be a list of names, got {bp!r}")
+            parts.append({"path": list(bp), "wall_ns": int(b["wall_ns"])})
+        out = {"path": list(path), "wall_ns": int(d["wall_ns"]), "start_ns": int(d.get("start_ns") or 0),
+               "pid": d.get("pid"), "tid": d.get("tid"), "seq": d.get("seq"), "slow": bool(d.get("slow")),
+               "sample": bool(d.get("sample")), "breakdown": parts}
+        if out["wall_ns"] < 0:
+            raise SnapshotError(f"exemplar wall_ns must be >= 0, got {out['wall_ns']}")
+        return out
+    except SnapshotError:
+        raise
+    except (KeyError, TypeError, ValueError, AttributeError) as e:
+        raise SnapshotError(f"malformed exemplar {str(d)[:200]}: {type(e).__name__}: {e}") from None
+
+
+def _xkey(e: Mapping[str, Any]) -> tuple:
+    return (e.get("pid"), e.get("seq"), e.get("start_ns"), e["wall_ns"])
+
+
+def merge_exemplars(groups: Sequence[Tuple[Sequence[Mapping[str, Any]], Mapping[str, int]]]) -> List[Dict[str, Any]]:
+    """Exemplars of several snapshots as one set: per root stage the slowest calls of all
+    (as many as the most any one side kept) and a sample of typical calls drawn from each side
+    in proportion to its calls of that root (`groups`: (exemplars, {root: calls}) per side)."""
+    roots = list(dict.fromkeys(e["path"][0] for ex, _ in groups for e in ex))
+    out: List[Dict[str, Any]] = []
+    for r in roots:
+        sides = [[e for e in ex if e["path"][0] == r] for ex, _ in groups]
+        k = max(sum(1 for e in side if e["slow"]) for side in sides)
+        slow = sorted((e for side in sides for e in side if e["slow"]), key=lambda e: -e["wall_ns"])[:k]
+        samples = [[e for e in side if e["sample"]] for side in sides]
+        budget = max(len(x) for x in samples)
+        weights = [calls.get(r, 0) or len(x) for (_, calls), x in zip(groups, samples)]
+        total = sum(weights) or 1
+        shares = [min(len(x), int(round(budget * w / total))) for x, w in zip(samples, weights)]
+        picked = [e for x, n in zip(samples, shares) for e in x[:n]]
+        keep: Dict[tuple, Dict[str, Any]] = {}
+        for e in slow:
+            keep[_xkey(e)] = dict(e, slow=True, sample=False)
+        for e in picked:
+            keep.setdefault(_xkey(e), dict(e, slow=False))["sample"] = True
+        out.extend(keep.values())
+    return out
+
 
 
 def _tree_order(stages: Iterable[StageStats]) -> List[StageStats]:
@@ -446,13 +565,15 @@ class Snapshot:
     """Immutable per-stage breakdown plus meta.  Build one with
     `instrument.snapshot()`, `Snapshot.load(path)` or `Snapshot.from_dict(d)`."""
 
-    __slots__ = ("_stages", "_meta", "_events", "_index")
+    __slots__ = ("_stages", "_meta", "_events", "_index", "_exemplars")
 
     def __init__(self, stages: Iterable[StageStats], meta: Optional[Mapping[str, Any]] = None,
-                 events: Optional[Sequence[Mapping[str, Any]]] = None) -> None:
+                 events: Optional[Sequence[Mapping[str, Any]]] = None,
+                 exemplars: Optional[Sequence[Mapping[str, Any]]] = None) -> None:
         self._stages: Tuple[StageStats, ...] = tuple(_tree_order(stages))
         self._meta: Dict[str, Any] = dict(meta or {})
         self._events: Tuple[Mapping[str, Any], ...] = tuple(events or ())
+        self._exemplars: Tuple[Mapping[str, Any], ...] = tuple(exemplars or ())
         self._index: Dict[Tuple[str, ...], StageStats] = {s.path: s for s in self._stages}
 
     # ------------------------------------------------------------- reading
@@ -467,6 +588,14 @@ class Snapshot:
     @property
     def events(self) -> Tuple[Mapping[str, Any], ...]:
         return self._events
+
+    @property
+    def exemplars(self) -> Tuple[Mapping[str, Any], ...]:
+        """Kept calls of root stages with their per-stage breakdown (slowest and typical)."""
+        return self._exemplars
+
+    def root_calls(self) -> Dict[str, int]:
+        return {s.name: s.calls for s in self.roots}
 
     def __iter__(self) -> Iterator[StageStats]:
         return iter(self._stages)
@@ -527,9 +656,11 @@ class Snapshot:
         meta = dict(self._meta)
         sources = list(meta.get("merged_from") or [_source(meta)])
         events = list(self._events)
+        xgroups = [(self._exemplars, self.root_calls())]
         for o in others:
             if not isinstance(o, Snapshot):
                 raise TypeError(f"Snapshot.merge takes Snapshots, not {type(o).__name__}")
+            xgroups.append((o._exemplars, o.root_calls()))
             for s in o._stages:
                 s = _stamped(s, o._meta)
                 stages[s.path] = merge_stage(stages[s.path], s, windows=True) if s.path in stages else s
@@ -543,7 +674,8 @@ class Snapshot:
                 meta.setdefault("exits", {})
                 meta["exits"][k] = meta["exits"].get(k, 0) + v
         meta["merged_from"] = sources
-        return Snapshot(stages.values(), meta, events)
+        exemplars = merge_exemplars([g for g in xgroups if g[0]]) if any(g[0] for g in xgroups) else []
+        return Snapshot(stages.values(), meta, events, exemplars)
 
     def since(self, earlier: "Snapshot") -> "Snapshot":
         """What happened between `earlier` and this snapshot, both of the same process:
@@ -566,7 +698,7 @@ class Snapshot:
         for s in self._stages:
             old = earlier._index.get(s.path)
             w = since_stage(s, old) if old is not None else s
-            if w.calls or w.wall_total:
+            if w.calls or w.wall_total or w.items:
                 stages.append(w)
         for path in earlier._index:
             if path not in self._index and earlier._index[path].calls:
@@ -576,17 +708,25 @@ class Snapshot:
         meta["window"] = {"start_time": b.get("end_time"), "end_time": a.get("end_time"),
                           "duration_ns": (a.get("duration_ns") or 0) - (b.get("duration_ns") or 0)}
         events = [e for e in self._events if (e.get("ts_ns") or 0) >= (b.get("duration_ns") or 0)]
-        return Snapshot(stages, meta, events)
+        # the calls kept now that started in the window (the store keeps the slowest since the start, so a
+        # window's slowest calls are there unless slower ones came before them)
+        exemplars = [e for e in self._exemplars if e["start_ns"] >= (b.get("duration_ns") or 0)]
+        return Snapshot(stages, meta, events, exemplars)
 
     # --------------------------------------------------------------- output
-    def to_dict(self) -> Dict[str, Any]:
-        out = {"format": FORMAT, "version": VERSION, "meta": self.meta, "stages": [s.to_dict() for s in self._stages]}
+    def to_dict(self, percentiles: bool = True) -> Dict[str, Any]:
+        out = {"format": FORMAT, "version": VERSION, "meta": self.meta,
+               "stages": [s.to_dict(percentiles) for s in self._stages]}
         if self._events:
             out["events"] = [dict(e) for e in self._events]
+        if self._exemplars:
+            out["exemplars"] = [dict(e, path=list(e["path"]), breakdown=[dict(b) for b in e["breakdown"]])
+                                for e in self._exemplars]
         return out
 
-    def to_json(self, indent: Optional[int] = None) -> str:
-        return json.dumps(self.to_dict(), indent=indent, allow_nan=False)
+    def to_json(self, indent: Optional[int] = None, percentiles: bool = True) -> str:
+        """percentiles=False: without the per-stage percentiles, which loading recomputes from the histograms."""
+        return json.dumps(self.to_dict(percentiles), indent=indent, allow_nan=False)
 
     def save(self, path: "os.PathLike[str] | str") -> str:
         """Atomically: written to a temporary file beside `path`, fsynced, renamed.
@@ -616,7 +756,10 @@ class Snapshot:
         events = d.get("events") or []
         if not isinstance(events, list):
             raise SnapshotError("snapshot 'events' must be a list")
-        return cls([StageStats.from_dict(s) for s in stages], meta, events)
+        exemplars = d.get("exemplars") or []
+        if not isinstance(exemplars, list):
+            raise SnapshotError("snapshot 'exemplars' must be a list")
+        return cls([StageStats.from_dict(s) for s in stages], meta, events, [_exemplar_from(e) for e in exemplars])
 
     @classmethod
     def load(cls, path: "os.PathLike[str] | str") -> "Snapshot":

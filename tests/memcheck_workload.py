@@ -19,7 +19,10 @@ def leaf(i):
 def work(k):
     for i in range(200):
         with instrument.stage("req"):
+            instrument.add("requests")
             with instrument.stage(f"kind{k % 3}"):
+                instrument.add("tokens", i)
+                instrument.add(f"item{i % 40}", 1.5)   # past 32 names: "(other)"
                 try:
                     leaf(i)
                 except ValueError:
@@ -35,6 +38,7 @@ for t in ts:
 
 async def task(i):
     with instrument.stage("task"):
+        instrument.add("samples", i)
         await asyncio.sleep(0)
         with instrument.stage("inner"):
             await asyncio.sleep(0)
@@ -52,6 +56,14 @@ for i in range(100):
         pass
 snap = instrument.snapshot()
 assert snap["req"].calls == 800 and snap["task"].calls == 50
+assert snap["req"].items["requests"]["total"] == 800 and snap.exemplars
+instrument.configure(exemplars=2)      # the stores are dropped and rebuilt with K = 2
+for i in range(50):
+    with instrument.stage("req"):
+        with instrument.stage("kind0"):
+            pass
+instrument.add("outside")
+assert sum(e["slow"] for e in instrument.snapshot().exemplars if e["path"] == ["req"]) == 2
 instrument.reset()
 with instrument.stage("after_reset"):
     pass

@@ -225,6 +225,30 @@ def test_report_sort_depth_fold_formats_ops(tmp_path, capsys):
     assert rc == 0 and next(r for r in json.loads(out) if r["path"] == ["request"])["calls"] == 150
 
 
+def test_report_since_is_the_window_between_two_files(tmp_path, capsys):
+    early = snap(st("request", 0, 0, values=[MS] * 40), pid=7)
+    late = snap(st("request", 0, 0, values=[MS] * 40 + [3 * MS] * 60), st("request/model", 60, 2 * MS), pid=7)
+    late = Snapshot(late.stages, dict(late.meta, duration_ns=late.meta["duration_ns"] + 10 ** 9))
+    early.save(tmp_path / "a.json")
+    late.save(tmp_path / "b.json")
+    rc, out, _ = main(capsys, "report", "--since", tmp_path / "a.json", tmp_path / "b.json", "--json")
+    rows = {tuple(r["path"]): r for r in json.loads(out)}
+    assert rc == 0 and rows[("request",)]["calls"] == 60 and rows[("request",)]["wall_ns"]["total"] == 180 * MS
+    assert rows[("request",)]["wall_ns"]["p50"] == pytest.approx(3 * MS, rel=0.008)
+    rc, out, _ = main(capsys, "report", "--since", tmp_path / "a.json", tmp_path / "b.json")
+    assert rc == 0 and "window: 1.000 s between the two snapshots" in out
+    rc, _, err = main(capsys, "report", "--since", tmp_path / "b.json", tmp_path / "a.json")
+    assert rc == 2 and "a.json was taken after" not in err and "b.json was taken after" in one_line_error(err)
+    rc, _, err = main(capsys, "report", "--since", tmp_path / "a.json", tmp_path / "b.json", tmp_path / "a.json")
+    assert rc == 2 and "reads those two files only" in one_line_error(err)
+    rc, _, err = main(capsys, "report", tmp_path / "a.json", "--quantile", "0.9")
+    assert rc == 2 and "--quantile goes with --tail" in one_line_error(err)
+    rc, _, err = main(capsys, "report", tmp_path / "a.json", "--tail", "--quantile", "1.5")
+    assert rc == 2 and "between 0 and 1" in one_line_error(err)
+    rc, out, _ = main(capsys, "report", tmp_path / "a.json", "--tail")
+    assert rc == 0 and "No exemplars" in out
+
+
 # -------------------------------------------------------------------- merge
 def test_merge_exact_with_progress(tmp_path, capsys):
     a, b, pa, pb = files(tmp_path)

@@ -78,13 +78,20 @@ def test_baseline_and_optimized_inputs_agree():
     baseline, optimized = BaselineInputs(folder, "cpu"), OptimizedInputs(folder, "cpu")
     for texts in batches(SENTENCES + EDGE_CASES, (len(SENTENCES) + len(EDGE_CASES)) // 8 + 1, 8):
         (b_ids, b_len), (o_ids, o_len) = baseline.tokenize(texts), optimized.tokenize(texts)
-        assert torch.equal(b_ids, o_ids)
+        assert b_ids.shape[1] == 128                       # the baseline pads every batch to max_length
+        assert o_ids.shape[1] == max(b_len)                # the optimized one to its longest sentence
+        assert list(b_len) == o_len.tolist()
+        for row_b, row_o, n in zip(b_ids.tolist(), o_ids.tolist(), b_len):
+            assert row_b[:n] == row_o[:n] and not any(row_b[n:]) and not any(row_o[n:])   # same ids, [PAD] = 0
         b_mask = baseline.attention_mask(b_len, b_ids.shape[1])
         o_mask = optimized.attention_mask(o_len, o_ids.shape[1])
-        assert torch.equal(b_mask, o_mask)
+        assert baseline.real_tokens(b_len) == optimized.real_tokens(o_len) == int(o_mask.sum()) == int(b_mask.sum())
         # Independent truth for the masks: the ones the Rust tokenizer reports when it pads.
         rust.enable_padding(pad_id=0, pad_token="[PAD]")
+        assert o_mask.tolist() == [e.attention_mask for e in rust.encode_batch(texts)]
+        rust.enable_padding(pad_id=0, pad_token="[PAD]", length=128)
         assert b_mask.tolist() == [e.attention_mask for e in rust.encode_batch(texts)]
+        rust.no_padding()
 
 
 @pytest.fixture(scope="module")
@@ -107,6 +114,14 @@ def test_embeddings_agree_and_match_mean_pooled_reference(model):
         ref = torch.nn.functional.normalize((tokens * m).sum(1) / m.sum(1), dim=1)
         torch.testing.assert_close(o, ref, atol=1e-5, rtol=0)
     torch.testing.assert_close(o.norm(dim=1), torch.ones(len(texts)))
+    # against the unpadded reference: each sentence alone, no [PAD] at all
+    texts = SENTENCES[:16]
+    b = baseline.encode(texts)
+    for k, text in enumerate(texts):
+        enc = slow([text], truncation=True, max_length=128, return_tensors="pt")
+        with torch.no_grad():
+            alone = reference_model(**enc).last_hidden_state.mean(1)
+        torch.testing.assert_close(b[k], torch.nn.functional.normalize(alone, dim=1)[0], atol=1e-5, rtol=0)
 
 
 def _stage_paths(snapshot_dict):
@@ -114,28 +129,70 @@ def _stage_paths(snapshot_dict):
 
 
 @needs_stages
-def test_demo_run_writes_both_snapshots(model, tmp_path, capsys):
-    assert run_demo(["--requests", "3", "--batch-size", "4", "--out", str(tmp_path)]) == 0
+def test_demo_run_finds_the_win_and_its_summary_is_the_snapshots(model, tmp_path, capsys):
+    assert run_demo(["--requests", "10", "--batch-size", "8", "--out", str(tmp_path), "--device", "cpu"]) == 0
     out = capsys.readouterr().out
-    assert "request: " in out and " → " in out
+    for step in ("step 1", "step 2", "step 3", "baseline → optimized", "== summary =="):
+        assert step in out
+    snaps = {}
     for variant in ("baseline", "optimized"):
         path = tmp_path / f"{variant}.json"
         assert str(path) in out
         stages = _stage_paths(json.loads(path.read_text()))
         assert STAGE_PATHS <= set(stages)
-        assert all(stages[p]["calls"] == 3 for p in STAGE_PATHS)  # the warm-up requests are not counted
+        assert all(stages[p]["calls"] == 10 for p in STAGE_PATHS)  # the warm-up requests are not counted
+        snaps[variant] = instrument.Snapshot.load(path)
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    base, opt = snaps["baseline"], snaps["optimized"]
+    # every figure of the summary is the one the saved snapshots give
+    assert summary["request"]["baseline"]["p50_ns"] == base["request"].quantile(0.5)
+    assert summary["request"]["optimized"]["p50_ns"] == opt["request"].quantile(0.5)
+    assert summary["request"]["baseline"]["p99_ns"] == base["request"].quantile(0.99)
+    assert summary["request"]["p50_change"] == opt["request"].quantile(0.5) / base["request"].quantile(0.5) - 1
+    assert summary["request"]["p50_change"] <= -0.25               # the win is real: p50 down 25 % or more
+    # the advice's first stage is the one whose self time per call falls most
+    from instrument.analysis.advice import advise
+    first = advise(base)[0]
+    falls = {s.path: s.wall_self / s.calls - opt[s.path].wall_self / opt[s.path].calls
+             for s in base if len(s.path) > 1 and s.calls}
+    assert tuple(first["path"]) == max(falls, key=falls.get) == tuple(summary["finding"]["path"])
+    # the finding's evidence: the items the service recorded
+    fwd = base[tuple(first["path"])]
+    fed, pad = fwd.items["tokens"]["total"], fwd.items["padding_tokens"]["total"]
+    assert fed == 10 * 8 * 128 and summary["finding"]["padding_share"] == pad / fed > 0.5
+    assert base["request", "tokenize"].items["sentences"]["total"] == 80
+    assert opt["request", "forward"].items["padding_tokens"]["total"] < pad
+    lines = out.split("== summary ==")[1].strip().splitlines()
+    assert 1 <= len(lines) <= 5 and lines == summary["lines"]
+    assert "padding" in lines[1] and "/".join(first["path"]) in lines[1]
     assert (tmp_path / "report.html").read_text().count("tokenize") >= 1
     assert "perf counters:" in out and "NVTX:" in out
-    assert f"Where to look next in optimized ({tmp_path / 'optimized.json'})" in out   # which side it judges
-    # the verdicts: the tokenizers are CPU work, never judged as waiting; the advice starts with the
-    # stage of the largest self time, whichever it is on this machine
-    base = instrument.Snapshot.load(tmp_path / "baseline.json")
-    assert base["request/tokenize"].verdict["verdict"] in ("compute-bound", "mixed")
-    from instrument.analysis.advice import advise
-    judged = instrument.Snapshot.load(tmp_path / "optimized.json")
-    top = advise(judged)[0]
-    assert top["path"] == list(max((s for s in judged if s.calls), key=lambda s: s.wall_self).path)
-    assert top["path"][-1] + ": " + top["verdict"] in out.replace("request/", "")
+    # the advice names the snapshot it judges: the baseline in step 1, the optimized variant after the diff
+    assert f"Where to look next in baseline ({tmp_path / 'baseline.json'})" in out
+    assert f"Where to look next in optimized ({tmp_path / 'optimized.json'})" in out
+    top = advise(opt)[0]   # what is left to do after the fix: the stage of the largest self time, whichever it is
+    assert top["path"] == list(max((s for s in opt if s.calls), key=lambda s: s.wall_self).path)
+    assert top["path"][-1] + ": " + top["verdict"] in out.split("== baseline → optimized ==")[1].replace("request/", "")
+    ops = summary["operators"]
+    assert ops and all(r["name"].startswith("aten::") for r in ops)       # torch's own operators under forward
+    # the tokenizers are CPU work: their verdict follows the share of a CPU the thread was given
+    v = base["request/tokenize"].verdict
+    share = v["evidence"]["cpu_per_wall"]
+    assert v["verdict"] == ("waiting" if share < 0.5 else "compute-bound" if share >= 0.85 else "mixed") or \
+        abs(share - 0.5) < 0.02 or abs(share - 0.85) < 0.02
+
+
+def test_advise_gives_the_advice_as_data(tmp_path):
+    from snapfactory import snap, st
+    path = tmp_path / "b.json"
+    snap(st("request", 10, 20_000_000, self_ns=20_000_000, cpu_ns=200_000_000),
+         st("request/forward", 10, 18_000_000, cpu_ns=180_000_000)).save(path)
+    r = subprocess.run([sys.executable, "-m", "instrument", "advise", str(path), "--json"], capture_output=True,
+                       text=True, env=_env(), timeout=120)
+    assert r.returncode == 0, r.stderr
+    advice = json.loads(r.stdout)
+    assert advice[0]["path"] == ["request", "forward"] and advice[0]["verdict"] == "compute-bound"
+    assert {"path", "verdict", "reason", "evidence", "next", "saving_upper_bound"} <= set(advice[0])
 
 
 def test_demo_without_model_package_exits_2(tmp_path):
@@ -187,16 +244,18 @@ def test_load_script_refuses_other_hosts(capsys):
 
 
 @contextlib.contextmanager
-def running_service():
-    """The example service under uvicorn on a free 127.0.0.1 port: yields (url, process)."""
+def running_service(extra_env=None, command=None):
+    """The example service under uvicorn (or `command(port)`) on a free 127.0.0.1 port: yields (url, process).
+    extra_env: more environment variables for it."""
     httpx = pytest.importorskip("httpx")
     pytest.importorskip("fastapi")
     pytest.importorskip("uvicorn")
     port = _free_port()
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "uvicorn", "app:app", "--app-dir", str(ROOT / "examples" / "embedding_service"),
-         "--host", "127.0.0.1", "--port", str(port), "--log-level", "warning"],
-        cwd=ROOT, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    cmd = command(port) if command is not None else [
+        sys.executable, "-m", "uvicorn", "app:app", "--app-dir", str(ROOT / "examples" / "embedding_service"),
+        "--host", "127.0.0.1", "--port", str(port), "--log-level", "warning"]
+    proc = subprocess.Popen(cmd, cwd=ROOT, env=dict(_env(), **(extra_env or {})), stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
     url = f"http://127.0.0.1:{port}"
     try:
         deadline = time.monotonic() + 180

@@ -158,3 +158,85 @@ def test_since_is_exactly_the_window(tmp_path):
         a.since(b)
     with pytest.raises(SnapshotError, match="reset between"):
         b.since(Snapshot([], dict(meta, start_time=1.5)))
+
+
+def test_since_of_a_live_process_is_exactly_the_interval(backend):
+    """Two snapshots of this process: the window has the calls made between them, its percentiles those of
+    the durations the trace ring recorded for that interval (within the histogram's error)."""
+    instrument.configure(trace_events=50_000, counters="none")
+    rng = np.random.default_rng(11)
+    req = instrument.stage("req")
+
+    def run(n, scale):
+        for k in rng.lognormal(scale, 1.0, n).astype(int):
+            with req:
+                sum(range(k))
+                instrument.add("rows", int(k))
+    run(3000, 3)
+    a = instrument.snapshot()
+    run(5000, 5)
+    b = instrument.snapshot()
+    w = b.since(a)
+    seen = {(e["ts_ns"], e["dur_ns"]) for e in a.events}
+    interval = np.array([e["dur_ns"] for e in b.events if (e["ts_ns"], e["dur_ns"]) not in seen])
+    assert len(interval) == 5000 and w["req"].calls == 5000
+    assert w["req"].wall_total == int(interval.sum())
+    for q in (0.5, 0.9, 0.99):
+        want = np.percentile(interval, q * 100)
+        assert abs(w["req"].quantile(q) - want) / want < 0.01, q
+    assert w["req"].items["rows"]["calls"] == 5000
+    assert all(e["start_ns"] >= a.meta["duration_ns"] for e in w.exemplars) and w.exemplars
+    assert len(w.events) == 5000
+
+
+def test_since_refuses_other_processes_in_one_line(tmp_path):
+    from snapfactory import cli
+    code = "import instrument, sys\nwith instrument.stage('s'): pass\ninstrument.snapshot().save(sys.argv[1])"
+    for name in ("a.json", "b.json"):
+        r = run_python(f"import sys; sys.argv = ['x', {str(tmp_path / name)!r}]\n" + code)
+        assert r.returncode == 0, r.stderr
+    r = cli("report", "--since", tmp_path / "a.json", tmp_path / "b.json")
+    assert r.returncode == 2 and r.stdout == ""
+    assert r.stderr.count("\n") == 1 and "different processes" in r.stderr, r.stderr
+
+
+def test_items_and_exemplars_round_trip_and_refuse_bad_entries():
+    s = StageStats(("req",), 2, 0, 30, 10, 10, 20, None, None, 0, {10: 1, 20: 1},
+                   items={"tokens": {"total": 12, "calls": 2}, "bytes": {"total": 1.5, "calls": 1}})
+    ex = [{"path": ["req"], "wall_ns": 20, "start_ns": 5, "pid": 1, "tid": 1, "seq": 2, "slow": True, "sample": False,
+           "breakdown": [{"path": ["req"], "wall_ns": 20}]}]
+    snap = Snapshot([s], {"pid": 1}, None, ex)
+    back = Snapshot.from_dict(json.loads(snap.to_json()))
+    assert back == snap and back["req"].items == s.items and back.exemplars == tuple(ex)
+    d = json.loads(snap.to_json())
+    d["stages"][0]["items"]["tokens"]["total"] = -1
+    with pytest.raises(SnapshotError, match="item 'tokens' needs a total >= 0"):
+        Snapshot.from_dict(d)
+    d = json.loads(snap.to_json())
+    d["exemplars"][0]["path"] = ["req", "sub"]
+    with pytest.raises(SnapshotError, match="exemplar path must be a one-name list"):
+        Snapshot.from_dict(d)
+    d["exemplars"] = {"x": 1}
+    with pytest.raises(SnapshotError, match="'exemplars' must be a list"):
+        Snapshot.from_dict(d)
+
+
+def _ex(pid, seq, wall, slow, sample, root="req"):
+    return {"path": [root], "wall_ns": wall, "start_ns": seq, "pid": pid, "tid": pid, "seq": seq, "slow": slow,
+            "sample": sample, "breakdown": [{"path": [root], "wall_ns": wall}]}
+
+
+def test_merge_keeps_the_slowest_exemplars_and_samples_by_calls():
+    k = 4
+    a_walls, b_walls = [5, 9, 11, 30], [7, 8, 40, 50]
+    a = Snapshot([stats_from_values(("req",), list(range(1, 301)))], {"pid": 1},
+                 None, [_ex(1, i, w, True, False) for i, w in enumerate(a_walls)]
+                 + [_ex(1, 100 + i, 2, False, True) for i in range(k)])
+    b = Snapshot([stats_from_values(("req",), list(range(1, 101)))], {"pid": 2},
+                 None, [_ex(2, i, w, True, False) for i, w in enumerate(b_walls)]
+                 + [_ex(2, 100 + i, 3, False, True) for i in range(k)])
+    m = a.merge(b)
+    assert sorted(e["wall_ns"] for e in m.exemplars if e["slow"]) == sorted(a_walls + b_walls)[-k:]
+    samples = [e for e in m.exemplars if e["sample"]]
+    assert len(samples) == k and sum(e["pid"] == 1 for e in samples) == 3   # 300 calls against 100: 3 to 1
+    assert m["req"].calls == 400

@@ -134,4 +134,4 @@ def with_verdicts(snap: Snapshot, th: Optional[Mapping[str, float]] = None) -> S
     stages = [replace(s, verdict=judge(s, th)) if s.calls else s for s in snap.stages]
     meta = snap.meta
     meta["verdict_thresholds"] = th
-    return Snapshot(stages, meta, snap.events)
+    return Snapshot(stages, meta, snap.events, snap.exemplars)

@@ -1,18 +1,30 @@
-"""``instrument demo``: a real BERT embedding service measured before and after optimisation.
+"""``instrument demo``: a real BERT embedding service, where its time goes, the fix, and the proof.
+
+It serves all-MiniLM-L6-v2 in two variants taking turns (``baseline``: a first version with
+the mistakes real services make; ``optimized``: those fixed) and walks the three-step
+workflow on its own run: (1) the per-stage breakdown with counters, items and verdicts,
+(2) the NVTX ranges and the ``instrument nsys`` command that records them, (3)
+``instrument.profile()`` on a few requests, showing the operators under the stage the
+advice names.  Every figure and sentence it prints is computed from the measured
+snapshots; ``summary.json`` holds the same as data.
 
 The heavy packages (torch, transformers, tokenizers, the model) are imported only when the
 demo runs, so ``import instrument`` stays light.
 """
 import argparse
+import json
 import os
+import shutil
 import sys
 from pathlib import Path
 
 import instrument
 
-DEFAULT_REQUESTS = 150  # both variants, model load included, take about 25 s on 2 idle CPU cores
-WARMUP_REQUESTS = 2
+DEFAULT_REQUESTS = 120  # both variants, model load included, take about 30 s on 2 idle CPU cores
+WARMUP_REQUESTS = 3
+PROFILED_REQUESTS = 5
 SENTENCES_PATH = Path(__file__).with_name("sentences.txt")
+CHUNK = 10   # requests per turn: the variants take turns, so machine noise falls on both alike
 
 
 def load_sentences(path=SENTENCES_PATH):
@@ -26,12 +38,16 @@ def batches(sentences, count, size):
         yield [sentences[(i * size + k) % len(sentences)] for k in range(size)]
 
 
-def render_breakdown(snap) -> str:
+def _width():
+    return max(80, shutil.get_terminal_size((100, 24)).columns)
+
+
+def render_breakdown(snap, width=None) -> str:
     from instrument.exporters.table import render
-    return render(snap)
+    return render(snap, width=width or _width())
 
 
-def render_diff(before, after) -> str:
+def render_diff(before, after, width=None) -> str:
     """The SDK's diff: the headline (end-to-end request latency before → after), then every stage."""
     from instrument.exporters.table import render_diff
     return render_diff(instrument.diff(before, after))
@@ -43,7 +59,7 @@ def headline(before, after) -> str:
 
 
 def status_lines(snap) -> list:
-    """What `instrument doctor` would say, one line each: counters, NVTX, torch."""
+    """What `instrument doctor` would say, one line each: counters, NVTX."""
     ev = (snap.meta.get("counters") or {}).get("events") or {}
     ok = [n for n, e in ev.items() if e.get("available")]
     bad = {n: e for n, e in ev.items() if not e.get("available")}
@@ -53,26 +69,121 @@ def status_lines(snap) -> list:
         line += f"; unavailable: {', '.join(bad)} ({first.get('reason')}{'; fix: ' + first['fix'] if first.get('fix') else ''})"
     cfg = snap.meta.get("config") or {}
     emitter = (snap.meta.get("nvtx") or {}).get("emitter")
-    tool = "a tool is attached" if os.environ.get("NVTX_INJECTION64_PATH") else \
-        "no tool attached (run under `instrument nsys -- ...` to record them)"
-    nv = f"NVTX: ranges in domain '{cfg.get('nvtx_domain')}' via {emitter}, {tool}" if cfg.get("nvtx") \
-        else "NVTX: off"
+    tool = "a tool is attached" if os.environ.get("NVTX_INJECTION64_PATH") else "no tool attached"
+    nv = (f"NVTX: every stage above is a range in domain '{cfg.get('nvtx_domain')}' (via {emitter}), {tool}"
+          if cfg.get("nvtx") else "NVTX: off")
     return [line, nv]
 
 
+# ------------------------------------------------------------------ the figures
+def _item(s, name):
+    return ((s.items or {}).get(name) or {}).get("total") if s is not None else None
+
+
+def _self_per_call(s):
+    return s.wall_self / s.calls if s is not None and s.calls else None
+
+
+def _change(before, after):
+    return after / before - 1 if before and after is not None else None
+
+
+def summarize(snapshots, advice, files, device, args) -> dict:
+    """The demo's findings as data, every figure read from the snapshots: the first
+    variant measured, and the optimized one when both ran."""
+    base = next(iter(snapshots.values()))
+    opt = snapshots.get("optimized") if len(snapshots) == 2 else None
+    req_b = base["request"]
+    out = {"device": device, "torch": base.meta.get("torch"), "requests": req_b.calls, "batch_size": args.batch_size,
+           "request": {"baseline": {"p50_ns": req_b.quantile(0.5), "p99_ns": req_b.quantile(0.99),
+                                    "mean_ns": req_b.wall_mean}},
+           "files": [str(f) for f in files]}
+    top = advice[0] if advice else None
+    if top is not None:
+        s = base[top["path"]]
+        finding = {"path": top["path"], "verdict": top["verdict"], "reason": top["reason"],
+                   "share_of_request": s.wall_total / req_b.wall_total if req_b.wall_total else None,
+                   "self_per_call_ns": _self_per_call(s)}
+        fed, pad = _item(s, "tokens"), _item(s, "padding_tokens")
+        if fed:
+            finding.update(tokens_per_call=fed / s.calls, padding_share=(pad or 0) / fed,
+                           ns_per_token=s.wall_total / fed)
+        out["finding"] = finding
+    if opt is not None:
+        req_o = opt["request"]
+        out["request"]["optimized"] = {"p50_ns": req_o.quantile(0.5), "p99_ns": req_o.quantile(0.99),
+                                       "mean_ns": req_o.wall_mean}
+        out["request"]["p50_change"] = _change(req_b.quantile(0.5), req_o.quantile(0.5))
+        out["request"]["p99_change"] = _change(req_b.quantile(0.99), req_o.quantile(0.99))
+        rows = []
+        for s in base:
+            if len(s.path) < 2 or not s.calls:
+                continue
+            b, o = _self_per_call(s), _self_per_call(opt.get(s.path))
+            rows.append({"path": list(s.path), "self_per_call_ns": {"baseline": b, "optimized": o},
+                         "change_ns": None if o is None else o - b, "change": _change(b, o)})
+        rows.sort(key=lambda r: r["change_ns"] if r["change_ns"] is not None else 0)
+        out["stages"] = rows
+        out["shrank_most"] = rows[0]["path"] if rows else None
+    return out
+
+
+def _ms(ns):
+    return "n/a" if ns is None else f"{ns / 1e6:.1f} ms" if ns >= 1e6 else f"{ns / 1e3:.0f} µs"
+
+
+def _pct(x):
+    return "n/a" if x is None else f"{x * 100:+.1f}%".replace("-", "\u2212")
+
+
+def summary_lines(summary, variants) -> list:
+    """At most five lines for a ticket: headline, top finding with its evidence, the fix, the win, the files."""
+    r = summary["request"]
+    lines = []
+    f = summary.get("finding")
+    if "optimized" in r:
+        lines.append(f"request p50 {_ms(r['baseline']['p50_ns'])} → {_ms(r['optimized']['p50_ns'])} "
+                     f"({_pct(r['p50_change'])}), p99 {_ms(r['baseline']['p99_ns'])} → {_ms(r['optimized']['p99_ns'])} "
+                     f"({_pct(r['p99_change'])}): {summary['requests']} requests of {summary['batch_size']} sentences "
+                     f"per variant on {summary['device']}")
+    else:
+        lines.append(f"request p50 {_ms(r['baseline']['p50_ns'])}, p99 {_ms(r['baseline']['p99_ns'])}: "
+                     f"{summary['requests']} requests of {summary['batch_size']} sentences on {summary['device']}")
+    if f is not None:
+        text = (f"finding: {'/'.join(f['path'])} is {f['share_of_request'] * 100:.0f}% of the request, "
+                f"{f['verdict']} ({f['reason'].split(';')[0]})")
+        if f.get("tokens_per_call"):
+            text += (f"; {f['padding_share'] * 100:.0f}% of the {f['tokens_per_call']:.0f} tokens per call it runs "
+                     "are padding")
+        lines.append(text)
+    if summary.get("stages"):
+        shrunk = [s for s in summary["stages"] if s["change"] is not None and s["change"] < -0.2][:3]
+        if shrunk:
+            from .service import OptimizedInputs
+            lines.append("fix: " + OptimizedInputs.description + " — " + ", ".join(
+                f"{'/'.join(s['path'][1:])} {_ms(s['self_per_call_ns']['baseline'])} → "
+                f"{_ms(s['self_per_call_ns']['optimized'])}" for s in shrunk) + " per call")
+        lines.append(f"win: request p50 {_pct(r['p50_change'])}, mean "
+                     f"{_pct(_change(r['baseline']['mean_ns'], r['optimized']['mean_ns']))}; the advice's first stage "
+                     f"{'is' if summary.get('shrank_most') == (f or {}).get('path') else 'is not'} the one that "
+                     "shrank most")
+    lines.append("files: " + ", ".join(summary["files"]))
+    return lines[:5]
+
+
+# ----------------------------------------------------------------- the run
 def _parser():
     p = argparse.ArgumentParser(prog="instrument demo", description=(
-        "Serve all-MiniLM-L6-v2 on a stream of batched requests, baseline vs optimized, "
-        "and print the per-stage breakdowns and their diff."))
+        "Serve all-MiniLM-L6-v2 on a stream of batched requests, baseline vs optimized, find where the "
+        "time goes with the SDK, and prove the fix."))
     p.add_argument("--requests", type=int, default=DEFAULT_REQUESTS, help="batches per variant (default %(default)s)")
     p.add_argument("--batch-size", type=int, default=8, help="sentences per request (default %(default)s)")
     p.add_argument("--variant", choices=("baseline", "optimized", "both"), default="both")
-    p.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
+    p.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto",
+                   help="auto: cuda when torch sees a CUDA device, else cpu")
     p.add_argument("--out", default="instrument-demo", help="folder for the snapshots (default ./%(default)s)")
+    p.add_argument("--json", action="store_true", help="print the summary as JSON (it is always in summary.json)")
     return p
-
-
-CHUNK = 10   # requests per turn: the variants take turns, so machine noise falls on both alike
 
 
 def _measure(services, sentences, args, progress):
@@ -98,6 +209,38 @@ def _measure(services, sentences, args, progress):
     return {v: p[0].merge(*p[1:]) for v, p in parts.items()}
 
 
+def _profile(service, sentences, args, path):
+    """Step 3: instrument.profile() on a few requests; the top operators under `path`."""
+    instrument.reset()
+    with instrument.profile():
+        for texts in batches(sentences, PROFILED_REQUESTS, args.batch_size):
+            service.embed(texts)
+    snap = instrument.snapshot()
+    instrument.reset()
+    s = snap.get(path)
+    rows = ((s.ops or {}).get("by_self_cpu") or []) if s is not None else []
+    total = sum(r.get("self_cpu_ns") or 0 for r in rows) or 1
+    return [{"name": r["name"], "calls": r["calls"], "self_cpu_ns": r["self_cpu_ns"],
+             "share": (r.get("self_cpu_ns") or 0) / total} for r in rows[:5]]
+
+
+def _items_line(snap) -> list:
+    """Per-item costs of the stages that recorded items."""
+    out = []
+    for s in snap:
+        items = s.items or {}
+        if not s.calls or not items.get("tokens", {}).get("total"):
+            continue
+        tokens = items["tokens"]["total"]
+        text = (f"  {'/'.join(s.path)}: {tokens / s.calls:.0f} tokens per call, {s.wall_total / tokens / 1e3:.1f} µs "
+                f"per token, {tokens / (s.wall_total / 1e9):,.0f} tokens/s")
+        pad = (items.get("padding_tokens") or {}).get("total")
+        if pad is not None:
+            text += f"; {pad / tokens * 100:.0f}% of them padding"
+        out.append(text)
+    return out
+
+
 def run_demo(argv=None) -> int:
     args = _parser().parse_args(argv)
     if args.requests < 1 or args.batch_size < 1:
@@ -115,39 +258,79 @@ def run_demo(argv=None) -> int:
     except (DemoUnavailable, ValueError) as exc:
         print(f"instrument demo: {exc}", file=sys.stderr)
         return 2
+    if device == "cuda":
+        instrument.configure(gpu=True)   # GPU time per stage from CUDA events
 
     variants = ["baseline", "optimized"] if args.variant == "both" else [args.variant]
     sentences = load_sentences()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    written = []
-    with tqdm(total=args.requests * len(variants), unit="req", desc="instrument demo") as progress:
+    say = (lambda *a: print(*a, file=sys.stderr)) if args.json else print
+    with tqdm(total=args.requests * len(variants), unit="req", desc="instrument demo", file=sys.stderr) as progress:
         services = {v: EmbeddingService(v, device, model=model) for v in variants}
         snapshots = _measure(services, sentences, args, progress)
     from instrument.analysis.advice import advise
     from instrument.analysis.verdict import with_verdicts
     from instrument.exporters import html
     from instrument.exporters.table import render_advice
+    written = []
     for variant, snap in snapshots.items():
-        snapshots[variant] = snap = with_verdicts(snap)
-        written.append(Path(snap.save(str(out / f"{variant}.json"))))
-        print(f"\n== {variant}: {args.requests} requests of {args.batch_size} sentences on {device} ==")
-        print(render_breakdown(snap))
-    if len(snapshots) == 2:
-        print("\n== baseline → optimized ==")
-        print(render_diff(snapshots["baseline"], snapshots["optimized"]))
-        report = html.render(snapshots["optimized"], before=snapshots["baseline"], title="instrument demo: baseline → optimized")
+        snapshots[variant] = with_verdicts(snap)
+        written.append(Path(snapshots[variant].save(str(out / f"{variant}.json"))))
+    first = snapshots[variants[0]]
+    advice = advise(first)
+
+    say(f"\n== step 1: where the time goes — {variants[0]}, {args.requests} requests of {args.batch_size} "
+        f"sentences on {device} ==")
+    say(render_breakdown(first))
+    say("items:")
+    for line in _items_line(first):
+        say(line)
+    for line in status_lines(first):
+        say(line)
+    say()
+    say(render_advice(advice, about=f"{variants[0]} ({out / (variants[0] + '.json')})"))
+
+    say("\n== step 2: the timeline ==")
+    cmd = "instrument nsys --capture request -- python -m instrument demo --variant baseline --requests 20"
+    if shutil.which("nsys"):
+        say(f"nsys is installed: `{cmd}` records the NVTX ranges of every stage in a steady-state window")
     else:
-        report = html.render(next(iter(snapshots.values())), title=f"instrument demo: {variants[0]}")
+        say(f"nsys is not installed here; on a machine with Nsight Systems, `{cmd}` records these stages' NVTX "
+            "ranges next to the CUDA kernels")
+
+    ops = []
+    if advice:
+        target = tuple(advice[0]["path"])
+        ops = _profile(services[variants[0]], sentences, args, target)
+        say(f"\n== step 3: operators under {'/'.join(target)} (instrument.profile() on {PROFILED_REQUESTS} requests) ==")
+        for r in ops:
+            say(f"  {r['name']:<40} {r['calls']:>6} calls {r['self_cpu_ns'] / 1e6:>9.2f} ms self CPU "
+                f"{r['share'] * 100:5.1f}%")
+        if not ops:
+            say("  (no torch operators ran under it)")
+
+    if len(snapshots) == 2:
+        say("\n== baseline → optimized ==")
+        say(render_diff(snapshots["baseline"], snapshots["optimized"]))
+        say()   # after the diff, the advice is about what is left to do: the optimized variant
+        say(render_advice(advise(snapshots["optimized"]), about=f"optimized ({out / 'optimized.json'})"))
+        report = html.render(snapshots["optimized"], before=snapshots["baseline"],
+                             title="instrument demo: baseline → optimized")
+    else:
+        report = html.render(first, title=f"instrument demo: {variants[0]}")
     page = out / "report.html"
     page.write_text(report, encoding="utf-8")
     written.append(page)
-    print()
-    judged = variants[-1]   # after a diff, the advice is about what is left to do: the last variant
-    print(render_advice(advise(snapshots[judged]), about=f"{judged} ({out / (judged + '.json')})"))
-    print()
-    for line in status_lines(snapshots[variants[0]]):
-        print(line)
-    for path in written:
-        print(f"wrote {path}")
+    summary = summarize(snapshots, advice, written + [out / "summary.json"], device, args)
+    summary["operators"] = ops
+    summary["advice"] = advice
+    summary["lines"] = summary_lines(summary, variants)
+    (out / "summary.json").write_text(json.dumps(summary, indent=2, allow_nan=False), encoding="utf-8")
+    if args.json:
+        print(json.dumps(summary, indent=2, allow_nan=False))
+    else:
+        print("\n== summary ==")
+        for line in summary["lines"]:
+            print(line)
     return 0

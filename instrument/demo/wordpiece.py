@@ -118,9 +118,9 @@ class WordPieceTokenizer:
     def encode(self, text):
         return [self.cls_id] + self.tokenize_ids(text)[: self.max_length - 2] + [self.sep_id]
 
-    def encode_batch(self, texts):
-        """Ids padded to the longest in the batch (lists of lists), and the true lengths."""
+    def encode_batch(self, texts, pad_to=None):
+        """Ids padded to ``pad_to`` (default: the longest in the batch), as lists of lists, and the true lengths."""
         encoded = [self.encode(t) for t in texts]
         lengths = [len(ids) for ids in encoded]
-        longest = max(lengths)
-        return [ids + [self.pad_id] * (longest - len(ids)) for ids in encoded], lengths
+        width = max(lengths) if pad_to is None else pad_to
+        return [ids + [self.pad_id] * (width - len(ids)) for ids in encoded], lengths

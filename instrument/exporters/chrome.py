@@ -6,6 +6,14 @@ the thread CPU clock where it was read; `C` counter tracks of the cumulative
 calls of each top-level stage; `M` events naming processes and threads.  Calls
 that overlap without nesting on one thread (asyncio tasks interleaving) go to an
 extra lane of that thread, so every track nests properly.
+
+The slowest calls of each top-level stage (exemplars, `Snapshot.exemplars`) get
+their own lane, "slowest calls": the call at its real start and length, and
+under it the time of each stage beneath it in that call (a stage's slice holds
+its own time and its children's), laid end to end in tree order: a call keeps
+how long each stage took, not when.  Items (`instrument.add`) are `C` counter
+tracks, one per item name with a series per stage: their totals from the start
+of the recording to the snapshot.
 """
 from __future__ import annotations
 
@@ -16,6 +24,7 @@ from typing import Any, Dict, List, Optional, Tuple
 from ..snapshot import Snapshot, path_text
 
 LANE = 10_000_000   # synthetic tid = tid + lane * LANE; Linux tids stay below 2**22
+SLOW_TID = 9 * LANE  # the lanes of the slowest calls: SLOW_TID + lane
 
 
 class NoTimeline(ValueError):
@@ -46,11 +55,42 @@ def _lanes(evs: List[Dict[str, Any]]) -> List[int]:
     return out
 
 
+def _call_slices(e: Dict[str, Any], ts_us: float, pid: int, tid: int,
+                 order: Dict[Tuple[str, ...], int]) -> List[Dict[str, Any]]:
+    """One exemplar as nested X events: each stage's slice is its self time plus its children's, children first."""
+    own: Dict[Tuple[str, ...], int] = {}
+    for b in e["breakdown"]:
+        own[tuple(b["path"])] = own.get(tuple(b["path"]), 0) + b["wall_ns"]
+    root = tuple(e["path"])
+    incl: Dict[Tuple[str, ...], int] = {}
+    for p, ns in own.items():
+        for k in range(len(root), len(p) + 1):
+            incl[p[:k]] = incl.get(p[:k], 0) + ns
+    kids: Dict[Tuple[str, ...], List[Tuple[str, ...]]] = {}
+    for p in sorted(incl, key=lambda p: (order.get(p, len(order)), p)):
+        if p != root:
+            kids.setdefault(p[:-1], []).append(p)
+    out = [{"name": root[-1], "cat": "slowest call", "ph": "X", "ts": ts_us, "dur": e["wall_ns"] / 1e3, "pid": pid,
+            "tid": tid, "args": {"path": path_text(root), "wall_ms": e["wall_ns"] / 1e6,
+                                 "note": "stages beneath are laid end to end: how long each took, not when"}}]
+
+    def lay(p: Tuple[str, ...], start: float) -> None:
+        t = start
+        for c in kids.get(p, ()):
+            dur = incl[c] / 1e3
+            out.append({"name": c[-1], "cat": "slowest call", "ph": "X", "ts": t, "dur": dur, "pid": pid, "tid": tid,
+                        "args": {"path": path_text(c), "self_ms": own.get(c, 0) / 1e6, "total_ms": incl[c] / 1e6}})
+            lay(c, t)
+            t += dur
+    lay(root, ts_us)
+    return out
+
+
 def trace(*snaps: Snapshot) -> Dict[str, Any]:
     """The trace of one or more snapshots (each its own process, on one time axis)."""
-    if not any(s.events for s in snaps):
-        raise NoTimeline("the snapshot has no timeline events: record with instrument.configure(trace_events=N) "
-                         "or use `instrument run --trace-events N`")
+    if not any(s.events or any(e["slow"] for e in s.exemplars) for s in snaps):
+        raise NoTimeline("the snapshot has no timeline events and no exemplars: record with "
+                         "instrument.configure(trace_events=N) or use `instrument run --trace-events N`")
     metas = [s.meta for s in snaps]
     starts = [m["start_time"] for m in metas if isinstance(m.get("start_time"), (int, float))]
     t0 = min(starts) if starts else 0.0
@@ -92,6 +132,35 @@ def trace(*snaps: Snapshot) -> Dict[str, Any]:
             c = calls.setdefault(pid, {})
             c[name] = c.get(name, 0) + 1
             out.append({"name": "calls", "ph": "C", "ts": end / 1e3, "pid": pid, "args": dict(c)})
+        order = {st.path: i for i, st in enumerate(snap)}   # tree order: children as first seen
+        slow = sorted((e for e in snap.exemplars if e["slow"]), key=lambda e: (e["start_ns"], -e["wall_ns"]))
+        lanes: Dict[int, List[int]] = {}   # pid -> end of each lane's last call
+        for e in slow:
+            pid = e.get("pid") or pid0
+            if pid not in names:
+                names[pid] = f"{os.path.basename(argv[0]) if argv and pid == pid0 else 'python'} (pid {pid})"
+            start = base + e["start_ns"]
+            ends = lanes.setdefault(pid, [])
+            k = next((i for i, t in enumerate(ends) if t <= start), len(ends))
+            if k == len(ends):
+                ends.append(0)
+            ends[k] = start + e["wall_ns"]
+            threads.setdefault((pid, SLOW_TID + k), f"slowest calls{'' if k == 0 else f' (lane {k})'}")
+            out.extend(_call_slices(e, start / 1e3, pid, SLOW_TID + k, order))
+        span = m.get("duration_ns")
+        if m.get("merged_from") and m.get("start_time") is not None and m.get("end_time") is not None:
+            span = int((m["end_time"] - m["start_time"]) * 1e9)
+        per_item: Dict[str, Dict[str, Any]] = {}
+        for st in snap:
+            for name, it in st.items.items():
+                per_item.setdefault(name, {})[path_text(st.path)] = it["total"]
+        for name, series in per_item.items():
+            if pid0 not in names:
+                names[pid0] = f"{os.path.basename(argv[0]) if argv else 'python'} (pid {pid0})"
+            out.append({"name": f"items: {name}", "ph": "C", "ts": base / 1e3, "pid": pid0,
+                        "args": {k: 0 for k in series}})
+            out.append({"name": f"items: {name}", "ph": "C", "ts": (base + (span or 0)) / 1e3, "pid": pid0,
+                        "args": series})
     meta = [{"name": "process_name", "ph": "M", "pid": p, "tid": 0, "args": {"name": n}} for p, n in names.items()]
     meta += [{"name": "thread_name", "ph": "M", "pid": p, "tid": t, "args": {"name": n}} for (p, t), n in threads.items()]
     meta += [{"name": "thread_sort_index", "ph": "M", "pid": p, "tid": t, "args": {"sort_index": t}}

@@ -28,7 +28,10 @@ def ms(ns: Optional[float]) -> str:
 
 def pct(x: Optional[float]) -> str:
     """A fraction as a percentage number (0.123 -> 12.3)."""
-    return "n/a" if x is None else f"{100 * x:.1f}"
+    if x is None:
+        return "n/a"
+    v = 100 * x
+    return f"{0.0 if round(v, 1) == 0 else v:.1f}"   # no "-0.0"
 
 
 def ratio(x: Optional[float], digits: int = 2) -> str:
@@ -86,3 +89,32 @@ def path_text(path: Sequence[str]) -> str:
 def name(n: str) -> str:
     """One stage name for display, escaped as in a path."""
     return printable(name_text(n))
+
+
+def unit(name: str) -> str:
+    """An item name as a unit: tokens -> token, bytes -> byte, padding_tokens -> padding_token."""
+    return name[:-1] if len(name) > 1 and name.endswith("s") and not name.endswith("ss") else name
+
+
+def per_unit(ns: Optional[float], name: str) -> str:
+    """Time per item: `2.51 µs/token`."""
+    return "n/a" if ns is None else f"{human(ns)}/{printable(unit(name))}"
+
+
+def si(x: Optional[float]) -> str:
+    """A count with a metric prefix: 398000 -> 398k, 1234567 -> 1.23M."""
+    if x is None:
+        return "n/a"
+    for p, scale in (("G", 1e9), ("M", 1e6), ("k", 1e3)):
+        if abs(x) >= scale:
+            v = x / scale
+            break
+    else:
+        p, v = "", x
+    digits = max(0, 2 - int(math.floor(math.log10(abs(v))))) if v else 0
+    return f"{v:.{digits}f}{p}"
+
+
+def rate(per_s: Optional[float], name: str) -> str:
+    """Items per second: `398k tokens/s`."""
+    return "n/a" if per_s is None else f"{si(per_s)} {printable(name)}/s"

@@ -5,7 +5,8 @@
 
 Every node carries the same metrics (Hatchet takes the metric names from one
 node): "time (inc)" and "time" (self) in seconds, "calls", "errors",
-"cpu (inc)" seconds, and each perf counter's total (null where a stage has none).
+"cpu (inc)" seconds, each perf counter's total, and "items: NAME" for each item
+added with `instrument.add` (null where a stage has none).
 """
 from __future__ import annotations
 
@@ -17,12 +18,15 @@ from ..snapshot import Snapshot, StageStats
 
 def to_literal(snap: Snapshot) -> List[Dict[str, Any]]:
     events = list(dict.fromkeys(e for s in snap for e in s.counters))
+    items = list(dict.fromkeys(n for s in snap for n in s.items))
 
     def node(s: StageStats) -> Dict[str, Any]:
         m: Dict[str, Any] = {"time (inc)": s.wall_total / 1e9, "time": s.wall_self / 1e9, "calls": s.calls,
                              "errors": s.errors, "cpu (inc)": None if s.cpu_total is None else s.cpu_total / 1e9}
         for e in events:
             m[e] = s.counter(e)
+        for n in items:
+            m[f"items: {n}"] = s.item_total(n)
         d: Dict[str, Any] = {"frame": {"name": s.name, "type": "function"}, "metrics": m}
         kids = snap.children(s.path)
         if kids:

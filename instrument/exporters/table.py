@@ -1,5 +1,6 @@
 """Text forms: the per-stage breakdown (an indented tree, one row per stage),
-a before/after diff, the advice, and a stage's torch operators.
+a before/after diff, the advice, a stage's torch operators, and the tail view
+(which stage the slow calls of a root stage lost their time in).
 
 Columns appear when the snapshot has their data (counters, GPU time, verdicts);
 the base set fits an 80-column terminal.  Each renders as a terminal table,
@@ -18,8 +19,10 @@ from typing import Any, Callable, Dict, List, Optional, Sequence
 from .. import counters
 from ..analysis.diff import METRICS, Change, Diff, DiffRow
 from ..analysis.significance import MIN_WINDOWS, Significance
+from ..analysis.tail import TailView, tail
 from ..snapshot import Snapshot, StageStats
-from .format import MINUS, count, human, md, ms, name as name_display, path_text, pct, printable, ratio, signed_percent
+from .format import (MINUS, count, human, md, ms, name as name_display, path_text, pct, per_unit, printable, rate,
+                     ratio, signed_percent)
 
 SORTS = ("tree", "total", "self", "calls", "p99", "mean", "name", "cpu")
 FORMATS = ("table", "markdown", "csv", "json")
@@ -33,6 +36,7 @@ class Column:
     raw: Callable[[Snapshot, StageStats], object]    # CSV: the value in the unit its `field` names
     wants: Callable[[Snapshot], bool] = lambda snap: True
     field: str = ""                                  # CSV header: name_unit (ns, pct) or a plain count or ratio
+    base: bool = False     # shown whenever it wants to be, before the optional columns
 
 
 def _counter_derived(s: StageStats, key: str):
@@ -48,17 +52,38 @@ def _percent(x: Optional[float]) -> Optional[float]:
     return None if x is None else 100 * x
 
 
+_tail_memo: List[Any] = [None, None]   # the last snapshot asked about and its tail views
+
+
+def _tails(snap: Snapshot) -> Dict[str, TailView]:
+    if _tail_memo[0] is not snap:
+        _tail_memo[:] = [snap, {v.stage[0]: v for v in tail(snap)}]
+    return _tail_memo[1]
+
+
+def tail_share(snap: Snapshot, s: StageStats) -> Optional[float]:
+    """The stage's share (with the stages under it) of its root stage's p99 excess."""
+    v = _tails(snap).get(s.path[0])
+    return v.share(s.path) if v is not None else None
+
+
+def _has_tail(snap: Snapshot) -> bool:
+    return any((v.total_excess_ns or 0) > 0 for v in _tails(snap).values()) if snap.exemplars else False
+
+
 COLUMNS: List[Column] = [
-    Column("calls", 6, lambda n, s: str(s.calls), lambda n, s: s.calls, field="calls"),
-    Column("total ms", 8, lambda n, s: ms(s.wall_total), lambda n, s: s.wall_total, field="total_ns"),
+    Column("calls", 6, lambda n, s: str(s.calls), lambda n, s: s.calls, field="calls", base=True),
+    Column("total ms", 8, lambda n, s: ms(s.wall_total), lambda n, s: s.wall_total, field="total_ns", base=True),
     Column("%root", 5, lambda n, s: pct(n.share_of_root(s)), lambda n, s: _percent(n.share_of_root(s)),
-           field="root_pct"),
-    Column("mean ms", 7, lambda n, s: ms(s.wall_mean), lambda n, s: s.wall_mean, field="mean_ns"),
-    Column("p50 ms", 6, lambda n, s: ms(s.quantile(0.5)), lambda n, s: s.quantile(0.5), field="p50_ns"),
-    Column("p99 ms", 6, lambda n, s: ms(s.quantile(0.99)), lambda n, s: s.quantile(0.99), field="p99_ns"),
-    Column("self ms", 7, lambda n, s: ms(s.wall_self), lambda n, s: s.wall_self, field="self_ns"),
-    Column("CPU ms", 6, lambda n, s: ms(s.cpu_total), lambda n, s: s.cpu_total, field="cpu_ns"),
-    Column("C/W", 4, lambda n, s: ratio(s.cpu_ratio), lambda n, s: s.cpu_ratio, field="cpu_per_wall"),
+           field="root_pct", base=True),
+    Column("tail%", 5, lambda n, s: pct(tail_share(n, s)), lambda n, s: _percent(tail_share(n, s)), _has_tail,
+           field="tail_pct", base=True),
+    Column("mean ms", 7, lambda n, s: ms(s.wall_mean), lambda n, s: s.wall_mean, field="mean_ns", base=True),
+    Column("p50 ms", 6, lambda n, s: ms(s.quantile(0.5)), lambda n, s: s.quantile(0.5), field="p50_ns", base=True),
+    Column("p99 ms", 6, lambda n, s: ms(s.quantile(0.99)), lambda n, s: s.quantile(0.99), field="p99_ns", base=True),
+    Column("self ms", 7, lambda n, s: ms(s.wall_self), lambda n, s: s.wall_self, field="self_ns", base=True),
+    Column("CPU ms", 6, lambda n, s: ms(s.cpu_total), lambda n, s: s.cpu_total, field="cpu_ns", base=True),
+    Column("C/W", 4, lambda n, s: ratio(s.cpu_ratio), lambda n, s: s.cpu_ratio, field="cpu_per_wall", base=True),
     Column("IPC", 5, lambda n, s: ratio(_counter_derived(s, "ipc")), lambda n, s: _counter_derived(s, "ipc"),
            _has_counter("instructions"), field="ipc"),
     Column("miss%", 6, lambda n, s: pct(_counter_derived(s, "cache_miss_ratio")),
@@ -79,9 +104,10 @@ COLUMNS: List[Column] = [
     Column("verdict", 14, lambda n, s: (s.verdict or {}).get("verdict", ""), lambda n, s: (s.verdict or {}).get("verdict"),
            lambda snap: any(s.verdict for s in snap), field="verdict"),
 ]
-BASE = 9   # the first nine columns always show
+NAME_MIN = 14          # the stage name column narrows to this before a base column is left out
+DROPPABLE = ("C/W",)  # base columns left out, in this order, when the terminal is too narrow
 UNITS = ("ms: milliseconds of wall time (CPU ms: thread CPU time); %root: percent of the top-level stage's "
-         "total; C/W: CPU time / wall time")
+         "total; tail%: percent of the slow calls' excess over a typical call; C/W: CPU time / wall time")
 
 
 def _sort_key(sort: str):
@@ -123,10 +149,15 @@ def _choose(snap: Snapshot, width: Optional[int], names: Optional[Sequence[str]]
         if bad:
             raise ValueError(f"unknown column {', '.join(bad)}; the columns are: {', '.join(c.header for c in COLUMNS)}")
         return [by[n.lower()] for n in names], []
-    cols = COLUMNS[:BASE]
-    extra = [c for c in COLUMNS[BASE:] if c.wants(snap)]
+    cols = [c for c in COLUMNS if c.base and c.wants(snap)]
+    extra = [c for c in COLUMNS if not c.base and c.wants(snap)]
     if width is None:
         return cols + extra, []
+    dropped = []
+    for name in DROPPABLE:
+        if NAME_MIN + sum(c.width + 1 for c in cols) > width:
+            dropped += [c for c in cols if c.header == name]
+            cols = [c for c in cols if c.header != name]
     used = 16 + sum(c.width + 1 for c in cols)
     dropped = []
     for c in extra:
@@ -138,11 +169,37 @@ def _choose(snap: Snapshot, width: Optional[int], names: Optional[Sequence[str]]
     return cols, dropped
 
 
+def item_names(snap: Snapshot) -> List[str]:
+    return list(dict.fromkeys(n for s in snap for n in s.items))
+
+
+def item_lines(s: StageStats, indent: str) -> List[str]:
+    """`tokens: 8,000 in 400 adds · 2.51 µs/token · 398k tokens/s` for each item of the stage."""
+    out = []
+    for name, it in s.items.items():
+        line = f"{indent}{printable(name)}: {count(it['total'])} in {count(it['calls'])} add{'s' if it['calls'] != 1 else ''}"
+        if it["total"] and s.wall_total:
+            line += f" · {per_unit(s.per_item_ns(name), name)} · {rate(s.item_rate(name), name)}"
+        out.append(line)
+    return out
+
+
+def _json_row(snap: Snapshot, s: StageStats) -> Dict[str, Any]:
+    d = dict(s.to_dict(), root_pct=_percent(snap.share_of_root(s)))
+    if snap.exemplars:
+        d["tail_pct"] = _percent(tail_share(snap, s))
+    for name, it in d.get("items", {}).items():
+        it.update(ns_per_item=s.per_item_ns(name), per_second=s.item_rate(name))
+    return d
+
+
 def render(snap: Snapshot, sort: str = "tree", depth: Optional[int] = None, fold: bool = False,
            format: str = "table", width: Optional[int] = None, columns: Optional[Sequence[str]] = None,
-           title: Optional[str] = None) -> str:
+           title: Optional[str] = None, below: Optional[Callable[[StageStats, str], List[str]]] = None) -> str:
     """The breakdown of `snap`.  width: terminal columns (default: the terminal's,
-    at least 80); extra columns are added while they fit."""
+    at least 80); extra columns are added while they fit.  Under each row (table and
+    markdown) go the stage's items with their per-item cost and rate, or what
+    `below(stage, indent)` returns."""
     if format not in FORMATS:
         raise ValueError(f"format must be one of {', '.join(FORMATS)}, got {format!r}")
     if depth is not None and (not isinstance(depth, int) or depth < 1):
@@ -150,25 +207,32 @@ def render(snap: Snapshot, sort: str = "tree", depth: Optional[int] = None, fold
     if fold:
         snap = snap.fold()
     rows = ordered(snap, sort, depth)
-    if format == "json":   # times in ns (wall_ns, cpu_ns), root_pct in percent
-        return json.dumps([dict(s.to_dict(), root_pct=_percent(snap.share_of_root(s))) for s in rows], indent=2)
+    if format == "json":   # times in ns (wall_ns, cpu_ns), root_pct and tail_pct in percent
+        return json.dumps([_json_row(snap, s) for s in rows], indent=2, allow_nan=False)
     if width is None:
         width = max(80, shutil.get_terminal_size((80, 24)).columns) if format == "table" else None
     cols, dropped = _choose(snap, width, columns)
     if format == "csv":
         buf = io.StringIO()
         w = csv.writer(buf)
-        w.writerow(["path"] + [c.field for c in cols])
+        names = item_names(snap)
+        w.writerow(["path"] + [c.field for c in cols] + [h for n in names for h in (n, f"ns/{n}", f"{n}/s")])
         for s in rows:
-            w.writerow([path_text(s.path)] + [c.raw(snap, s) for c in cols])
+            w.writerow([path_text(s.path)] + [c.raw(snap, s) for c in cols]
+                       + [v for n in names for v in (s.item_total(n), s.per_item_ns(n), s.item_rate(n))])
         return buf.getvalue()
+    below = below or item_lines
     if format == "markdown":
         lines = ["| stage | " + " | ".join(c.header for c in cols) + " |",
                  "| --- | " + " | ".join("---:" for _ in cols) + " |"]
+        notes = []
         for s in rows:
             name = "&nbsp;" * (2 * s.depth) + md(name_display(s.name))
             lines.append(f"| {name} | " + " | ".join(c.value(snap, s) for c in cols) + " |")
-        return "\n".join(lines)
+            extra = below(s, "    ")
+            if extra:
+                notes += ["", f"**{md(path_text(s.path))}**", "", "```", *extra, "```"]
+        return "\n".join(lines + notes)
     name_w = max(10, min(40, (width or 80) - sum(c.width + 1 for c in cols)))
     head = f"{'stage':<{name_w}}" + "".join(f" {c.header:>{c.width}}" for c in cols)
     lines = []
@@ -180,6 +244,7 @@ def render(snap: Snapshot, sort: str = "tree", depth: Optional[int] = None, fold
         if len(label) > name_w:
             label = label[: name_w - 1] + "…"
         lines.append(f"{label:<{name_w}}" + "".join(f" {c.value(snap, s):>{c.width}}" for c in cols))
+        lines += below(s, "  " * (s.depth + 2))
     if not rows:
         lines.append("(no stages recorded)")
     total = snap.total_ns
@@ -220,26 +285,62 @@ def ops_lines(ops: Any, indent: str) -> List[str]:
 
 def render_with_ops(snap: Snapshot, sort: str = "tree", depth: Optional[int] = None, fold: bool = False,
                     format: str = "table", width: Optional[int] = None) -> str:
-    """The breakdown with each stage's torch operators under its row (table and markdown)."""
-    text = render(snap, sort=sort, depth=depth, fold=fold, format=format, width=width)
-    if format in ("csv", "json"):   # json rows carry `ops` already
-        return text
-    view = snap.fold() if fold else snap
-    rows = ordered(view, sort, depth)
-    if format == "markdown":
-        extra = []
-        for s in rows:
-            lines = ops_lines(s.ops, "    ")
-            if lines:
-                extra += ["", f"**{md(path_text(s.path))}**", "", "```", *lines, "```"]
-        return text + ("\n" + "\n".join(extra) if extra else "")
-    lines = text.split("\n")
-    head, body, tail = lines[:2], lines[2:2 + len(rows)], lines[2 + len(rows):]
-    out = head
-    for s, line in zip(rows, body):
-        out.append(line)
-        out += ops_lines(s.ops, "  " * (s.depth + 2))
-    return "\n".join(out + tail)
+    """The breakdown with each stage's items and torch operators under its row (table and markdown)."""
+    return render(snap, sort=sort, depth=depth, fold=fold, format=format, width=width,
+                  below=lambda s, indent: item_lines(s, indent) + ops_lines(s.ops, indent))
+
+
+# ------------------------------------------------------------------------ tail
+TAIL_FORMATS = ("table", "markdown", "json")
+
+
+def _q(q: float) -> str:
+    return f"p{q * 100:g}".replace(".", "")
+
+
+def render_tail(views: Sequence[TailView], format: str = "table", limit: Optional[int] = 12) -> str:
+    """Per root stage: how much more time each stage took in the calls above the
+    quantile ("slow ms": their mean self time) than in a typical call, as time and as
+    share of the excess, largest first.
+    JSON: one object per root stage, a list when there are several."""
+    if format not in TAIL_FORMATS:
+        raise ValueError(f"format must be one of {', '.join(TAIL_FORMATS)}, got {format!r}")
+    if format == "json":
+        objs = [{k: v for k, v in t.to_dict().items()} for t in views]
+        return json.dumps(objs[0] if len(objs) == 1 else objs, indent=2, allow_nan=False)
+    if not views:
+        return ("No exemplars in this snapshot: record with the `exemplars` option above 0 (the default is 32) "
+                "to see which stage slow calls lose their time in.")
+    out: List[str] = []
+    for v in views:
+        q = _q(v.quantile)
+        root = path_text(v.stage)
+        head = (f"Tail of {root}: {v.calls:,} calls, p50 {human(v.p50_ns)}, p99 {human(v.p99_ns)}; "
+                f"{v.slow_calls} kept call{'s' if v.slow_calls != 1 else ''} at or above {q} ({human(v.threshold_ns)}), "
+                f"mean {human(v.slow_mean_ns)}")
+        if v.typical_mean_ns is not None:
+            head += (f", against a typical call (mean of the middle half of {v.typical_calls} sampled) of "
+                     f"{human(v.typical_mean_ns)}: {human(v.total_excess_ns)} more")
+        rows = v.excess[:limit] if limit else v.excess
+        cells = [[path_text(e.path), ms(e.slow_ns), ms(e.typical_ns),
+                  ("+" if e.ns > 0 else MINUS if e.ns < 0 else "") + ms(abs(e.ns)), pct(e.share)] for e in rows]
+        hdr = ["stage", "slow ms", "typical ms", "excess ms", "share%"]
+        if format == "markdown":
+            out += [f"**{md(head)}**", "", "| " + " | ".join(hdr) + " |", "| --- | ---: | ---: | ---: | ---: |"]
+            out += ["| " + " | ".join([md(c[0])] + c[1:]) + " |" for c in cells]
+            out.append("")
+            continue
+        w0 = min(48, max([len(hdr[0])] + [len(c[0]) for c in cells]))
+        widths = [w0] + [max(len(hdr[i]), *(len(c[i]) for c in cells)) if cells else len(hdr[i]) for i in range(1, 5)]
+
+        def line(c):
+            first = c[0] if len(c[0]) <= w0 else c[0][: w0 - 1] + "…"
+            return f"{first:<{w0}}" + "".join(f" {x:>{w}}" for x, w in zip(c[1:], widths[1:]))
+        out += [head, "", line(hdr), "-" * (sum(widths) + 4)] + [line(c) for c in cells]
+        if len(v.excess) > len(rows):
+            out.append(f"({len(v.excess) - len(rows)} more stages)")
+        out.append("")
+    return "\n".join(out).rstrip("\n")
 
 
 # ---------------------------------------------------------------------- advice

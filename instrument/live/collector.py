@@ -11,7 +11,7 @@ import socket
 import sys
 import threading
 import time
-from typing import Any, Callable, Dict, Optional
+from typing import Any, Callable, Dict, List, Optional
 
 from .. import config as _config
 from .. import counters
@@ -33,6 +33,14 @@ def current_config() -> _config.Config:
     return _config_now
 
 
+_configure_listeners: List[Callable[[_config.Config, Dict[str, Any]], None]] = []
+
+
+def on_configure(listener: Callable[[_config.Config, Dict[str, Any]], None]) -> None:
+    """`listener(config, options)` after every configure() (the facade starts the `serve` server)."""
+    _configure_listeners.append(listener)
+
+
 def configure(**options: Any) -> _config.Config:
     """Change options (see instrument.config.OPTIONS); returns the configuration now in force."""
     global _config_now
@@ -40,6 +48,8 @@ def configure(**options: Any) -> _config.Config:
         new = _config_now.replace(**options)
         _apply(new, explicit_counters="counters" in options)
         _config_now = new
+    for listener in _configure_listeners:
+        listener(new, options)
     return new
 
 
@@ -47,7 +57,7 @@ def _apply(cfg: _config.Config, explicit_counters: bool = False) -> None:
     if cfg.nvtx:
         nvtx.init(cfg.nvtx_domain)
     backend.configure(enabled=cfg.enabled, cpu_clock=cfg.cpu_clock, max_stages=cfg.max_stages,
-                      trace_events=cfg.trace_events, nvtx=cfg.nvtx)
+                      trace_events=cfg.trace_events, nvtx=cfg.nvtx, exemplars=cfg.exemplars)
     _apply_counters(cfg.counters, explicit_counters)
     try:
         torchwatch.on_configure(cfg)
@@ -62,12 +72,26 @@ def use_backend(module) -> None:
 
 def _on_backend_switch(module) -> None:
     global backend
+    if _root_exit is not None:
+        backend.set_root_exit_hook(None)
+        module.set_root_exit_hook(_root_exit)
     backend = module
     _applied_counters.pop(module.__name__, None)
     _apply(_config_now)
 
 
+_root_exit: Optional[Callable[[], None]] = None
 _backend.on_switch(_on_backend_switch)
+
+
+def on_root_exit(callback: Optional[Callable[[], None]]) -> None:
+    """`callback()` after every outermost stage exit, once that call is recorded (None: no call;
+    the hot path then makes none).  The snapshot writer of worker processes uses it."""
+    global _root_exit
+    if callback is not None and not callable(callback):
+        raise TypeError(f"on_root_exit needs a function or None, not {type(callback).__name__}")
+    _root_exit = callback
+    backend.set_root_exit_hook(callback)
 _counter_names: tuple = ()
 _applied_counters: Dict[str, tuple] = {}   # backend module -> the events it was given
 _counter_probe: Optional[Dict[str, Any]] = None
@@ -234,6 +258,7 @@ def _meta(raw: Dict[str, Any]) -> Dict[str, Any]:
         "internal_failures": raw.get("internal_failures", 0),
         "folded_calls": raw.get("folded_calls", 0), "max_stages": raw.get("max_stages"),
         "events_dropped": raw.get("events_dropped", 0),
+        "exemplars": dict(zip(("k", "bytes", "call_bytes"), (_config_now.exemplars, *raw.get("exemplar_bytes", (0, 0))))),
         "counters": _counter_meta(raw),
         "nvtx": {"emitter": nvtx.backend(), "domain": _config_now.nvtx_domain if _config_now.nvtx else None},
     }
@@ -271,8 +296,9 @@ def _counter_dict(names, rows) -> Dict[str, Dict[str, Any]]:
     return out
 
 
-def snapshot() -> Snapshot:
-    """An immutable Snapshot of everything recorded so far; callable any time."""
+def snapshot(finish: bool = True) -> Snapshot:
+    """An immutable Snapshot of everything recorded so far; callable any time.
+    finish=False leaves out what the facade adds (verdicts): the snapshot writer's copy."""
     for integ in integrations.registered():
         try:
             integ.before_snapshot()
@@ -291,23 +317,48 @@ def snapshot() -> Snapshot:
         except Exception as e:
             callsite.warn(f"instrument: {integ.name}: {e}")
     stages = []
+    outside: Dict[str, Dict[str, Any]] = {}
     for s in raw["stats"]:
+        if s["node"] == 0:   # items added while no stage was open
+            outside = _items(s.get("items"))
+            continue
         path = paths[s["node"]]
         cpu_ok = s["cpu_calls"] > 0
         stages.append(StageStats(
             path=path, calls=s["calls"], errors=s["errors"], wall_total=s["wall_total"], wall_self=s["wall_self"],
-            wall_min=s["wall_min"], wall_max=s["wall_max"],
+            wall_min=s["wall_min"] if s["calls"] else None, wall_max=s["wall_max"] if s["calls"] else None,
             cpu_total=s["cpu_total"] if cpu_ok else None, cpu_self=s["cpu_self"] if cpu_ok else None,
             cpu_calls=s["cpu_calls"], hist=dict(s["hist"]),
             counters=_counter_dict(_counter_names, s.get("counters") or []),
-            other=s["node"] in others, **extra.pop(path, {})))
+            other=s["node"] in others, items=_items(s.get("items")), **extra.pop(path, {})))
     for path, fields in extra.items():   # stages only an integration saw (e.g. GPU time of a still-open stage)
         stages.append(StageStats(path, 0, 0, 0, 0, None, None, None, None, 0, {}, **fields))
     events = [{"path": list(paths[e[0]]), "tid": e[1], "ts_ns": e[2] - _start_clock, "dur_ns": e[3],
                "tts_ns": e[4] if e[4] >= 0 else None, "tdur_ns": e[5] if e[5] >= 0 else None}
               for e in raw["events"] if e[0] in paths]
-    snap = Snapshot(stages, _meta(raw), events)
-    return _finish(snap) if _finish is not None else snap
+    meta = _meta(raw)
+    if outside:
+        meta["items_outside_stages"] = outside
+    snap = Snapshot(stages, meta, events, _exemplars(raw.get("exemplars") or (), paths, meta["pid"]))
+    return _finish(snap) if _finish is not None and finish else snap
+
+
+def _items(rows) -> Dict[str, Dict[str, Any]]:
+    """(name, int total, float total, adds, float adds) rows as {name: {"total", "calls"}}."""
+    return {name: {"total": n + x if floats else n, "calls": calls} for name, n, x, calls, floats in rows or ()}
+
+
+def _exemplars(rows, paths: Dict[int, tuple], pid: int) -> list:
+    out = []
+    for root, seq, slow, sample, wall, t0, tid, parts in rows:
+        if root not in paths:
+            continue
+        breakdown = [{"path": list(paths[n]) if n in paths else list(paths[root]) + ["(other)"], "wall_ns": ns}
+                     for n, ns in parts]
+        breakdown.sort(key=lambda b: -b["wall_ns"])
+        out.append({"path": list(paths[root]), "wall_ns": wall, "start_ns": t0 - _start_clock, "pid": pid,
+                    "tid": tid, "seq": seq, "slow": slow, "sample": sample, "breakdown": breakdown})
+    return out
 
 
 def _save_at_exit() -> None:

@@ -5,6 +5,10 @@ missing or the configuration asks for it.  Slower, identical in what it records.
 from __future__ import annotations
 
 import contextvars
+import heapq
+import math
+import operator
+import random
 import sys
 import threading
 import time
@@ -30,6 +34,7 @@ _max_nodes = 10000
 _epoch = 1
 _hook_enter = None
 _hook_exit = None
+_root_exit_hook = None   # called after every outermost stage exit (set_root_exit_hook)
 _nvtx = None          # instrument.nvtx module while NVTX emission is on
 _loop = None          # asyncio.events._get_running_loop once asyncio is imported
 _ctr_events: list = []          # [(type, config)] every thread opens
@@ -49,6 +54,18 @@ _node_ids: Dict[tuple, int] = {}
 _named = 0
 _open = 0      # frames open anywhere: the node table can only be rebuilt at 0
 _node_gen = 1  # bumped when the node table is rebuilt: frames of older generations name no node
+
+_xm_k = 32        # exemplars kept per root stage: the K slowest calls and a sample of K (0: off)
+_xm_stores: Dict[int, "_XmStore"] = {}
+_xm_gen = 0       # _node_gen the stores' node ids are of
+_xm_seq = 0
+_xm_calls = 0     # root calls open (the C backend's pool holds at least this many)
+_xm_rng = random.Random(0x9E3779B9)
+XM_MAX_PARTS = 64
+XM_MAX_K = 1024
+XM_MAX_ROOTS = 256
+ITEMS_MAX = 32
+ITEM_NAME_MAX = 200
 
 _ring: List[Optional[tuple]] = []
 _ring_next = 0
@@ -105,10 +122,12 @@ def _node_child(parent: int, name: str) -> int:
 
 
 # ----------------------------------------------------------- per-thread slots
-# slot: [calls, errors, cpu_calls, wall_total, wall_self, wall_min, wall_max, cpu_total, cpu_self, hist, counters]
+# slot: [calls, errors, cpu_calls, wall_total, wall_self, wall_min, wall_max, cpu_total, cpu_self, hist, counters,
+#        items]
 # counters: None or a list per event of [total, self, enabled, running, counted, scaled]
+# items: {name: [int_total, float_total, calls, float_calls]}
 def _new_slot() -> list:
-    return [0, 0, 0, 0, 0, sys.maxsize, 0, 0, 0, {}, None]
+    return [0, 0, 0, 0, 0, sys.maxsize, 0, 0, 0, {}, None, {}]
 
 
 def _merge_slot(d: list, s: list) -> None:
@@ -125,6 +144,21 @@ def _merge_slot(d: list, s: list) -> None:
         for dc, sc in zip(d[10], s[10]):
             for k in range(6):
                 dc[k] += sc[k]
+    for name, v in s[11].items():
+        it = _item_slot(d[11], name)
+        for k in range(4):
+            it[k] += v[k]
+
+
+def _item_slot(items: dict, name: str) -> list:
+    it = items.get(name)
+    if it is None:
+        if len(items) >= ITEMS_MAX and name != OTHER_NAME:
+            _warn_once("items", f"instrument: more than {ITEMS_MAX} distinct item names in one stage; the others are "
+                       f"added up as '{OTHER_NAME}'")
+            return _item_slot(items, OTHER_NAME)
+        it = items[name] = [0, 0.0, 0, 0]
+    return it
 
 
 _retired: Dict[int, list] = {}
@@ -173,7 +207,7 @@ def _slots() -> _ThreadSlots:
 # ----------------------------------------------------------------- the stack
 class _Frame:
     __slots__ = ("stage", "node", "parent", "slots", "epoch", "t0", "cpu0", "child_wall", "child_cpu", "hook",
-                 "nvtx", "nvtx_id", "c0", "child_c", "gen", "cpu_src", "open")
+                 "nvtx", "nvtx_id", "c0", "child_c", "gen", "cpu_src", "open", "xm", "xm_child")
 
     def __del__(self) -> None:
         # a frame whose context died before it exited (an abandoned task) no longer holds the node table,
@@ -227,6 +261,7 @@ def _enter(stage: "Stage") -> None:
         f.epoch = _epoch
         f.child_wall = f.child_cpu = 0
         f.hook = None
+        f.xm, f.xm_child = None, 0
         f.nvtx, f.c0, f.cpu0, f.cpu_src, f.t0 = 0, None, -1, 0, _perf_ns()
         _stack.set(f)   # before the hook, as in the C backend: current_path() includes this stage
         global _open
@@ -250,6 +285,8 @@ def _enter(stage: "Stage") -> None:
                 f.cpu0, f.cpu_src = f.c0[1][_ctr_taskclock][0], 2
         if f.cpu_src == 0 and _cpu_clock:
             f.cpu0, f.cpu_src = _thread_ns(), 1
+        if _xm_k:
+            _xm_enter(f, parent)
         f.t0 = _perf_ns()
     except Exception:
         _internal_failure("stage enter")
@@ -344,6 +381,8 @@ def _exit(stage: "Stage", error: bool) -> None:
                 _ring[_ring_next] = (f.node, slots.native_id, f.t0, wall, f.cpu0 if cpu >= 0 else -1, cpu)
                 _ring_next = (_ring_next + 1) % len(_ring)
                 _ring_total += 1
+        if f.xm is not None and f.xm.open:
+            _xm_exit(f, wall, slots)
         if f.hook is not None and _hook_exit is not None:
             try:
                 _hook_exit(f.hook)
@@ -355,6 +394,187 @@ def _exit(stage: "Stage", error: bool) -> None:
             _nvtx.pop()
     except Exception:
         _internal_failure("stage exit")
+    if f.parent is None and _root_exit_hook is not None:   # an outermost call is complete
+        try:
+            _root_exit_hook()
+        except Exception:
+            _internal_failure("root exit hook")
+
+
+# ----------------------------------------------------------------- exemplars
+# The same bookkeeping as csrc/exemplars.c: a root stage's call collects the self time of every stage that closes
+# in the same context while it is open; at its exit the call is offered to the root's store (the K slowest calls
+# in a min-heap, a uniform reservoir of K).  The context is told by thread and asyncio task.
+class _XmCall:
+    __slots__ = ("seq", "parts", "root", "key", "open")   # root: id() of the root frame (no cycle with it)
+
+
+class _XmStore:
+    __slots__ = ("seen", "slow", "res")
+
+    def __init__(self) -> None:
+        self.seen = 0
+        self.slow: list = []    # heap of (wall, seq, t0, tid, parts)
+        self.res: list = []     # (wall, seq, t0, tid, parts)
+
+
+def _context_key() -> tuple:
+    """Thread and asyncio task: the pure twin's stand-in for the C backend's per-context stack."""
+    return _get_ident(), id(_current_task()) if _in_event_loop() else 0
+
+
+def _current_task():
+    return sys.modules["asyncio"].current_task()
+
+
+_get_ident = threading.get_ident
+
+
+def _xm_enter(f: "_Frame", parent) -> None:
+    global _xm_seq, _xm_calls
+    if _nodes[f.node][0] == 0:
+        c = _XmCall()
+        _xm_seq += 1
+        _xm_calls += 1
+        c.seq, c.parts, c.root, c.key, c.open = _xm_seq, {}, id(f), _context_key(), True
+        f.xm = c
+    elif parent is not None and parent.xm is not None and parent.xm.open and parent.xm.key == _context_key():
+        f.xm = parent.xm
+
+
+def _xm_exit(f: "_Frame", wall: int, slots: "_ThreadSlots") -> None:
+    global _xm_calls
+    c = f.xm
+    parts = c.parts
+    node = f.node
+    if node not in parts and len(parts) >= XM_MAX_PARTS - 1:
+        node = -1
+    # self time within the call's own context (as the C backend's stack counts it): children in other tasks left out
+    parts[node] = parts.get(node, 0) + max(wall - f.xm_child, 0)
+    p = f.parent
+    if p is not None and p.xm is c:
+        p.xm_child += wall
+    if c.root != id(f):
+        return
+    c.open = False
+    _xm_calls -= 1
+    if f.epoch == _epoch and _xm_k:
+        _xm_offer(f.node, c.seq, wall, f.t0, slots.native_id, parts)
+
+
+def _xm_offer(root: int, seq: int, wall: int, t0: int, tid: int, parts: dict) -> None:
+    global _xm_gen
+    if _xm_gen != _node_gen:
+        _xm_stores.clear()
+        _xm_gen = _node_gen
+    st = _xm_stores.get(root)
+    if st is None:
+        if len(_xm_stores) >= XM_MAX_ROOTS:
+            _warn_once("exemplar roots", f"instrument: calls of more than {XM_MAX_ROOTS} top-level stages; the calls "
+                       "of further ones are not kept as exemplars")
+            return
+        st = _xm_stores[root] = _XmStore()
+    st.seen += 1
+    slow, res, k = st.slow, st.res, _xm_k
+    to_slow = len(slow) < k or wall > slow[0][0]
+    j = len(res) if len(res) < k else int(_xm_rng.random() * st.seen)
+    if not to_slow and j >= k:
+        return                      # the steady state: this call is kept nowhere
+    x = (wall, seq, t0, tid & 0xFFFFFFFF, list(parts.items()))
+    if to_slow:
+        (heapq.heappush if len(slow) < k else heapq.heapreplace)(slow, x)
+    if j == len(res):
+        res.append(x)
+    elif j < k:
+        res[j] = x
+
+
+def _parts_cap(n: int) -> int:
+    c = 4
+    while c < n:
+        c *= 2
+    return min(c, XM_MAX_PARTS)
+
+
+def _xm_bytes() -> tuple:
+    """The memory the C backend's layout would hold for the stores, and for the open calls (the figures both
+    backends report)."""
+    calls = _xm_calls * (32 + 16 * 4)   # sizeof(XmCall) and room for 4 stages
+    if not _xm_stores or _xm_gen != _node_gen:
+        return 0, calls
+    n = 16
+    while n <= max(_xm_stores):
+        n *= 2
+    total = 8 * n   # sizeof(XmStore *) per node
+    for st in _xm_stores.values():   # sizeof(XmStore), 2 arrays of sizeof(Xm) grown by doubling to K, 16 per part
+        cap = 2
+        while cap < len(st.slow):
+            cap *= 2
+        total += 32 + 2 * min(cap, _xm_k) * 48 + sum(16 * _parts_cap(len(x[4])) for x in st.slow + st.res)
+    return total, calls
+
+
+def _xm_collect() -> list:
+    out = []
+    if _xm_gen != _node_gen:
+        return out
+    for root, st in sorted(_xm_stores.items()):
+        slow = {x[1] for x in st.slow}
+        sampled = {x[1] for x in st.res}
+        for wall, seq, t0, tid, parts in st.slow:
+            out.append((root, seq, True, seq in sampled, wall, t0, tid, list(parts)))
+        for wall, seq, t0, tid, parts in st.res:
+            if seq not in slow:
+                out.append((root, seq, False, True, wall, t0, tid, list(parts)))
+    return out
+
+
+# --------------------------------------------------------------------- items
+def _item_value(value: Any):
+    if type(value) is int:
+        if value < 0:
+            raise ValueError(f"add() value must be >= 0 (items are counted, not taken back), got {value!r}")
+        return value, 0.0, 0
+    if isinstance(value, bool):
+        raise TypeError("add() value must be a number of items (int or float), not bool")
+    if isinstance(value, float):
+        if not math.isfinite(value):
+            raise ValueError(f"add() value must be a finite number >= 0, got {value!r}")
+        if value < 0:
+            raise ValueError(f"add() value must be >= 0 (items are counted, not taken back), got {value!r}")
+        return 0, float(value), 1
+    if hasattr(type(value), "__index__"):
+        return _item_value(operator.index(value))
+    if hasattr(type(value), "__float__") and not isinstance(value, (str, bytes)):   # numpy floats, Decimal
+        return _item_value(float(value))
+    raise TypeError(f"add() value must be a number of items (int or float), not {type(value).__name__}")
+
+
+def add(name: str, value: Any = 1) -> None:
+    """add(name, value=1): items (tokens, samples, bytes, ...) of the innermost open stage of this context."""
+    if not isinstance(name, str):
+        raise TypeError(f"add() item name must be a str, not {type(name).__name__}")
+    if not name:
+        raise ValueError("add() item name must not be empty")
+    if len(name) > ITEM_NAME_MAX:
+        raise ValueError(f"add() item name is {len(name)} characters long; at most {ITEM_NAME_MAX} are allowed")
+    n, x, fl = _item_value(value)
+    if not _enabled:
+        return
+    try:
+        f = _stack.get()
+        node = f.node if f is not None and f.gen == _node_gen else 0
+        stats = _slots().stats
+        s = stats.get(node)
+        if s is None:
+            s = stats[node] = _new_slot()
+        it = _item_slot(s[11], str(name))
+        it[0] += n
+        it[1] += x
+        it[2] += 1
+        it[3] += fl
+    except Exception:
+        _internal_failure("add")
 
 
 class Stage:
@@ -434,8 +654,8 @@ class Region:
         return f"<instrument.region {self.stage.name!r} of {self.__wrapped__!r}>"
 
 
-def configure(*, enabled=None, cpu_clock=None, max_stages=None, trace_events=None, nvtx=None) -> None:
-    global _enabled, _cpu_clock, _max_nodes, _ring, _ring_next, _ring_total, _nvtx
+def configure(*, enabled=None, cpu_clock=None, max_stages=None, trace_events=None, nvtx=None, exemplars=None) -> None:
+    global _enabled, _cpu_clock, _max_nodes, _ring, _ring_next, _ring_total, _nvtx, _xm_k
     if nvtx is not None:
         from . import nvtx as nvtx_module
         _nvtx = nvtx_module if nvtx and nvtx_module.backend() != "none" else None
@@ -443,6 +663,11 @@ def configure(*, enabled=None, cpu_clock=None, max_stages=None, trace_events=Non
         raise ValueError(f"max_stages must be at least 1, got {max_stages}")
     if trace_events is not None and trace_events < 0:
         raise ValueError(f"trace_events must be 0 or more, got {trace_events}")
+    if exemplars is not None and not 0 <= exemplars <= XM_MAX_K:
+        raise ValueError(f"exemplars must be from 0 to {XM_MAX_K}, got {exemplars}")
+    if exemplars is not None and exemplars != _xm_k:
+        _xm_stores.clear()
+        _xm_k = int(exemplars)
     if enabled is not None:
         _enabled = bool(enabled)
     if cpu_clock is not None:
@@ -476,6 +701,13 @@ def set_hooks(enter, exit) -> None:
     _hook_enter, _hook_exit = enter, exit
 
 
+def set_root_exit_hook(hook) -> None:
+    global _root_exit_hook
+    if hook is not None and not callable(hook):
+        raise TypeError(f"set_root_exit_hook needs a callable or None, not {type(hook).__name__}")
+    _root_exit_hook = hook
+
+
 def collect() -> Dict[str, Any]:
     with _lock:
         merged: Dict[int, list] = {}
@@ -486,13 +718,15 @@ def collect() -> Dict[str, Any]:
                 if d is None:
                     d = merged[nid] = _new_slot()
                 _merge_slot(d, [s[0], s[1], s[2], s[3], s[4], s[5], s[6], s[7], s[8], dict(s[9]),
-                                None if s[10] is None else [list(c) for c in s[10]]])
+                                None if s[10] is None else [list(c) for c in s[10]],
+                                {k: list(v) for k, v in s[11].items()}])
         nodes = [(i, p, n, o) for i, (p, n, o) in enumerate(_nodes) if i > 0]
         threads = len(_threads)
     stats = [{"node": nid, "calls": s[0], "errors": s[1], "wall_total": s[3], "wall_self": s[4], "wall_min": s[5],
               "wall_max": s[6], "cpu_calls": s[2], "cpu_total": s[7], "cpu_self": s[8], "hist": sorted(s[9].items()),
-              "counters": [tuple(c) for c in s[10]] if s[10] is not None else []}
-             for nid, s in sorted(merged.items()) if s[0]]
+              "counters": [tuple(c) for c in s[10]] if s[10] is not None else [],
+              "items": [(k, v[0], v[1], v[2], v[3]) for k, v in s[11].items()]}
+             for nid, s in sorted(merged.items()) if s[0] or s[11]]
     n = min(_ring_total, len(_ring))
     start = 0 if _ring_total < len(_ring) else _ring_next
     events = [_ring[(start + k) % len(_ring)] for k in range(n)]
@@ -500,7 +734,7 @@ def collect() -> Dict[str, Any]:
     if _ctr_first is not None:
         res["counter_open"] = {"exclude_kernel": _ctr_first["exclude_kernel"], "rdpmc": False}
     return dict(res, nodes=nodes, stats=stats, events=events, events_dropped=_ring_total - n, max_stages=_max_nodes,
-                threads=threads, clock_ns=_perf_ns(), **_counts)
+                threads=threads, clock_ns=_perf_ns(), exemplars=_xm_collect(), exemplar_bytes=_xm_bytes(), **_counts)
 
 
 def _zero() -> None:
@@ -512,6 +746,7 @@ def _zero() -> None:
         for k in _counts:
             _counts[k] = 0
         _ring_next = _ring_total = 0
+        _xm_stores.clear()
 
 
 def reset() -> None:

@@ -35,7 +35,7 @@ def check_trace(t, stage_names):
     ms = [e for e in evs if e["ph"] == "M"]
     assert {e["pid"] for e in ms if e["name"] == "process_name"} == {e["pid"] for e in xs}
     assert {(e["pid"], e["tid"]) for e in ms if e["name"] == "thread_name"} == set(by_track)
-    return xs
+    return [e for e in xs if e.get("cat") == "stage"]   # the recorded calls (the slowest calls' lane aside)
 
 
 def test_live_threads_and_interleaving_tasks(backend):
@@ -109,3 +109,41 @@ def test_cli_export_of_a_multiprocess_run(tmp_path):
     assert parent["ts"] <= child["ts"] and child["ts"] + child["dur"] <= parent["ts"] + parent["dur"]  # one time axis
     merged = Snapshot.load(tmp_path / "run.json")
     assert len(xs) == len(merged.events) == 3
+
+
+def test_slowest_calls_lane_and_item_counter_tracks(backend, tmp_path):
+    """Without trace events too: the slowest calls open in Perfetto on a lane of their own."""
+    instrument.configure(exemplars=4, trace_events=0)
+    req, pre, fwd, enc = (instrument.stage(n) for n in ("request", "pre", "forward", "encoder"))
+    for i in range(60):
+        with req:
+            with pre:
+                if i % 20 == 3:
+                    sum(range(200_000))
+            with fwd:
+                instrument.add("tokens", 8)
+                with enc:
+                    pass
+    s = instrument.snapshot()
+    s.save(tmp_path / "s.json")
+    r = run_cli("export", "--chrome", tmp_path / "t.json", tmp_path / "s.json")
+    assert r.returncode == 0, r.stderr
+    t = json.loads((tmp_path / "t.json").read_text())
+    assert check_trace(t, {"request", "pre", "forward", "encoder"}) == []   # no trace events: the lane is all
+    lane = [e for e in t["traceEvents"] if e["ph"] == "X"]
+    assert lane and all(e["tid"] >= chrome.SLOW_TID and e["cat"] == "slowest call" for e in lane)
+    names = {e["tid"]: e["args"]["name"] for e in t["traceEvents"] if e["name"] == "thread_name"}
+    assert all(n.startswith("slowest calls") for n in names.values())
+    roots = sorted((e for e in lane if e["name"] == "request"), key=lambda e: e["ts"])
+    slow = sorted((e for e in s.exemplars if e["slow"]), key=lambda e: e["start_ns"])
+    assert [round(e["dur"] * 1e3) for e in roots] == [e["wall_ns"] for e in slow]
+    for root, ex in zip(roots, slow):
+        inside = [e for e in lane if e["tid"] == root["tid"] and root["ts"] <= e["ts"] < root["ts"] + root["dur"]
+                  and e is not root]
+        own = {tuple(b["path"]): b["wall_ns"] for b in ex["breakdown"]}
+        by = {e["args"]["path"]: round(e["dur"] * 1e3) for e in inside}
+        assert by["request/pre"] == own[("request", "pre")]
+        assert by["request/forward"] == own[("request", "forward")] + own[("request", "forward", "encoder")]
+        assert by["request/forward/encoder"] == own[("request", "forward", "encoder")]
+    tokens = [e for e in t["traceEvents"] if e["ph"] == "C" and e["name"] == "items: tokens"]
+    assert tokens[0]["args"] == {"request/forward": 0} and tokens[-1]["args"] == {"request/forward": 480}

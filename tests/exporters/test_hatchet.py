@@ -43,3 +43,15 @@ def test_live_snapshot(backend):
     (root,) = gf.graph.roots
     assert gf.dataframe.loc[root]["time (inc)"] == pytest.approx(s["a"].wall_total / 1e9)
     assert gf.dataframe.loc[root.children[0]]["calls"] == 3
+
+
+def test_items_are_hatchet_metrics(backend):
+    for _ in range(3):
+        with instrument.stage("a"):
+            with instrument.stage("b"):
+                instrument.add("tokens", 5)
+    gf = hatchet.GraphFrame.from_literal(to_literal(instrument.snapshot()))
+    vals = {tuple(n.frame["name"] for n in node.path()): gf.dataframe.loc[node]["items: tokens"]
+            for node in gf.graph.traverse()}
+    assert vals[("a", "b")] == 15
+    assert vals[("a",)] is None or vals[("a",)] != vals[("a",)]   # none in `a` (null; pandas may read NaN)

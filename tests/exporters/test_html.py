@@ -132,3 +132,30 @@ def test_diff_page_marks_noise(chromium, tmp_path):
     assert rows["request/model"][col["\u0394 mean"]].startswith("~")
     assert not rows["request/io"][col["\u0394 mean"]].startswith("~")
     assert "within noise" in dom.split('id="legend"', 1)[1]
+
+
+def test_tail_card_and_items_in_headless_chromium(chromium, tmp_path):
+    """The tail view, the tail% column and per-item cost, as the browser renders them; names stay text."""
+    from instrument.snapshot import Snapshot, path_text
+    evil = EVIL[0]
+    base = snap(st("request", 0, 0, values=[2 * MS] * 99 + [12 * MS]), st(("request", evil), 100, MS // 5),
+                st("request/forward", 100, 9 * MS // 5))
+    stages = [s if s.path != ("request", "forward") else
+              type(s)(**{**s.__dict__, "items": {"tokens": {"total": 36_000, "calls": 100}}}) for s in base]
+
+    def call(seq, pre, fwd, slow):
+        return {"path": ["request"], "wall_ns": pre + fwd, "start_ns": seq, "pid": 1, "tid": 1, "seq": seq,
+                "slow": slow, "sample": not slow,
+                "breakdown": [{"path": ["request", evil], "wall_ns": pre}, {"path": ["request", "forward"], "wall_ns": fwd}]}
+    s = Snapshot(stages, base.meta, None, [call(k, MS // 5, 9 * MS // 5, False) for k in range(8)]
+                 + [call(99, 10 * MS, 2 * MS, True)])
+    page = tmp_path / "tail.html"
+    html.write(str(page), s)
+    dom = browse(chromium, page, tmp_path, "dom")
+    assert 'data-rendered="1"' in dom and 'id="tail-card" hidden' not in dom
+    assert re.search(r"<title>([^<]*)</title>", dom).group(1) == "instrument: stage breakdown"
+    tails = htmllib.unescape(re.sub(r"<[^>]+>", " ", dom.split('id="tails"', 1)[1].split("</section>", 1)[0]))
+    assert path_text(("request", evil)) in tails and "+9.80" in tails and "98.0%" in tails   # the / escaped
+    assert "10.0 ms more" in tails
+    stages_text = htmllib.unescape(re.sub(r"<[^>]+>", " ", dom.split('<table id="table">', 1)[1]))
+    assert "tail %" in stages_text and "5.00 µs/token · 200k tokens/s" in stages_text

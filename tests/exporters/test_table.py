@@ -60,3 +60,64 @@ def test_advice_names_the_snapshot_it_judges(tmp_path, capsys):
     assert f"Where to look next in {tmp_path / 'after.json'} (the stages" in capsys.readouterr().out
     assert cli.main(["advise", str(tmp_path / "after.json")]) == 0
     assert capsys.readouterr().out.startswith(f"Where to look next in {tmp_path / 'after.json'}")
+
+
+# ------------------------------------------------------------- items and tail
+def _tail_snapshot():
+    from instrument.snapshot import Snapshot
+    from snapfactory import snap, st
+    ms = 1_000_000
+
+    def call(seq, pre, fwd, slow, sample):
+        return {"path": ["request"], "wall_ns": pre + fwd, "start_ns": seq, "pid": 1, "tid": 1, "seq": seq,
+                "slow": slow, "sample": sample, "breakdown": [{"path": ["request", "pre"], "wall_ns": pre},
+                                                               {"path": ["request", "forward"], "wall_ns": fwd}]}
+    walls = [2 * ms] * 99 + [12 * ms]
+    s = snap(st("request", 0, 0, values=walls), st("request/pre", 100, 0.2 * ms),
+             st("request/forward", 100, 1.8 * ms))
+    fwd = s["request/forward"]
+    stages = [x if x.path != fwd.path else
+              type(fwd)(**{**fwd.__dict__, "items": {"tokens": {"total": 36_000, "calls": 100}}}) for x in s]
+    ex = [call(k, ms // 5, 9 * ms // 5, False, True) for k in range(8)] + [call(99, 10 * ms, 2 * ms, True, False)]
+    return Snapshot(stages, s.meta, None, ex)
+
+
+def test_tail_column_and_item_lines():
+    s = _tail_snapshot()
+    text = table.render(s, width=80)
+    lines = text.splitlines()
+    assert all(len(l) <= 80 for l in lines)
+    head = lines[0].split()
+    assert head[head.index("%root") + 1] == "tail%" and "C/W" not in head   # C/W gives way at 80 columns
+    pre = next(l for l in lines if l.strip().startswith("pre "))
+    assert pre.split()[head.index("tail%") - 1] == "98.0"   # 9.8 of the 10 ms more that the slow call took
+    fwd_at = next(i for i, l in enumerate(lines) if l.strip().startswith("forward "))
+    # 36,000 tokens in 180 ms: 5.00 µs per token, 200k tokens per second
+    assert lines[fwd_at + 1].strip() == "tokens: 36,000 in 100 adds · 5.00 µs/token · 200k tokens/s"
+    assert "tail%" in table.render(s, width=120).splitlines()[0] and "C/W" in table.render(s, width=120)
+    rows = list(__import__("csv").reader(table.render(s, format="csv").splitlines()))
+    assert rows[0][-3:] == ["tokens", "ns/tokens", "tokens/s"]
+    fwd = next(r for r in rows if r[0] == "request/forward")
+    assert float(fwd[-2]) == 5000.0 and float(fwd[-1]) == 200_000.0
+    js = {tuple(r["path"]): r for r in __import__("json").loads(table.render(s, format="json"))}
+    assert js[("request", "forward")]["items"]["tokens"]["ns_per_item"] == 5000.0
+    assert js[("request", "pre")]["tail_pct"] == pytest.approx(98.0)   # percent, as root_pct
+    md = table.render(s, format="markdown")
+    assert "| tail% |" in md.splitlines()[0] and "5.00 µs/token" in md
+
+
+def test_render_tail_text_and_json():
+    from instrument.analysis.tail import tail
+    s = _tail_snapshot()
+    text = table.render_tail(tail(s))
+    lines = text.splitlines()
+    assert lines[0].startswith("Tail of request: 100 calls") and "10.0 ms more" in lines[0]
+    assert lines[2].split() == ["stage", "slow", "ms", "typical", "ms", "excess", "ms", "share%"]
+    assert lines[4].split()[0] == "request/pre" and lines[4].split()[-1] == "98.0"
+    obj = __import__("json").loads(table.render_tail(tail(s), format="json"))
+    assert obj["stage"] == ["request"] and obj["excess"][0]["path"] == ["request", "pre"]
+    two = __import__("json").loads(table.render_tail(tail(s) * 2, format="json"))
+    assert isinstance(two, list) and len(two) == 2
+    assert "No exemplars" in table.render_tail([])
+    with pytest.raises(ValueError, match="format must be one of"):
+        table.render_tail(tail(s), format="csv")

@@ -1,6 +1,8 @@
 """One self-contained HTML report: an icicle chart of the stage tree sized by
 total wall time (hover for the numbers, click to zoom), the breakdown table
-under it, and with `before=` a comparison of two snapshots.
+under it (with each stage's share of the p99 excess and its items' per-item
+cost and rate), the tail view (which stage the slow calls of each top-level
+stage lost their time in), and with `before=` a comparison of two snapshots.
 
 No network, no CDN: CSS, script and data are inline in the page; they are kept
 beside this module as report.html, report.css and report.js (package data).  The data is embedded as
@@ -17,9 +19,11 @@ import time
 from typing import Any, Dict, Optional
 
 from ...analysis.diff import diff
+from ...analysis.tail import tail
 from ...analysis.verdict import with_verdicts
 from ...snapshot import Snapshot, StageStats
-from ..table import headline, legend
+from ..format import unit
+from ..table import headline, legend, tail_share
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
 
@@ -42,7 +46,9 @@ def _stage(snap: Snapshot, s: StageStats) -> Dict[str, Any]:
     return {"path": list(s.path), "calls": s.calls, "errors": s.errors, "total": s.wall_total, "self": s.wall_self,
             "mean": s.wall_mean, "p50": s.quantile(0.5), "p99": s.quantile(0.99), "cpu": s.cpu_total,
             "ratio": s.cpu_ratio, "root": snap.share_of_root(s), "parent": snap.share_of_parent(s),
-            "gpu": (s.gpu or {}).get("total_ns"),
+            "gpu": (s.gpu or {}).get("total_ns"), "tail": tail_share(snap, s) if snap.exemplars else None,
+            "items": [{"name": n, "unit": unit(n), "total": it["total"], "calls": it["calls"],
+                       "per_ns": s.per_item_ns(n), "rate": s.item_rate(n)} for n, it in s.items.items()],
             "counters": {k: c.get("total") for k, c in s.counters.items() if c.get("total") is not None},
             "verdict": v.get("verdict"), "reason": v.get("reason")}
 
@@ -65,7 +71,8 @@ def _side(snap: Snapshot, label: str) -> Dict[str, Any]:
     return {"label": label, "stages": [_stage(snap, s) for s in snap], "total": snap.total_ns,
             "processes": len(procs), "pids": [p.get("pid") for p in procs][:50], "host": m.get("host"),
             "argv": m.get("argv"), "start": m.get("start_time"), "end": m.get("end_time"),
-            "duration": span if span is not None else m.get("duration_ns")}
+            "duration": span if span is not None else m.get("duration_ns"),
+            "tails": [v.to_dict() for v in tail(snap)]}
 
 
 def render(snap: Snapshot, before: Optional[Snapshot] = None, title: Optional[str] = None,

@@ -17,7 +17,11 @@
     while (i < 3 && Math.abs(ns) < u[i][1]) i++;
     var v = ns / u[i][1], d = v ? Math.max(0, 2 - Math.floor(Math.log10(Math.abs(v)))) : 0;
     return v.toFixed(d) + " " + u[i][0]; }
-  function pct(x) { return x === null || x === undefined ? "n/a" : (100 * x).toFixed(1) + "%"; }
+  function count(x) { return x === null || x === undefined ? "n/a" : Number.isInteger(x) ? x.toLocaleString("en-US") : x.toPrecision(4); }
+  function si(x) { if (x === null || x === undefined) return "n/a"; var p = [["G", 1e9], ["M", 1e6], ["k", 1e3], ["", 1]], i = 0;
+    while (i < 3 && Math.abs(x) < p[i][1]) i++; var v = x / p[i][1], d = v ? Math.max(0, 2 - Math.floor(Math.log10(Math.abs(v)))) : 0;
+    return v.toFixed(d) + p[i][0]; }
+  function pct(x) { if (x === null || x === undefined) return "n/a"; var t = (100 * x).toFixed(1); return (t === "-0.0" ? "0.0" : t) + "%"; }
   function change(b, a) { if (b === null || b === undefined || a === null || a === undefined || !b) return null; return a / b - 1; }
   function signed(c) { if (c === null) return "n/a"; var x = 100 * c;
     return (x > 0.05 ? "+" : x < -0.05 ? "\u2212" : "\u00b1") + Math.abs(x).toFixed(1) + "%"; }
@@ -81,6 +85,10 @@
       ["CPU", human(s.cpu) + (s.ratio === null ? "" : " (CPU/wall " + s.ratio.toFixed(2) + ")")],
       ["share of parent", pct(s.parent)], ["share of root", pct(s.root)]];
     if (s.gpu !== null && s.gpu !== undefined) rows.push(["GPU", human(s.gpu)]);
+    if (s.tail !== null && s.tail !== undefined) rows.push(["share of p99 excess", pct(s.tail)]);
+    (s.items || []).forEach(function (it) {
+      rows.push([it.name, count(it.total) + " in " + count(it.calls) + " adds" + (it.per_ns === null ? "" :
+        " \u00b7 " + human(it.per_ns) + "/" + it.unit + " \u00b7 " + si(it.rate) + " " + it.name + "/s")]); });
     if (s.verdict) rows.push(["verdict", s.verdict + (s.reason ? " \u2014 " + s.reason : "")]);
     Object.keys(s.counters || {}).forEach(function (c) { rows.push([c, count(s.counters[c])]); });
     if (B) {
@@ -166,6 +174,7 @@
     ["calls", function (s) { return s.calls; }, String],
     ["total ms", function (s) { return s.total; }, ms],
     ["% root", function (s) { return s.root; }, pct],
+    ["tail %", function (s) { return s.tail; }, pct],
     ["mean ms", function (s) { return s.mean; }, ms],
     ["p50 ms", function (s) { return s.p50; }, ms],
     ["p99 ms", function (s) { return s.p99; }, ms],
@@ -177,6 +186,8 @@
   if ([A].concat(B ? [B] : []).some(function (side) { return side.stages.some(function (s) { return s.gpu !== null && s.gpu !== undefined; }); }))
     cols.push(["GPU ms", function (s) { return s.gpu === undefined ? null : s.gpu; }, ms]);
   cols.push(["verdict", function (s) { return s.verdict || null; }, String]);
+  if (B || !A.stages.some(function (s) { return s.tail !== null && s.tail !== undefined; }))
+    cols = cols.filter(function (c) { return c[0] !== "tail %"; });
   if (B) {
     cols = cols.filter(function (c) { return ["p50 ms", "CPU/wall", "% root", "self ms"].indexOf(c[0]) < 0; });   // room for the comparison
     cols.splice(3, 0, ["before ms", function (s) { var b = BI[key(s.path)]; return b ? b.total : null; }, ms],
@@ -205,6 +216,8 @@
       var bar = el("span", "bar"); bar.style.width = Math.max(2, 60 * s.total / maxTotal) + "px"; name.appendChild(bar);
       name.appendChild(document.createTextNode(sortCol === null ? nameText(s.path[s.path.length - 1]) : pathText(s.path)));
       name.title = pathText(s.path);
+      (s.items || []).forEach(function (it) { if (it.per_ns !== null)
+        name.appendChild(el("span", "items", human(it.per_ns) + "/" + it.unit + " \u00b7 " + si(it.rate) + " " + it.name + "/s")); });
       if (s.onlyBefore) name.appendChild(el("span", "tag", "only before"));
       else if (B && !BI[key(s.path)]) name.appendChild(el("span", "tag", "only after"));
       tr.appendChild(name);
@@ -228,5 +241,36 @@
     t.appendChild(tb);
   }
   renderTable();
+
+  // ----- tail: which stage the slow calls lost their time in
+  (function tails() {
+    var box = document.getElementById("tails");
+    if (!A.tails || !A.tails.length) return;
+    document.getElementById("tail-card").hidden = false;
+    A.tails.forEach(function (v) {
+      var q = "p" + String(Math.round(v.quantile * 1000) / 10).replace(".", "");
+      var h = el("div", "tail-head");
+      h.appendChild(el("b", null, pathText(v.stage)));
+      h.appendChild(document.createTextNode(": " + v.calls.toLocaleString("en-US") + " calls, p50 " + human(v.p50_ns) +
+        ", p99 " + human(v.p99_ns) + "; " + v.slow_calls + " kept calls at or above " + q + " (" + human(v.threshold_ns) +
+        "), mean " + human(v.slow_mean_ns) + (v.typical_mean_ns === null ? "" : " against a typical " +
+        human(v.typical_mean_ns) + ": " + human(v.excess_ns) + " more")));
+      box.appendChild(h);
+      var t = el("table"), hr = el("tr");
+      ["stage", "slow ms", "typical ms", "excess ms", "share"].forEach(function (x) { hr.appendChild(el("th", null, x)); });
+      var th = el("thead"); th.appendChild(hr); t.appendChild(th);
+      var tb = el("tbody");
+      v.excess.slice(0, 15).forEach(function (e) {
+        var tr = el("tr"), name = el("td", "name"), bar = el("span", "bar");
+        bar.style.width = Math.max(2, 80 * Math.max(0, e.share || 0)) + "px";
+        name.appendChild(bar); name.appendChild(document.createTextNode(pathText(e.path))); tr.appendChild(name);
+        tr.appendChild(el("td", null, ms(e.slow_ns))); tr.appendChild(el("td", null, ms(e.typical_ns)));
+        tr.appendChild(el("td", e.ns > 0 ? "up" : "", (e.ns > 0 ? "+" : e.ns < 0 ? "\u2212" : "") + ms(Math.abs(e.ns))));
+        tr.appendChild(el("td", null, pct(e.share)));
+        tb.appendChild(tr);
+      });
+      t.appendChild(tb); box.appendChild(t);
+    });
+  })();
   document.documentElement.setAttribute("data-rendered", "1");
 })();

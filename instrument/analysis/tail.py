@@ -1,0 +1,135 @@
+"""Why slow requests are slow: the tail of each root stage, stage by stage.
+
+A snapshot keeps, per root stage (a request), exemplars: the K slowest calls and a
+uniform sample of typical calls, each with the self time of every stage beneath
+the root in that call (`Snapshot.exemplars`).  For a root stage:
+
+- the slow calls are the kept calls at or above its quantile Q (p99 by default,
+  from the root's histogram);
+- the typical call is the mean breakdown of the middle half (25th to 75th
+  percentile by wall time) of the sampled calls: a median request;
+- each stage's excess is its mean self time over the slow calls less its mean
+  self time in the typical call; its share is that excess over the total excess
+  (the slow calls' mean wall time less the typical one's), so the shares add up
+  to 1 and the stage that holds the tail comes first.
+
+Pure functions of a Snapshot, like the rest of `instrument.analysis`.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
+
+from ..snapshot import Snapshot
+
+Path = Tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class Excess:
+    path: Path
+    ns: float                 # mean self time over the slow calls less the typical call's
+    share: Optional[float]    # of the total excess; None when the slow calls are no slower than typical ones
+    slow_ns: float            # mean self time over the slow calls
+    typical_ns: float         # self time in the typical call
+
+    def to_dict(self) -> Dict[str, Any]:
+        return {"path": list(self.path), "ns": self.ns, "share": self.share, "slow_ns": self.slow_ns,
+                "typical_ns": self.typical_ns}
+
+
+@dataclass(frozen=True)
+class TailView:
+    stage: Path                       # the root stage
+    quantile: float
+    calls: int                        # calls of the root stage
+    p50_ns: Optional[float]
+    p99_ns: Optional[float]
+    threshold_ns: Optional[float]     # the root's wall time at `quantile`
+    slow_calls: int                   # kept calls at or above the threshold
+    typical_calls: int                # sampled calls the typical breakdown is the mean of
+    slow_mean_ns: Optional[float]
+    typical_mean_ns: Optional[float]
+    excess: Tuple[Excess, ...]        # largest first
+
+    @property
+    def total_excess_ns(self) -> Optional[float]:
+        if self.slow_mean_ns is None or self.typical_mean_ns is None:
+            return None
+        return self.slow_mean_ns - self.typical_mean_ns
+
+    def share(self, path: Sequence[str], inclusive: bool = True) -> Optional[float]:
+        """The share of the excess held by the stage at `path` (with the stages under it when inclusive)."""
+        p = tuple(path)
+        rows = [e for e in self.excess if (e.path[:len(p)] == p if inclusive else e.path == p)]
+        if not rows or any(e.share is None for e in rows):
+            return None
+        return sum(e.share for e in rows)   # type: ignore[misc]
+
+    def to_dict(self) -> Dict[str, Any]:
+        return {"stage": list(self.stage), "quantile": self.quantile, "calls": self.calls, "p50_ns": self.p50_ns,
+                "p99_ns": self.p99_ns, "threshold_ns": self.threshold_ns, "slow_calls": self.slow_calls,
+                "typical_calls": self.typical_calls, "slow_mean_ns": self.slow_mean_ns,
+                "typical_mean_ns": self.typical_mean_ns, "excess_ns": self.total_excess_ns,
+                "excess": [e.to_dict() for e in self.excess]}
+
+
+def _mean_breakdown(calls: Sequence[Mapping[str, Any]]) -> Dict[Path, float]:
+    acc: Dict[Path, float] = {}
+    for e in calls:
+        for b in e["breakdown"]:
+            p = tuple(b["path"])
+            acc[p] = acc.get(p, 0.0) + b["wall_ns"]
+    return {p: v / len(calls) for p, v in acc.items()} if calls else {}
+
+
+def _typical(samples: List[Mapping[str, Any]]) -> List[Mapping[str, Any]]:
+    """The middle half of the sampled calls by wall time (all of them when there are fewer than four)."""
+    s = sorted(samples, key=lambda e: e["wall_ns"])
+    if len(s) < 4:
+        return s
+    return s[len(s) // 4: len(s) - len(s) // 4]
+
+
+def tail_of(snap: Snapshot, root: str, quantile: float = 0.99) -> Optional[TailView]:
+    """The tail view of one root stage; None when the snapshot kept no exemplars of it."""
+    if not 0 < quantile < 1:
+        raise ValueError(f"quantile must be between 0 and 1 (exclusive), got {quantile!r}")
+    ex = [e for e in snap.exemplars if e["path"][0] == root]
+    st = snap.get((root,))
+    if not ex or st is None:
+        return None
+    threshold = st.quantile(quantile) if st.calls else None
+    uniq: Dict[tuple, Mapping[str, Any]] = {}
+    for e in ex:
+        uniq.setdefault((e.get("pid"), e.get("seq"), e.get("start_ns"), e["wall_ns"]), e)
+    calls = list(uniq.values())
+    slow = [e for e in calls if threshold is not None and e["wall_ns"] >= threshold]
+    if not slow:   # the root's quantile is above every kept call (a window without its slowest calls)
+        slow = [max(calls, key=lambda e: e["wall_ns"])]
+    typical = _typical([e for e in calls if e.get("sample")])
+    s_mean, t_mean = _mean_breakdown(slow), _mean_breakdown(typical)
+    slow_wall = sum(e["wall_ns"] for e in slow) / len(slow)
+    typ_wall = sum(e["wall_ns"] for e in typical) / len(typical) if typical else None
+    total = slow_wall - typ_wall if typ_wall is not None else None
+    rows = []
+    for p in list(dict.fromkeys(list(s_mean) + list(t_mean))):
+        a, b = s_mean.get(p, 0.0), t_mean.get(p, 0.0)
+        d = a - b if typ_wall is not None else a
+        share = (d / total) if total is not None and total > 0 else None
+        rows.append(Excess(p, d, share, a, b))
+    rows.sort(key=lambda r: (-r.ns, r.path))
+    p50, p99 = (st.quantile(0.5), st.quantile(0.99)) if st.calls else (None, None)
+    return TailView(stage=(root,), quantile=quantile, calls=st.calls, p50_ns=p50, p99_ns=p99, threshold_ns=threshold,
+                    slow_calls=len(slow), typical_calls=len(typical), slow_mean_ns=slow_wall, typical_mean_ns=typ_wall,
+                    excess=tuple(rows))
+
+
+def tail(snap: Snapshot, quantile: float = 0.99) -> List[TailView]:
+    """The tail view of every root stage with exemplars, the roots with the most time first."""
+    views = []
+    for r in sorted(snap.roots, key=lambda s: -s.wall_total):
+        v = tail_of(snap, r.name, quantile)
+        if v is not None:
+            views.append(v)
+    return views
