@@ -130,7 +130,7 @@ def _stage_paths(snapshot_dict):
 
 @needs_stages
 def test_demo_run_finds_the_win_and_its_summary_is_the_snapshots(model, tmp_path, capsys):
-    assert run_demo(["--requests", "10", "--batch-size", "8", "--out", str(tmp_path), "--device", "cpu"]) == 0
+    assert run_demo(["--requests", "20", "--batch-size", "8", "--out", str(tmp_path), "--device", "cpu"]) == 0
     out = capsys.readouterr().out
     for step in ("step 1", "step 2", "step 3", "baseline → optimized", "== summary =="):
         assert step in out
@@ -140,7 +140,7 @@ def test_demo_run_finds_the_win_and_its_summary_is_the_snapshots(model, tmp_path
         assert str(path) in out
         stages = _stage_paths(json.loads(path.read_text()))
         assert STAGE_PATHS <= set(stages)
-        assert all(stages[p]["calls"] == 10 for p in STAGE_PATHS)  # the warm-up requests are not counted
+        assert all(stages[p]["calls"] == 20 for p in STAGE_PATHS)  # the warm-up requests are not counted
         snaps[variant] = instrument.Snapshot.load(path)
     summary = json.loads((tmp_path / "summary.json").read_text())
     base, opt = snaps["baseline"], snaps["optimized"]
@@ -159,8 +159,8 @@ def test_demo_run_finds_the_win_and_its_summary_is_the_snapshots(model, tmp_path
     # the finding's evidence: the items the service recorded
     fwd = base[tuple(first["path"])]
     fed, pad = fwd.items["tokens"]["total"], fwd.items["padding_tokens"]["total"]
-    assert fed == 10 * 8 * 128 and summary["finding"]["padding_share"] == pad / fed > 0.5
-    assert base["request", "tokenize"].items["sentences"]["total"] == 80
+    assert fed == 20 * 8 * 128 and summary["finding"]["padding_share"] == pad / fed > 0.5
+    assert base["request", "tokenize"].items["sentences"]["total"] == 160
     assert opt["request", "forward"].items["padding_tokens"]["total"] < pad
     lines = out.split("== summary ==")[1].strip().splitlines()
     assert 1 <= len(lines) <= 5 and lines == summary["lines"]

