@@ -63,9 +63,14 @@ def report(snap: Optional[Snapshot] = None, file=None, **options: Any) -> str:
     return text
 
 
-def diff(before: Snapshot, after: Snapshot) -> Diff:
-    """Stage-by-stage comparison of two snapshots (instrument.analysis.diff)."""
-    return _diff(before, after)
+def diff(before: Snapshot, after: Snapshot, alpha: Optional[float] = None,
+         min_change: Optional[float] = None) -> Diff:
+    """Stage-by-stage comparison of two snapshots, each change tested against noise
+    (instrument.analysis.diff); alpha and min_change default to the diff_alpha and
+    diff_min_change options in force."""
+    cfg = current_config()
+    return _diff(before, after, alpha=cfg.diff_alpha if alpha is None else alpha,
+                 min_change=cfg.diff_min_change if min_change is None else min_change)
 
 
 def profile(schedule=None, record_shapes=False, activities=None, **kwargs):

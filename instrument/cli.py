@@ -1,6 +1,6 @@
 """The `instrument` command.
 
-    instrument run [-o run.json] [--trace-events N] [--no-report] -- python serve.py ...
+    instrument run [-o run.json] [--trace-events N] [--no-report] [--keep-parts] -- python serve.py ...
     instrument report FILE... [--sort total|self|calls|p99] [--depth N] [--fold] [--format ...] [--ops]
     instrument report --tail [--quantile Q] [--json] FILE...  |  report --since EARLIER LATER [...]
     instrument diff BEFORE AFTER [--fail-if-slower PCT] [--format ...]
@@ -32,7 +32,7 @@ from .analysis.diff import diff
 from .analysis.tail import tail
 from .analysis.verdict import with_verdicts
 from .exporters import table
-from .snapshot import Snapshot, SnapshotError, atomic_write, load_many
+from .snapshot import Snapshot, SnapshotError, atomic_write, load_many, path_text
 
 TABLE_FORMATS = ("table", "markdown", "csv", "json")
 EXPORTS = ("chrome", "prometheus", "hatchet", "html")
@@ -199,21 +199,43 @@ def _cmd_report(a) -> int:
             w = snap.meta.get("window") or {}
             print(f"window: {(w.get('duration_ns') or 0) / 1e9:.3f} s between the two snapshots")
         print()
-        print(table.render_advice(advise(snap)))
+        about = f"{a.since[1]} since {a.since[0]}" if a.since else ", ".join(a.files)
+        print(table.render_advice(advise(snap), about=about))
     return 0
 
 
 # --------------------------------------------------------------------- diff
+def _diff_options(a) -> Dict[str, float]:
+    try:
+        opts = config.diff_options(config.from_env(strict=True))
+    except ValueError as e:
+        raise CLIError(f"diff: {e}") from None
+    if a.alpha is not None:
+        opts["alpha"] = a.alpha
+    if a.min_change is not None:
+        opts["min_change"] = a.min_change / 100
+    return opts
+
+
 def _cmd_diff(a) -> int:
-    d = diff(Snapshot.load(a.before), Snapshot.load(a.after))
+    try:
+        d = diff(Snapshot.load(a.before), Snapshot.load(a.after), **_diff_options(a))
+    except ValueError as e:
+        if isinstance(e, SnapshotError):
+            raise
+        raise CLIError(f"diff: {e}") from None
     print(table.render_diff(d, format=a.format))
     if a.fail_if_slower is not None:
         if d.change is None:
             raise CLIError(f"diff: --fail-if-slower cannot judge: {table.headline(d)}")
+        stage = path_text(d.stage or ())
         if round(d.change * 100, 9) > a.fail_if_slower:   # 27.5/25 is 10.000000000000009 % in floats
-            _err(f"diff: {'/'.join(d.stage or ())} is {d.change * 100:.1f}% slower per call, more than the "
-                 f"{a.fail_if_slower:g}% allowed")
-            return 1
+            if d.significance.direction > 0:
+                _err(f"diff: {stage} is {d.change * 100:.1f}% slower per call, more than the {a.fail_if_slower:g}% "
+                     f"allowed, and beyond noise ({d.significance.reason})")
+                return 1
+            _err(f"diff: {stage} is {d.change * 100:.1f}% slower per call, more than the {a.fail_if_slower:g}% "
+                 f"allowed, but not beyond noise ({d.significance.reason}); not failing")
     return 0
 
 
@@ -266,9 +288,18 @@ def _cmd_export(a) -> int:
 
 
 # ---------------------------------------------------------------------- run
+def parts_dir(output: str) -> str:
+    """The folder beside `output` where each process of `instrument run` saves its part."""
+    d, base = os.path.split(os.path.abspath(output))
+    stem = base[:-5] if base.endswith(".json") else base
+    return os.path.join(d, f"{stem}.parts")
+
+
 def run_env(output: str, trace_events: int = 100_000, environ: Optional[Dict[str, str]] = None) -> Dict[str, str]:
     """The environment that turns the SDK on in a program and every Python process
-    it starts; each saves to `<dir>/<stem>.<pid>.json` beside `output`."""
+    it starts; each saves to `<stem>.parts/<stem>.<pid>.json` beside `output` (the
+    folder is made here)."""
+    os.makedirs(parts_dir(output), exist_ok=True)
     env = dict(os.environ if environ is None else environ)
     boot = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_bootstrap")
     env["PYTHONPATH"] = os.pathsep.join([boot] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
@@ -277,9 +308,23 @@ def run_env(output: str, trace_events: int = 100_000, environ: Optional[Dict[str
 
 
 def _pattern(output: str) -> str:
-    d, base = os.path.split(os.path.abspath(output))
+    base = os.path.basename(os.path.abspath(output))
     stem = base[:-5] if base.endswith(".json") else base
-    return os.path.join(d, f"{stem}.{{pid}}.json")
+    return os.path.join(parts_dir(output), f"{stem}.{{pid}}.json")
+
+
+def _remove_parts(paths: Sequence[str], folder: str) -> bool:
+    """Remove merged parts, then the folder when nothing else is in it; whether it went."""
+    for p in paths:
+        try:
+            os.unlink(p)
+        except OSError:
+            pass
+    try:
+        os.rmdir(folder)
+        return True
+    except OSError:
+        return False
 
 
 def _process_files(output: str) -> Dict[str, Tuple[int, int]]:
@@ -307,11 +352,16 @@ def _cmd_run(a) -> int:
         raise CLIError("run: -o - is not supported (stdout is the program's); give a file name")
     if not os.path.isdir(os.path.dirname(os.path.abspath(out))):
         raise CLIError(f"run: {out}: the folder does not exist")
-    env = run_env(out, a.trace_events)
     try:
-        config.from_env(env, strict=True)
+        config.from_env(dict(os.environ, **config.to_env(trace_events=a.trace_events)), strict=True)
     except ValueError as e:
         raise CLIError(f"run: {e}") from None
+    try:
+        env = run_env(out, a.trace_events)
+    except OSError as e:
+        raise CLIError(f"run: {parts_dir(out)}: cannot make the folder for the processes' parts: "
+                       f"{e.strerror or e}") from None
+    folder = parts_dir(out)
     before = _process_files(out)
     try:
         proc = subprocess.Popen(cmd, env=env)
@@ -340,13 +390,15 @@ def _cmd_run(a) -> int:
     produced = sorted((p for p, v in _process_files(out).items() if before.get(p) != v),
                       key=lambda p: int(re.findall(r"\d+", os.path.basename(p))[-1]))
     if not produced:
+        _remove_parts([], folder)
         _err(f"run: the program wrote no snapshot (not Python, started with -I/-S/-E, or ended by SIGKILL?); "
              f"nothing written to {out}")
         return status
-    snaps = []
+    snaps, merged_parts = [], []
     for p in produced:
         try:
             snaps.append(Snapshot.load(p))
+            merged_parts.append(p)
         except SnapshotError as e:
             _err(f"run: skipped {e}")
     if not snaps:
@@ -355,8 +407,13 @@ def _cmd_run(a) -> int:
     _save(merged, out)
     if not a.no_report:
         print(table.render(with_verdicts(merged)), file=sys.stderr)
-    _err(f"run: {out} (merged from {len(snaps)} process{'es' if len(snaps) != 1 else ''}: "
-         f"{', '.join(os.path.basename(p) for p in produced[:8])}{' …' if len(produced) > 8 else ''})")
+    names = f"{', '.join(os.path.basename(p) for p in produced[:8])}{' …' if len(produced) > 8 else ''}"
+    if a.keep_parts:
+        where = f"; parts kept in {folder}"
+    else:
+        gone = _remove_parts(merged_parts, folder)
+        where = "; parts removed" + ("" if gone else f", {folder} holds other files")
+    _err(f"run: {out} (merged from {len(snaps)} process{'es' if len(snaps) != 1 else ''}: {names}{where})")
     return status
 
 
@@ -398,7 +455,7 @@ def _cmd_top(a) -> int:
 
 def _cmd_advise(a) -> int:
     advice = advise(load_many(a.files), a.top)
-    print(json.dumps(advice, indent=2) if a.json else table.render_advice(advice))
+    print(json.dumps(advice, indent=2) if a.json else table.render_advice(advice, about=", ".join(a.files)))
     return 0
 
 
@@ -443,6 +500,16 @@ def _percent(s: str) -> float:
     return x
 
 
+def _alpha(s: str) -> float:
+    try:
+        x = float(s)
+    except ValueError:
+        x = float("nan")
+    if not 0 < x <= 0.5:
+        raise argparse.ArgumentTypeError(f"must be a number in (0, 0.5], such as 0.01, got {s!r}")
+    return x
+
+
 def _interval(s: str) -> float:
     try:
         x = float(s)
@@ -460,7 +527,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     r = sub.add_parser("run", help="run a program with the SDK on; merge and report its processes' snapshots")
     r.add_argument("-o", "--output", default="run.json", help="merged snapshot (default run.json); each process "
-                   "also leaves <stem>.<pid>.json beside it")
+                   "saves its part into <stem>.parts/ beside it, removed after the merge")
+    r.add_argument("--keep-parts", action="store_true", help="keep each process's snapshot in <stem>.parts/")
     r.add_argument("--trace-events", type=_count, default=100_000, metavar="N",
                    help="timeline events kept per process for the Chrome trace (default 100000, 0 = off)")
     r.add_argument("--no-report", action="store_true", help="do not print the breakdown")
@@ -488,7 +556,12 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("after", metavar="AFTER")
     d.add_argument("--format", choices=TABLE_FORMATS, default="table")
     d.add_argument("--fail-if-slower", type=_percent, metavar="PCT",
-                   help="exit 1 when the headline stage got more than PCT percent slower per call")
+                   help="exit 1 when the headline stage got more than PCT percent slower per call and the "
+                   "slowdown is beyond noise")
+    d.add_argument("--alpha", type=_alpha, metavar="A",
+                   help="chance of calling noise a change (default: the diff_alpha option, 0.01)")
+    d.add_argument("--min-change", type=_percent, metavar="PCT",
+                   help="smallest change in percent called beyond noise (default: the diff_min_change option, 3)")
     d.set_defaults(func=_cmd_diff)
 
     m = sub.add_parser("merge", help="merge snapshot files exactly")

@@ -197,6 +197,11 @@ OPTIONS: Tuple[Option, ...] = (
            "cache misses per 1,000 instructions above which a stage is judged memory-bound"),
     Option("verdict_low_ipc", "INSTRUMENT_VERDICT_LOW_IPC", 1.0, _float(0.0, 100.0),
            "IPC below which a memory-bound suspicion is confirmed"),
+    Option("diff_alpha", "INSTRUMENT_DIFF_ALPHA", 0.01, _float(1e-9, 0.5),
+           "diff: the chance of calling noise a change; intervals are at 1 - alpha (0.01: 99 %)"),
+    Option("diff_min_change", "INSTRUMENT_DIFF_MIN_CHANGE", 0.03, _float(0.0, 10.0),
+           "diff: the smallest relative change called beyond noise (0.03 = 3 %): drift between runs that no test "
+           "sees stays under it"),
 )
 BY_NAME: Dict[str, Option] = {o.name: o for o in OPTIONS}
 ENV_ONLY = {
@@ -274,6 +279,12 @@ def verdict_thresholds(cfg: Optional[Config] = None) -> Dict[str, float]:
     """The verdict_* options of `cfg` (default: the defaults) without their prefix: {"wait_cpu": 0.5, ...}."""
     cfg = defaults() if cfg is None else cfg
     return {k[len("verdict_"):]: v for k, v in cfg.values.items() if k.startswith("verdict_")}
+
+
+def diff_options(cfg: Optional[Config] = None) -> Dict[str, float]:
+    """The diff_* options of `cfg` (default: the environment's) as diff() arguments: {"alpha", "min_change"}."""
+    cfg = from_env() if cfg is None else cfg
+    return {"alpha": cfg.diff_alpha, "min_change": cfg.diff_min_change}
 
 
 def env_name(option: str) -> str:

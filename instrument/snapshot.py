@@ -23,11 +23,47 @@ VERSION = 1
 MAX_FILE_BYTES = 1 << 30          # refuse to read snapshot files over 1 GiB
 QUANTILES = (("p50", 0.5), ("p90", 0.9), ("p99", 0.99), ("p999", 0.999))
 TOP_OPS = 10                                            # operators kept per ranking in a stage's `ops`
+MAX_WINDOWS = 512          # windows kept per stage by merge(); beyond, neighbours are joined two by two
 OP_FIELDS = ("calls", "self_cpu_ns", "cpu_total_ns", "device_ns")
 
 
 class SnapshotError(ValueError):
     """A snapshot file or dict that cannot be read, with the reason."""
+
+
+def name_text(name: str) -> str:
+    """A stage name as it appears in a path: a '\\' or '/' inside it escaped with '\\'."""
+    return name.replace("\\", "\\\\").replace("/", "\\/")
+
+
+def path_text(path: Sequence[str]) -> str:
+    """A path as one string: names joined by '/', each escaped by name_text, so a stage
+    named "a/b" (`a\\/b`) never reads like "b" nested in "a" (`a/b`)."""
+    return "/".join(name_text(n) for n in path)
+
+
+def parse_path(text: str) -> Tuple[str, ...]:
+    """The path a path_text string names (an unescaped '/' separates names)."""
+    names, cur, k = [], [], 0
+    while k < len(text):
+        c = text[k]
+        if c == "\\" and k + 1 < len(text) and text[k + 1] in "\\/":
+            cur.append(text[k + 1])
+            k += 2
+            continue
+        if c == "/":
+            names.append("".join(cur))
+            cur = []
+        else:
+            cur.append(c)
+        k += 1
+    names.append("".join(cur))
+    return tuple(names)
+
+
+def as_path(path: Any) -> Tuple[str, ...]:
+    """A path given as path_text or as a sequence of names."""
+    return parse_path(path) if isinstance(path, str) else tuple(path)
 
 
 def _num(x: Any) -> Any:
@@ -60,6 +96,7 @@ class StageStats:
     abandoned_calls: int = 0
     suspended_total: int = 0
     suspended_self: int = 0
+    windows: Optional[Tuple[Mapping[str, Any], ...]] = None   # per merged source (Snapshot.merge): its sums
     items: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)   # {name: {"total", "calls"}}
 
     @property
@@ -160,9 +197,22 @@ class StageStats:
             d["ops"] = self.ops
         if self.verdict is not None:
             d["verdict"] = dict(self.verdict)
+        if self.windows is not None:
+            d["windows"] = [dict(w, counters=dict(w.get("counters") or {})) for w in self.windows]
         if self.items:
             d["items"] = {k: {"total": _num(v["total"]), "calls": v["calls"]} for k, v in self.items.items()}
         return d
+
+    def window(self, start_time: Optional[float] = None, end_time: Optional[float] = None) -> Dict[str, Any]:
+        """This stage's sums and median as one window (what merge() keeps of each source)."""
+        return {"calls": self.calls, "wall_ns": self.wall_total, "p50_ns": _num(self.quantile(0.5)),
+                "cpu_ns": self.cpu_total if self.cpu_calls == self.calls else None,
+                "counters": {k: v.get("total") for k, v in self.counters.items()},
+                "start_time": start_time, "end_time": end_time}
+
+    def all_windows(self) -> Tuple[Mapping[str, Any], ...]:
+        """The windows this stage was merged from (one when it was never merged)."""
+        return tuple(self.windows) if self.windows is not None else (self.window(),)
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> "StageStats":
@@ -173,11 +223,11 @@ class StageStats:
             w, c = d["wall_ns"], d.get("cpu_ns") or {}
             h = d.get("hist") or {"scheme": _hist.SCHEME, "buckets": []}
             if h.get("scheme") != _hist.SCHEME:
-                raise SnapshotError(f"stage {'/'.join(path)}: histogram scheme {h.get('scheme')!r} is not "
+                raise SnapshotError(f"stage {path_text(path)}: histogram scheme {h.get('scheme')!r} is not "
                                     f"{_hist.SCHEME!r}")
             calls = int(d["calls"])
             if calls < 0:
-                raise SnapshotError(f"stage {'/'.join(path)}: calls must be >= 0, got {calls}")
+                raise SnapshotError(f"stage {path_text(path)}: calls must be >= 0, got {calls}")
             return cls(path=path, calls=calls, errors=int(d.get("errors", 0)),
                        wall_total=int(w["total"]), wall_self=int(w.get("self", w["total"])),
                        wall_min=None if w.get("min") is None else int(w["min"]),
@@ -188,7 +238,8 @@ class StageStats:
                        hist=_hist.from_pairs(h.get("buckets", [])),
                        counters={k: dict(v) for k, v in (d.get("counters") or {}).items()},
                        gpu=d.get("gpu"), ops=d.get("ops"), other=bool(d.get("other", False)),
-                       verdict=d.get("verdict"), overlapped_calls=int(c.get("overlapped_calls", 0)),
+                       verdict=d.get("verdict"), windows=_windows_from(path, d.get("windows")),
+                       overlapped_calls=int(c.get("overlapped_calls", 0)),
                        abandoned_calls=int(d.get("abandoned_calls", 0)),
                        suspended_total=int((d.get("suspended_ns") or {}).get("total", 0)),
                        suspended_self=int((d.get("suspended_ns") or {}).get("self", 0)),
@@ -200,17 +251,64 @@ class StageStats:
                                 f"{type(e).__name__}: {e}") from None
 
 
+def _windows_from(path: Tuple[str, ...], raw: Any) -> Optional[Tuple[Dict[str, Any], ...]]:
+    if raw is None:
+        return None
+    if not isinstance(raw, list) or not all(isinstance(w, Mapping) for w in raw):
+        raise SnapshotError(f"stage {path_text(path)}: windows must be a list of objects, got {str(raw)[:80]}")
+    out = []
+    for w in raw:
+        calls, wall = w.get("calls"), w.get("wall_ns")
+        if not isinstance(calls, int) or isinstance(calls, bool) or calls < 0 or not isinstance(wall, (int, float)):
+            raise SnapshotError(f"stage {path_text(path)}: a window needs calls (an integer >= 0) and wall_ns "
+                                f"(a number), got {str(dict(w))[:80]}")
+        counters = w.get("counters") or {}
+        if not isinstance(counters, Mapping):
+            raise SnapshotError(f"stage {path_text(path)}: window counters must be an object")
+        out.append({"calls": calls, "wall_ns": wall, "p50_ns": w.get("p50_ns"), "cpu_ns": w.get("cpu_ns"),
+                    "counters": dict(counters), "start_time": w.get("start_time"), "end_time": w.get("end_time")})
+    return tuple(out)
+
+
+def join_windows(windows: Sequence[Mapping[str, Any]]) -> Tuple[Dict[str, Any], ...]:
+    """At most MAX_WINDOWS windows: while there are more, neighbours are joined two by
+    two (a joined window is still a window, only longer; its median is the larger
+    window's, an approximation)."""
+    out = [dict(w) for w in windows]
+    while len(out) > MAX_WINDOWS:
+        pairs = []
+        for k in range(0, len(out), 2):
+            if k + 1 == len(out):
+                pairs.append(out[k])
+                continue
+            a, b = out[k], out[k + 1]
+            names = set(a.get("counters") or {}) | set(b.get("counters") or {})
+            big = a if a["calls"] >= b["calls"] else b
+            starts = [t for t in (a.get("start_time"), b.get("start_time")) if t is not None]
+            ends = [t for t in (a.get("end_time"), b.get("end_time")) if t is not None]
+            pairs.append({"calls": a["calls"] + b["calls"], "wall_ns": a["wall_ns"] + b["wall_ns"],
+                          "p50_ns": big.get("p50_ns"), "start_time": min(starts) if starts else None,
+                          "end_time": max(ends) if ends else None,
+                          "cpu_ns": None if a.get("cpu_ns") is None or b.get("cpu_ns") is None
+                          else a["cpu_ns"] + b["cpu_ns"],
+                          "counters": {n: None if (a.get("counters") or {}).get(n) is None
+                                       or (b.get("counters") or {}).get(n) is None
+                                       else a["counters"][n] + b["counters"][n] for n in names}})
+        out = pairs
+    return tuple(out)
+
+
 def _items_from(path: Tuple[str, ...], raw: Any) -> Dict[str, Dict[str, Any]]:
     if raw is None:
         return {}
     if not isinstance(raw, Mapping):
-        raise SnapshotError(f"stage {'/'.join(path)}: items must be an object {{name: {{total, calls}}}}")
+        raise SnapshotError(f"stage {path_text(path)}: items must be an object {{name: {{total, calls}}}}")
     out = {}
     for k, v in raw.items():
         total, calls = (v.get("total"), v.get("calls")) if isinstance(v, Mapping) else (None, None)
         if (not isinstance(total, (int, float)) or isinstance(total, bool) or not isinstance(calls, int)
                 or total < 0 or calls < 0):
-            raise SnapshotError(f"stage {'/'.join(path)}: item {k!r} needs a total >= 0 and calls >= 0, got {v!r}")
+            raise SnapshotError(f"stage {path_text(path)}: item {k!r} needs a total >= 0 and calls >= 0, got {v!r}")
         out[str(k)] = {"total": total, "calls": calls}
     return out
 
@@ -249,7 +347,11 @@ def merge_counters(a: Mapping[str, Mapping[str, Any]], b: Mapping[str, Mapping[s
     return out
 
 
-def merge_stage(a: StageStats, b: StageStats) -> StageStats:
+def merge_stage(a: StageStats, b: StageStats, windows: bool = False) -> StageStats:
+    """Sums added, histograms merged.  windows=True (Snapshot.merge): `a` and `b` are
+    separate recordings, and the result keeps each one's sums as a window, so a
+    comparison can measure the spread between them; otherwise (parts of one
+    recording) no windows are kept."""
     def mn(x, y):
         return y if x is None else x if y is None else min(x, y)
 
@@ -267,7 +369,9 @@ def merge_stage(a: StageStats, b: StageStats) -> StageStats:
                    overlapped_calls=a.overlapped_calls + b.overlapped_calls,
                    abandoned_calls=a.abandoned_calls + b.abandoned_calls,
                    suspended_total=a.suspended_total + b.suspended_total,
-                   suspended_self=a.suspended_self + b.suspended_self, items=merge_items(a.items, b.items))
+                   suspended_self=a.suspended_self + b.suspended_self,
+                   windows=join_windows(a.all_windows() + b.all_windows()) if windows else None,
+                   items=merge_items(a.items, b.items))
 
 
 def gpu_fields(total: int, samples: int, dropped: int, errors: int, lo: Optional[int], hi: Optional[int],
@@ -376,7 +480,7 @@ def _since_items(path: Tuple[str, ...], a: Mapping[str, Mapping[str, Any]],
     out = {}
     for k, v in b.items():
         if k not in a or a[k]["calls"] < v["calls"] or a[k]["total"] < v["total"]:
-            raise SnapshotError(f"stage {'/'.join(path)}: item {k!r} has {v['calls']} adds before and "
+            raise SnapshotError(f"stage {path_text(path)}: item {k!r} has {v['calls']} adds before and "
                                 f"{a.get(k, {}).get('calls', 0)} after: not an earlier state of the same stage")
     for k, v in a.items():
         e = b.get(k) or {"total": 0, "calls": 0}
@@ -389,12 +493,12 @@ def since_stage(a: StageStats, b: StageStats) -> StageStats:
     """What stage `a` recorded after `b`, an earlier state of the same stage: counts, sums and
     histograms subtracted exactly; min and max bounded by the window's histogram buckets."""
     if a.calls < b.calls or a.wall_total < b.wall_total or a.cpu_calls < b.cpu_calls:
-        raise SnapshotError(f"stage {'/'.join(a.path)}: {b.calls} calls before and {a.calls} after: the earlier "
+        raise SnapshotError(f"stage {path_text(a.path)}: {b.calls} calls before and {a.calls} after: the earlier "
                             "snapshot is not an earlier state of the later one (out of order, or reset between)")
     try:
         h = _hist.subtract(a.hist, b.hist)
     except ValueError as e:
-        raise SnapshotError(f"stage {'/'.join(a.path)}: {e}: not an earlier state of the same stage") from None
+        raise SnapshotError(f"stage {path_text(a.path)}: {e}: not an earlier state of the same stage") from None
     calls = a.calls - b.calls
     lo, hi = (a.wall_min, a.wall_max) if b.calls == 0 else _hist_range(h, a.wall_min, a.wall_max)
     cpu_calls = a.cpu_calls - b.cpu_calls
@@ -541,12 +645,12 @@ class Snapshot:
         return len(self._stages)
 
     def __getitem__(self, path) -> StageStats:
-        key = tuple(path.split("/")) if isinstance(path, str) else tuple(path)
+        key = as_path(path)
         try:
             return self._index[key]
         except KeyError:
-            raise KeyError(f"no stage {'/'.join(key)!r}; the stages are: "
-                           f"{', '.join('/'.join(p) for p in list(self._index)[:20])}") from None
+            raise KeyError(f"no stage {path_text(key)!r}; the stages are: "
+                           f"{', '.join(path_text(p) for p in list(self._index)[:20])}") from None
 
     def get(self, path, default=None) -> Optional[StageStats]:
         try:
@@ -555,7 +659,7 @@ class Snapshot:
             return default
 
     def children(self, path=()) -> List[StageStats]:
-        key = tuple(path.split("/")) if isinstance(path, str) else tuple(path)
+        key = as_path(path)
         return [s for s in self._stages if s.path[:-1] == key]
 
     @property
@@ -589,7 +693,7 @@ class Snapshot:
     # --------------------------------------------------------- combination
     def merge(self, *others: "Snapshot") -> "Snapshot":
         """Exact for counts and sums; percentiles from the merged histograms."""
-        stages: Dict[Tuple[str, ...], StageStats] = {s.path: s for s in self._stages}
+        stages: Dict[Tuple[str, ...], StageStats] = {s.path: _stamped(s, self._meta) for s in self._stages}
         meta = dict(self._meta)
         sources = list(meta.get("merged_from") or [_source(meta)])
         events = list(self._events)
@@ -599,7 +703,8 @@ class Snapshot:
                 raise TypeError(f"Snapshot.merge takes Snapshots, not {type(o).__name__}")
             xgroups.append((o._exemplars, o.root_calls()))
             for s in o._stages:
-                stages[s.path] = merge_stage(stages[s.path], s) if s.path in stages else s
+                s = _stamped(s, o._meta)
+                stages[s.path] = merge_stage(stages[s.path], s, windows=True) if s.path in stages else s
             sources.extend(o._meta.get("merged_from") or [_source(o._meta)])
             events.extend(o._events)
             for k in ("start_time", "end_time"):
@@ -638,7 +743,7 @@ class Snapshot:
                 stages.append(w)
         for path in earlier._index:
             if path not in self._index and earlier._index[path].calls:
-                raise SnapshotError(f"since: stage {'/'.join(path)} is in the earlier snapshot only: not an earlier "
+                raise SnapshotError(f"since: stage {path_text(path)} is in the earlier snapshot only: not an earlier "
                                     "state of this one")
         meta = dict(a)
         meta["window"] = {"start_time": b.get("end_time"), "end_time": a.get("end_time"),
@@ -754,6 +859,13 @@ def atomic_write(path: str, data: bytes) -> str:
             pass
         raise
     return path
+
+
+def _stamped(s: StageStats, meta: Mapping[str, Any]) -> StageStats:
+    """A stage of a snapshot being merged, as one window with its snapshot's times."""
+    if s.windows is not None or not s.calls:
+        return s
+    return replace(s, windows=(s.window(meta.get("start_time"), meta.get("end_time")),))
 
 
 def _source(meta: Mapping[str, Any]) -> Dict[str, Any]:

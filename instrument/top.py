@@ -26,7 +26,7 @@ from typing import Any, List, Optional, Tuple
 
 from . import config
 from .analysis.verdict import with_verdicts
-from .exporters.format import ms, printable, ratio
+from .exporters.format import ms, name as name_display, ratio
 from .snapshot import Snapshot, SnapshotError, since_stage
 
 MAX_BODY = 80 << 20           # above what /snapshot ever sends (64 MiB)
@@ -208,7 +208,7 @@ def table_lines(win: Snapshot, secs: float, sort: str = "total", width: int = WI
     total = sum(s.wall_total for s in win.roots)
     lines = [f"{'stage':<{name_w}}" + "".join(f" {h:>{w}}" for h, w, _ in cols)]
     for s in ordered(win, sort):
-        label = "  " * s.depth + printable(s.name)
+        label = "  " * s.depth + name_display(s.name)
         if len(label) > name_w:
             label = label[: name_w - 1] + "…"
         lines.append(f"{label:<{name_w}}" + "".join(f" {f(s, secs, total)[:w]:>{w}}" for _, w, f in cols))

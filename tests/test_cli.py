@@ -59,10 +59,14 @@ def one_line_error(err):
 @pytest.mark.parametrize("method", ["fork", "spawn"])
 def test_run_writes_one_file_per_process_and_the_merge(tmp_path, method):
     (tmp_path / "app.py").write_text(APP)
-    r = run_cli("run", "-o", tmp_path / "run.json", "--", sys.executable, tmp_path / "app.py", method, cwd=tmp_path)
+    r = run_cli("run", "--keep-parts", "-o", tmp_path / "run.json", "--", sys.executable, tmp_path / "app.py", method,
+                cwd=tmp_path)
     assert r.returncode == 3, r.stderr                          # the program's exit status
     parent, child = map(int, r.stdout.split()[1:3])
-    p, c = Snapshot.load(tmp_path / f"run.{parent}.json"), Snapshot.load(tmp_path / f"run.{child}.json")
+    parts = tmp_path / "run.parts"                              # the parts in their own folder, kept when asked
+    assert {f"run.{parent}.json", f"run.{child}.json"} <= set(os.listdir(parts))   # spawn: its resource tracker too
+    assert sorted(os.listdir(tmp_path)) == ["app.py", "run.json", "run.parts"]
+    p, c = Snapshot.load(parts / f"run.{parent}.json"), Snapshot.load(parts / f"run.{child}.json")
     assert p.meta["pid"] == parent and c.meta["pid"] == child
     assert {s.path for s in p} == {("request",), ("request", "tokenize"), ("request", "model")}
     assert {s.path for s in c} == {("child_work",), ("child_work", "inner")}   # only the child's own work
@@ -87,6 +91,8 @@ def test_run_entry_point_and_no_report(tmp_path, how):
     assert "tokenize" not in r.stderr
     m = Snapshot.load(tmp_path / "x.json")
     assert m["request"].calls == 5 and not m.events
+    assert sorted(os.listdir(tmp_path)) == ["app.py", "x.json"]   # the parts are removed once merged
+    assert "parts removed" in r.stderr
 
 
 def test_run_chains_an_existing_sitecustomize(tmp_path):
@@ -125,9 +131,9 @@ def test_sigterm_to_run_leaves_a_complete_file_and_the_signal_status(tmp_path):
     p.send_signal(signal.SIGTERM)        # forwarded to the program
     out, err = p.communicate(timeout=60)
     assert p.returncode == 128 + signal.SIGTERM, err
-    s = Snapshot.load(tmp_path / f"t.{pid}.json")
+    s = Snapshot.load(tmp_path / "t.json")
     assert s["serve/step"].calls >= 50 and s["serve"].calls >= 49
-    assert Snapshot.load(tmp_path / "t.json")["serve/step"].calls == s["serve/step"].calls
+    assert s.meta["pid"] == int(pid) and not (tmp_path / "t.parts").exists()
 
 
 def test_sigterm_to_the_program_keeps_killed_by_sigterm(tmp_path):
@@ -138,7 +144,7 @@ def test_sigterm_to_the_program_keeps_killed_by_sigterm(tmp_path):
     p.send_signal(signal.SIGTERM)
     p.communicate(timeout=60)
     assert p.returncode == -signal.SIGTERM
-    assert Snapshot.load(tmp_path / f"t.{pid}.json")["serve/step"].calls >= 50
+    assert Snapshot.load(tmp_path / "t.parts" / f"t.{pid}.json")["serve/step"].calls >= 50
 
 
 def test_program_sigterm_handler_is_chained(tmp_path):
@@ -159,7 +165,7 @@ def test_run_of_a_program_that_writes_nothing(tmp_path):
     r = run_cli("run", "-o", tmp_path / "r.json", "--", "sh", "-c", "exit 4")
     assert r.returncode == 4
     assert "wrote no snapshot" in one_line_error(r.stderr)
-    assert not (tmp_path / "r.json").exists()
+    assert not (tmp_path / "r.json").exists() and not (tmp_path / "r.parts").exists()
 
 
 def test_run_rejects_a_bad_environment_strictly(tmp_path, monkeypatch, capsys):
@@ -189,10 +195,10 @@ def test_report_known_numbers(tmp_path, capsys):
     rc, out, _ = main(capsys, "report", pa, "--format", "csv")
     assert rc == 0
     rows = {r["path"]: r for r in csv.DictReader(io.StringIO(out))}
-    assert rows["request"]["calls"] == "100" and rows["request"]["total ms"] == str(2500 * MS)
-    assert float(rows["request"]["mean"]) == 25 * MS and float(rows["request"]["p99"]) == 25 * MS
-    assert rows["request"]["self ms"] == str(100 * MS) and rows["request"]["CPU ms"] == str(2000 * MS)
-    assert float(rows["request/tokenize"]["%root"]) == pytest.approx(0.12)
+    assert rows["request"]["calls"] == "100" and rows["request"]["total_ns"] == str(2500 * MS)
+    assert float(rows["request"]["mean_ns"]) == 25 * MS and float(rows["request"]["p99_ns"]) == 25 * MS
+    assert rows["request"]["self_ns"] == str(100 * MS) and rows["request"]["cpu_ns"] == str(2000 * MS)
+    assert float(rows["request/tokenize"]["root_pct"]) == pytest.approx(12.0)
     rc, out, _ = main(capsys, "report", pa)
     line = next(l for l in out.splitlines() if l.startswith("request"))
     assert line.split()[:7] == ["request", "100", "2500.0", "100.0", "25.00", "25.00", "25.00"]

@@ -166,7 +166,13 @@ def test_demo_run_finds_the_win_and_its_summary_is_the_snapshots(model, tmp_path
     assert 1 <= len(lines) <= 5 and lines == summary["lines"]
     assert "padding" in lines[1] and "/".join(first["path"]) in lines[1]
     assert (tmp_path / "report.html").read_text().count("tokenize") >= 1
-    assert "perf counters:" in out and "NVTX:" in out and "Where to look next" in out
+    assert "perf counters:" in out and "NVTX:" in out
+    # the advice names the snapshot it judges: the baseline in step 1, the optimized variant after the diff
+    assert f"Where to look next in baseline ({tmp_path / 'baseline.json'})" in out
+    assert f"Where to look next in optimized ({tmp_path / 'optimized.json'})" in out
+    top = advise(opt)[0]   # what is left to do after the fix: the stage of the largest self time, whichever it is
+    assert top["path"] == list(max((s for s in opt if s.calls), key=lambda s: s.wall_self).path)
+    assert top["path"][-1] + ": " + top["verdict"] in out.split("== baseline → optimized ==")[1].replace("request/", "")
     ops = summary["operators"]
     assert ops and all(r["name"].startswith("aten::") for r in ops)       # torch's own operators under forward
     # the tokenizers are CPU work: their verdict follows the share of a CPU the thread was given

@@ -28,7 +28,13 @@ def test_merge_equals_snapshot_of_both_workloads():
     sb = Snapshot([stats_from_values(("req",), b), stats_from_values(("only_b",), b[:10])], {"pid": 2})
     both = Snapshot([stats_from_values(("req",), np.concatenate([a, b])), stats_from_values(("only_b",), b[:10])])
     m = sa.merge(sb)
-    assert [s.to_dict() for s in m] == [s.to_dict() for s in both]
+    bare = [{k: v for k, v in s.to_dict().items() if k != "windows"} for s in m]
+    assert bare == [s.to_dict() for s in both]
+    # each source stays a window of the merged stage: its calls, sums and median
+    w = m["req"].windows
+    assert [x["calls"] for x in w] == [3000, 5000] and [x["wall_ns"] for x in w] == [int(a.sum()), int(b.sum())]
+    assert [x["p50_ns"] for x in w] == [sa["req"].quantile(0.5), sb["req"].quantile(0.5)]
+    assert [x["calls"] for x in m["only_b"].windows] == [10]
     assert m["req"].wall_ns["p99"] == both["req"].wall_ns["p99"]
     assert abs(m["req"].quantile(0.5) - np.percentile(np.concatenate([a, b]), 50)) / np.percentile(
         np.concatenate([a, b]), 50) < 0.01

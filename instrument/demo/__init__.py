@@ -187,16 +187,19 @@ def _parser():
 
 
 def _measure(services, sentences, args, progress):
-    """Alternate the variants chunk by chunk; each chunk's snapshot is taken and
-    the collector reset, and a variant's chunks are merged (exactly) at the end."""
+    """Alternate the variants chunk by chunk, the first of each turn alternating too;
+    each chunk's snapshot is taken and the collector reset, and a variant's chunks are
+    merged (exactly) at the end: each chunk stays a window, so the diff pairs the
+    variants' chunks of one turn and tests each change against the spread of the pairs."""
     for service in services.values():
         for texts in batches(sentences, WARMUP_REQUESTS, args.batch_size):
             service.embed(texts)
     instrument.reset()   # the warm-up requests are not counted
     parts = {v: [] for v in services}
     stream = list(batches(sentences, args.requests, args.batch_size))
-    for start in range(0, len(stream), CHUNK):
-        for variant, service in services.items():
+    for turn, start in enumerate(range(0, len(stream), CHUNK)):
+        order = list(services.items())
+        for variant, service in order if turn % 2 == 0 else order[::-1]:   # neither variant always goes first
             progress.set_postfix_str(variant)
             for texts in stream[start:start + CHUNK]:
                 service.embed(texts)
@@ -286,7 +289,7 @@ def run_demo(argv=None) -> int:
     for line in status_lines(first):
         say(line)
     say()
-    say(render_advice(advice))
+    say(render_advice(advice, about=f"{variants[0]} ({out / (variants[0] + '.json')})"))
 
     say("\n== step 2: the timeline ==")
     cmd = "instrument nsys --capture request -- python -m instrument demo --variant baseline --requests 20"
@@ -310,6 +313,8 @@ def run_demo(argv=None) -> int:
     if len(snapshots) == 2:
         say("\n== baseline → optimized ==")
         say(render_diff(snapshots["baseline"], snapshots["optimized"]))
+        say()   # after the diff, the advice is about what is left to do: the optimized variant
+        say(render_advice(advise(snapshots["optimized"]), about=f"optimized ({out / 'optimized.json'})"))
         report = html.render(snapshots["optimized"], before=snapshots["baseline"],
                              title="instrument demo: baseline → optimized")
     else:

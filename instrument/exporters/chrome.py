@@ -21,7 +21,7 @@ import json
 import os
 from typing import Any, Dict, List, Optional, Tuple
 
-from ..snapshot import Snapshot
+from ..snapshot import Snapshot, path_text
 
 LANE = 10_000_000   # synthetic tid = tid + lane * LANE; Linux tids stay below 2**22
 SLOW_TID = 9 * LANE  # the lanes of the slowest calls: SLOW_TID + lane
@@ -71,7 +71,7 @@ def _call_slices(e: Dict[str, Any], ts_us: float, pid: int, tid: int,
         if p != root:
             kids.setdefault(p[:-1], []).append(p)
     out = [{"name": root[-1], "cat": "slowest call", "ph": "X", "ts": ts_us, "dur": e["wall_ns"] / 1e3, "pid": pid,
-            "tid": tid, "args": {"path": "/".join(root), "wall_ms": e["wall_ns"] / 1e6,
+            "tid": tid, "args": {"path": path_text(root), "wall_ms": e["wall_ns"] / 1e6,
                                  "note": "stages beneath are laid end to end: how long each took, not when"}}]
 
     def lay(p: Tuple[str, ...], start: float) -> None:
@@ -79,7 +79,7 @@ def _call_slices(e: Dict[str, Any], ts_us: float, pid: int, tid: int,
         for c in kids.get(p, ()):
             dur = incl[c] / 1e3
             out.append({"name": c[-1], "cat": "slowest call", "ph": "X", "ts": t, "dur": dur, "pid": pid, "tid": tid,
-                        "args": {"path": "/".join(c), "self_ms": own.get(c, 0) / 1e6, "total_ms": incl[c] / 1e6}})
+                        "args": {"path": path_text(c), "self_ms": own.get(c, 0) / 1e6, "total_ms": incl[c] / 1e6}})
             lay(c, t)
             t += dur
     lay(root, ts_us)
@@ -118,7 +118,7 @@ def trace(*snaps: Snapshot) -> Dict[str, Any]:
                 t = tid + lane * LANE
                 threads.setdefault((pid, t), f"thread {tid}" + (f" (overlapping calls, lane {lane})" if lane else ""))
                 x = {"name": e["path"][-1], "cat": "stage", "ph": "X", "ts": (base + e["ts_ns"]) / 1e3,
-                     "dur": e["dur_ns"] / 1e3, "pid": pid, "tid": t, "args": {"path": "/".join(e["path"])}}
+                     "dur": e["dur_ns"] / 1e3, "pid": pid, "tid": t, "args": {"path": path_text(e["path"])}}
                 if e.get("tts_ns") is not None and e.get("tdur_ns") is not None:
                     x["tts"], x["tdur"] = e["tts_ns"] / 1e3, e["tdur_ns"] / 1e3
                 out.append(x)
@@ -153,7 +153,7 @@ def trace(*snaps: Snapshot) -> Dict[str, Any]:
         per_item: Dict[str, Dict[str, Any]] = {}
         for st in snap:
             for name, it in st.items.items():
-                per_item.setdefault(name, {})["/".join(st.path)] = it["total"]
+                per_item.setdefault(name, {})[path_text(st.path)] = it["total"]
         for name, series in per_item.items():
             if pid0 not in names:
                 names[pid0] = f"{os.path.basename(argv[0]) if argv else 'python'} (pid {pid0})"

@@ -3,7 +3,9 @@ that cannot move the cursor or break a table."""
 from __future__ import annotations
 
 import math
-from typing import Optional
+from typing import Optional, Sequence
+
+from ..snapshot import name_text, path_text as _path_text
 
 MINUS = "\u2212"
 
@@ -73,8 +75,20 @@ def printable(name: str) -> str:
 
 
 def md(text: str) -> str:
-    """Text for a markdown table cell."""
-    return printable(text).replace("|", "\\|").replace("<", "&lt;").replace(">", "&gt;")
+    """Text for a markdown table cell (a backslash doubled, so an escaped '/' in a path stays shown)."""
+    return (printable(text).replace("\\", "\\\\").replace("|", "\\|").replace("<", "&lt;")
+            .replace(">", "&gt;"))
+
+
+def path_text(path: Sequence[str]) -> str:
+    """A path for display: names joined by '/', a '/' or '\\' inside a name escaped
+    with '\\' (instrument.snapshot.path_text), control characters shown escaped."""
+    return printable(_path_text(path))
+
+
+def name(n: str) -> str:
+    """One stage name for display, escaped as in a path."""
+    return printable(name_text(n))
 
 
 def unit(name: str) -> str:

@@ -6,7 +6,8 @@
     bridge.start(10.0)                  # or: a daemon thread doing it every 10 s
 
 Instruments: `instrument.stage.duration` (histogram, unit "s") and
-`instrument.stage.errors` (counter), attributes `stage` and `path`.  Each call
+`instrument.stage.errors` (counter), attributes `stage` and `path` (names joined by
+'/', a '/' or '\\' inside a name escaped with '\\').  Each call
 is recorded at its histogram bucket's midpoint (within 0.78 %), so the OTel
 counts equal the snapshot's calls exactly.
 """
@@ -17,7 +18,7 @@ from typing import Any, Callable, Dict, Optional, Tuple
 
 from .. import histogram as _hist
 from .._version import __version__
-from ..snapshot import Snapshot
+from ..snapshot import Snapshot, path_text
 
 BOUNDS_S = [((1 << k) - 1) / 1e9 for k in range(10, 37)]   # the same edges as the Prometheus exporter
 
@@ -54,7 +55,7 @@ class OTelBridge:
                 calls, errors, hist = self._seen.get(s.path, (0, 0, {}))
                 if s.calls < calls:
                     calls, errors, hist = 0, 0, {}
-                attrs = {"stage": s.name, "path": "/".join(s.path)}
+                attrs = {"stage": s.name, "path": path_text(s.path)}
                 for i, c in sorted(s.hist.items()):
                     k = c - hist.get(i, 0)
                     if k > 0:

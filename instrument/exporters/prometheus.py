@@ -10,10 +10,11 @@ The live side is never imported here: whatever needs live snapshots is given a
 snapshot function (`source`), as the facade's `serve_metrics` does.
 
 Every metric family is in METRICS (docs/prometheus.md lists them with labels and
-units): per stage, labels `stage` (its name) and `path` ("a/b"); names and units
-follow the Prometheus conventions (seconds, `_total` on counters, no type in the
-name), which `promtool check metrics` verifies in the tests.  Label values are
-escaped by prometheus_client; their number is bounded by the stage cap
+units): per stage, labels `stage` (its name) and `path` ("a/b"; a '/' or '\\'
+inside a name escaped with '\\', so a stage named "a/b" has path "a\\/b"); names
+and units follow the Prometheus conventions (seconds, `_total` on counters, no
+type in the name), which `promtool check metrics` verifies in the tests.  Label
+values are escaped by prometheus_client; their number is bounded by the stage cap
 (`max_stages`: calls beyond it are folded into "(other)").
 
 Items added with `instrument.add` are `instrument_stage_items_total{item=...}`.
@@ -44,7 +45,7 @@ from prometheus_client.samples import Exemplar
 from prometheus_client.utils import floatToGoString
 
 from .. import histogram as _hist
-from ..snapshot import Snapshot, StageStats
+from ..snapshot import Snapshot, StageStats, path_text
 from . import multiproc
 
 POWERS = range(10, 37)
@@ -98,7 +99,7 @@ def with_exemplars(s: StageStats, snap: Snapshot, cumulative: List[tuple]) -> Li
         top = max(e["breakdown"], key=lambda b: b["wall_ns"], default=None)
         labels = {"call": f"{e.get('pid')}:{e.get('seq')}"}
         if top is not None:
-            labels["stage"] = "/".join(top["path"])[:100]   # an exemplar's labels hold at most 128 characters
+            labels["stage"] = path_text(top["path"])[:100]   # an exemplar's labels hold at most 128 characters
         ts = t0 + e["start_ns"] / 1e9 if isinstance(t0, (int, float)) else None
         out[le].append(Exemplar(labels, e["wall_ns"] / 1e9, ts))
     return [tuple(b) for b in out]
@@ -114,7 +115,7 @@ def _family(name: str) -> Metric:
 def families(snap: Snapshot) -> List[Metric]:
     fam = {name: _family(name) for name in METRICS}
     for s in snap:
-        lab = [s.name, "/".join(s.path)]
+        lab = [s.name, path_text(s.path)]
         fam["instrument_stage_duration_seconds"].add_metric(lab, with_exemplars(s, snap, buckets(s)), s.wall_total / 1e9)
         for item, it in s.items.items():
             fam["instrument_stage_items"].add_metric(lab + [item], it["total"])

@@ -12,14 +12,17 @@ import csv
 import io
 import json
 import shutil
+import textwrap
 from dataclasses import dataclass
 from typing import Any, Callable, Dict, List, Optional, Sequence
 
 from .. import counters
 from ..analysis.diff import METRICS, Change, Diff, DiffRow
+from ..analysis.significance import MIN_WINDOWS, Significance
 from ..analysis.tail import TailView, tail
 from ..snapshot import Snapshot, StageStats
-from .format import MINUS, count, human, md, ms, pct, per_unit, printable, rate, ratio, signed_percent
+from .format import (MINUS, count, human, md, ms, name as name_display, path_text, pct, per_unit, printable, rate,
+                     ratio, signed_percent)
 
 SORTS = ("tree", "total", "self", "calls", "p99", "mean", "name", "cpu")
 FORMATS = ("table", "markdown", "csv", "json")
@@ -27,11 +30,12 @@ FORMATS = ("table", "markdown", "csv", "json")
 
 @dataclass(frozen=True)
 class Column:
-    header: str
+    header: str                                      # text and markdown, with the unit of the values shown
     width: int
     value: Callable[[Snapshot, StageStats], str]
-    raw: Callable[[Snapshot, StageStats], object]
+    raw: Callable[[Snapshot, StageStats], object]    # CSV: the value in the unit its `field` names
     wants: Callable[[Snapshot], bool] = lambda snap: True
+    field: str = ""                                  # CSV header: name_unit (ns, pct) or a plain count or ratio
     base: bool = False     # shown whenever it wants to be, before the optional columns
 
 
@@ -42,6 +46,10 @@ def _counter_derived(s: StageStats, key: str):
 
 def _has_counter(*names: str) -> Callable[[Snapshot], bool]:
     return lambda snap: any(s.counter(n) is not None for s in snap for n in names)
+
+
+def _percent(x: Optional[float]) -> Optional[float]:
+    return None if x is None else 100 * x
 
 
 _tail_memo: List[Any] = [None, None]   # the last snapshot asked about and its tail views
@@ -64,36 +72,42 @@ def _has_tail(snap: Snapshot) -> bool:
 
 
 COLUMNS: List[Column] = [
-    Column("calls", 6, lambda n, s: str(s.calls), lambda n, s: s.calls, base=True),
-    Column("total ms", 8, lambda n, s: ms(s.wall_total), lambda n, s: s.wall_total, base=True),
-    Column("%root", 5, lambda n, s: pct(n.share_of_root(s)), lambda n, s: n.share_of_root(s), base=True),
-    Column("tail%", 5, lambda n, s: pct(tail_share(n, s)), lambda n, s: tail_share(n, s), _has_tail, base=True),
-    Column("mean", 6, lambda n, s: ms(s.wall_mean), lambda n, s: s.wall_mean, base=True),
-    Column("p50", 6, lambda n, s: ms(s.quantile(0.5)), lambda n, s: s.quantile(0.5), base=True),
-    Column("p99", 6, lambda n, s: ms(s.quantile(0.99)), lambda n, s: s.quantile(0.99), base=True),
-    Column("self ms", 7, lambda n, s: ms(s.wall_self), lambda n, s: s.wall_self, base=True),
-    Column("CPU ms", 7, lambda n, s: ms(s.cpu_total), lambda n, s: s.cpu_total, base=True),
-    Column("C/W", 4, lambda n, s: ratio(s.cpu_ratio), lambda n, s: s.cpu_ratio, base=True),
+    Column("calls", 6, lambda n, s: str(s.calls), lambda n, s: s.calls, field="calls", base=True),
+    Column("total ms", 8, lambda n, s: ms(s.wall_total), lambda n, s: s.wall_total, field="total_ns", base=True),
+    Column("%root", 5, lambda n, s: pct(n.share_of_root(s)), lambda n, s: _percent(n.share_of_root(s)),
+           field="root_pct", base=True),
+    Column("tail%", 5, lambda n, s: pct(tail_share(n, s)), lambda n, s: _percent(tail_share(n, s)), _has_tail,
+           field="tail_pct", base=True),
+    Column("mean ms", 7, lambda n, s: ms(s.wall_mean), lambda n, s: s.wall_mean, field="mean_ns", base=True),
+    Column("p50 ms", 6, lambda n, s: ms(s.quantile(0.5)), lambda n, s: s.quantile(0.5), field="p50_ns", base=True),
+    Column("p99 ms", 6, lambda n, s: ms(s.quantile(0.99)), lambda n, s: s.quantile(0.99), field="p99_ns", base=True),
+    Column("self ms", 7, lambda n, s: ms(s.wall_self), lambda n, s: s.wall_self, field="self_ns", base=True),
+    Column("CPU ms", 6, lambda n, s: ms(s.cpu_total), lambda n, s: s.cpu_total, field="cpu_ns", base=True),
+    Column("C/W", 4, lambda n, s: ratio(s.cpu_ratio), lambda n, s: s.cpu_ratio, field="cpu_per_wall", base=True),
     Column("IPC", 5, lambda n, s: ratio(_counter_derived(s, "ipc")), lambda n, s: _counter_derived(s, "ipc"),
-           _has_counter("instructions")),
+           _has_counter("instructions"), field="ipc"),
     Column("miss%", 6, lambda n, s: pct(_counter_derived(s, "cache_miss_ratio")),
-           lambda n, s: _counter_derived(s, "cache_miss_ratio"), _has_counter("cache-misses")),
+           lambda n, s: _percent(_counter_derived(s, "cache_miss_ratio")), _has_counter("cache-misses"),
+           field="cache_miss_pct"),
     Column("MPKI", 6, lambda n, s: ratio(_counter_derived(s, "mpki"), 1), lambda n, s: _counter_derived(s, "mpki"),
-           _has_counter("cache-misses")),
+           _has_counter("cache-misses"), field="mpki"),
     Column("brmiss%", 7, lambda n, s: pct(_counter_derived(s, "branch_miss_ratio")),
-           lambda n, s: _counter_derived(s, "branch_miss_ratio"), _has_counter("branch-misses")),
+           lambda n, s: _percent(_counter_derived(s, "branch_miss_ratio")), _has_counter("branch-misses"),
+           field="branch_miss_pct"),
     Column("faults", 7, lambda n, s: "n/a" if s.counter("page-faults") is None else f"{s.counter('page-faults'):.0f}",
-           lambda n, s: s.counter("page-faults"), _has_counter("page-faults")),
+           lambda n, s: s.counter("page-faults"), _has_counter("page-faults"), field="page_faults"),
     Column("ctxsw", 6, lambda n, s: "n/a" if s.counter("context-switches") is None else
            f"{s.counter('context-switches'):.0f}", lambda n, s: s.counter("context-switches"),
-           _has_counter("context-switches")),
+           _has_counter("context-switches"), field="context_switches"),
     Column("GPU ms", 7, lambda n, s: ms((s.gpu or {}).get("total_ns")), lambda n, s: (s.gpu or {}).get("total_ns"),
-           lambda snap: any(s.gpu for s in snap)),
+           lambda snap: any(s.gpu for s in snap), field="gpu_ns"),
     Column("verdict", 14, lambda n, s: (s.verdict or {}).get("verdict", ""), lambda n, s: (s.verdict or {}).get("verdict"),
-           lambda snap: any(s.verdict for s in snap)),
+           lambda snap: any(s.verdict for s in snap), field="verdict"),
 ]
 NAME_MIN = 14          # the stage name column narrows to this before a base column is left out
 DROPPABLE = ("C/W",)  # base columns left out, in this order, when the terminal is too narrow
+UNITS = ("ms: milliseconds of wall time (CPU ms: thread CPU time); %root: percent of the top-level stage's "
+         "total; tail%: percent of the slow calls' excess over a typical call; C/W: CPU time / wall time")
 
 
 def _sort_key(sort: str):
@@ -123,25 +137,36 @@ def ordered(snap: Snapshot, sort: str = "tree", depth: Optional[int] = None) -> 
 
 
 def choose_columns(snap: Snapshot, width: Optional[int], names: Optional[Sequence[str]] = None) -> List[Column]:
+    return _choose(snap, width, names)[0]
+
+
+def _choose(snap: Snapshot, width: Optional[int], names: Optional[Sequence[str]] = None):
+    """The columns that fit `width`, and those with data that did not fit."""
     if names:
         by = {c.header.lower(): c for c in COLUMNS}
+        by.update({c.field: c for c in COLUMNS})
         bad = [n for n in names if n.lower() not in by]
         if bad:
             raise ValueError(f"unknown column {', '.join(bad)}; the columns are: {', '.join(c.header for c in COLUMNS)}")
-        return [by[n.lower()] for n in names]
+        return [by[n.lower()] for n in names], []
     cols = [c for c in COLUMNS if c.base and c.wants(snap)]
     extra = [c for c in COLUMNS if not c.base and c.wants(snap)]
     if width is None:
-        return cols + extra
+        return cols + extra, []
+    dropped = []
     for name in DROPPABLE:
         if NAME_MIN + sum(c.width + 1 for c in cols) > width:
+            dropped += [c for c in cols if c.header == name]
             cols = [c for c in cols if c.header != name]
     used = 16 + sum(c.width + 1 for c in cols)
+    dropped = []
     for c in extra:
         if used + c.width + 1 <= width:
             cols.append(c)
             used += c.width + 1
-    return cols
+        else:
+            dropped.append(c)
+    return cols, dropped
 
 
 def item_names(snap: Snapshot) -> List[str]:
@@ -160,9 +185,9 @@ def item_lines(s: StageStats, indent: str) -> List[str]:
 
 
 def _json_row(snap: Snapshot, s: StageStats) -> Dict[str, Any]:
-    d = dict(s.to_dict(), share_of_root=snap.share_of_root(s))
+    d = dict(s.to_dict(), root_pct=_percent(snap.share_of_root(s)))
     if snap.exemplars:
-        d["share_of_tail"] = tail_share(snap, s)
+        d["tail_pct"] = _percent(tail_share(snap, s))
     for name, it in d.get("items", {}).items():
         it.update(ns_per_item=s.per_item_ns(name), per_second=s.item_rate(name))
     return d
@@ -182,18 +207,18 @@ def render(snap: Snapshot, sort: str = "tree", depth: Optional[int] = None, fold
     if fold:
         snap = snap.fold()
     rows = ordered(snap, sort, depth)
-    if format == "json":
+    if format == "json":   # times in ns (wall_ns, cpu_ns), root_pct and tail_pct in percent
         return json.dumps([_json_row(snap, s) for s in rows], indent=2, allow_nan=False)
     if width is None:
         width = max(80, shutil.get_terminal_size((80, 24)).columns) if format == "table" else None
-    cols = choose_columns(snap, width, columns)
+    cols, dropped = _choose(snap, width, columns)
     if format == "csv":
         buf = io.StringIO()
         w = csv.writer(buf)
         names = item_names(snap)
-        w.writerow(["path"] + [c.header for c in cols] + [h for n in names for h in (n, f"ns/{n}", f"{n}/s")])
+        w.writerow(["path"] + [c.field for c in cols] + [h for n in names for h in (n, f"ns/{n}", f"{n}/s")])
         for s in rows:
-            w.writerow(["/".join(s.path)] + [c.raw(snap, s) for c in cols]
+            w.writerow([path_text(s.path)] + [c.raw(snap, s) for c in cols]
                        + [v for n in names for v in (s.item_total(n), s.per_item_ns(n), s.item_rate(n))])
         return buf.getvalue()
     below = below or item_lines
@@ -202,11 +227,11 @@ def render(snap: Snapshot, sort: str = "tree", depth: Optional[int] = None, fold
                  "| --- | " + " | ".join("---:" for _ in cols) + " |"]
         notes = []
         for s in rows:
-            name = "&nbsp;" * (2 * s.depth) + md(s.name)
+            name = "&nbsp;" * (2 * s.depth) + md(name_display(s.name))
             lines.append(f"| {name} | " + " | ".join(c.value(snap, s) for c in cols) + " |")
             extra = below(s, "    ")
             if extra:
-                notes += ["", f"**{md('/'.join(s.path))}**", "", "```", *extra, "```"]
+                notes += ["", f"**{md(path_text(s.path))}**", "", "```", *extra, "```"]
         return "\n".join(lines + notes)
     name_w = max(10, min(40, (width or 80) - sum(c.width + 1 for c in cols)))
     head = f"{'stage':<{name_w}}" + "".join(f" {c.header:>{c.width}}" for c in cols)
@@ -215,7 +240,7 @@ def render(snap: Snapshot, sort: str = "tree", depth: Optional[int] = None, fold
         lines.append(title)
     lines += [head, "-" * len(head)]
     for s in rows:
-        label = "  " * s.depth + printable(s.name)
+        label = "  " * s.depth + name_display(s.name)
         if len(label) > name_w:
             label = label[: name_w - 1] + "…"
         lines.append(f"{label:<{name_w}}" + "".join(f" {c.value(snap, s):>{c.width}}" for c in cols))
@@ -228,29 +253,37 @@ def render(snap: Snapshot, sort: str = "tree", depth: Optional[int] = None, fold
     if overlapped:
         lines.append(f"{overlapped} calls overlapped other asyncio tasks on their thread with no task-switch hook: "
                      "their CPU time and counters are left out (n/a), never summed")
+    if dropped:
+        lines += textwrap.wrap(f"not shown at {width} columns: {', '.join(c.header for c in dropped)} (a wider "
+                               "terminal, COLUMNS=160, or --format csv/json shows them)", width)
     return "\n".join(lines)
 
 
 # ------------------------------------------------------------------ operators
 def ops_lines(ops: Any, indent: str) -> List[str]:
-    """The torch operators of a stage, as far as the record has them."""
+    """The torch operators of a stage, as far as the record has them; device time
+    only where a device ran (a CPU-only profile has none to show)."""
     if not isinstance(ops, dict):
         return []
+    rows_of = {k: [r for r in (ops.get(k) or []) if isinstance(r, dict)] if isinstance(ops.get(k), list) else []
+               for k in ("by_self_cpu", "by_device")}
+    device = bool(ops.get("device_total_ns")) or any(r.get("device_ns") for rows in rows_of.values() for r in rows)
     out = []
     for key, title in (("by_self_cpu", "ops by self CPU"), ("by_device", "ops by device time")):
-        rows = ops.get(key)
-        if not isinstance(rows, list) or not rows:
+        rows = rows_of[key]
+        if not rows:
             continue
         out.append(f"{indent}{title}:")
         for r in rows[:10]:
-            if not isinstance(r, dict):
-                continue
             name = printable(str(r.get("name", "?")))
             name = name if len(name) <= 40 else name[:39] + "…"
-            out.append(f"{indent}  {name:<40} {r.get('calls', 0):>7} calls  {ms(r.get('self_cpu_ns')):>8} ms CPU"
-                       f"  {ms(r.get('device_ns')):>8} ms device")
-    if ops.get("device_total_ns") is not None:
-        out.append(f"{indent}device total: {ms(ops['device_total_ns'])} ms")
+            line = f"{indent}  {name:<40} {r.get('calls', 0):>7} calls  {ms(r.get('self_cpu_ns')):>8} ms CPU"
+            if device:
+                line += f"  {ms(r.get('device_ns')):>8} ms device"
+            out.append(line)
+    if device:
+        out.append(f"{indent}device total: {ms(ops['device_total_ns'])} ms" if ops.get("device_total_ns") is not None
+                   else f"{indent}device total: n/a")
     return out
 
 
@@ -285,7 +318,7 @@ def render_tail(views: Sequence[TailView], format: str = "table", limit: Optiona
     out: List[str] = []
     for v in views:
         q = _q(v.quantile)
-        root = "/".join(printable(p) for p in v.stage)
+        root = path_text(v.stage)
         head = (f"Tail of {root}: {v.calls:,} calls, p50 {human(v.p50_ns)}, p99 {human(v.p99_ns)}; "
                 f"{v.slow_calls} kept call{'s' if v.slow_calls != 1 else ''} at or above {q} ({human(v.threshold_ns)}), "
                 f"mean {human(v.slow_mean_ns)}")
@@ -293,7 +326,7 @@ def render_tail(views: Sequence[TailView], format: str = "table", limit: Optiona
             head += (f", against a typical call (mean of the middle half of {v.typical_calls} sampled) of "
                      f"{human(v.typical_mean_ns)}: {human(v.total_excess_ns)} more")
         rows = v.excess[:limit] if limit else v.excess
-        cells = [["/".join(printable(p) for p in e.path), ms(e.slow_ns), ms(e.typical_ns),
+        cells = [[path_text(e.path), ms(e.slow_ns), ms(e.typical_ns),
                   ("+" if e.ns > 0 else MINUS if e.ns < 0 else "") + ms(abs(e.ns)), pct(e.share)] for e in rows]
         hdr = ["stage", "slow ms", "typical ms", "excess ms", "share%"]
         if format == "markdown":
@@ -315,12 +348,13 @@ def render_tail(views: Sequence[TailView], format: str = "table", limit: Optiona
 
 
 # ---------------------------------------------------------------------- advice
-def render_advice(advice: Sequence[Dict[str, Any]]) -> str:
-    """instrument.analysis.advice.advise()'s list as text."""
-    lines = ["Where to look next (the stages with the most self time):"]
+def render_advice(advice: Sequence[Dict[str, Any]], about: Optional[str] = None) -> str:
+    """instrument.analysis.advice.advise()'s list as text; `about` names the snapshot it
+    judges (needed wherever two are on screen, as after a diff)."""
+    lines = [f"Where to look next{' in ' + printable(about) if about else ''} (the stages with the most self time):"]
     for i, a in enumerate(advice, 1):
         share = a["saving_upper_bound"]
-        lines.append(f"{i}. {'/'.join(printable(p) for p in a['path'])}: {a['verdict']} — {a['reason']}")
+        lines.append(f"{i}. {path_text(a['path'])}: {a['verdict']} — {a['reason']}")
         lines.append(f"   self {a['self_ns'] / 1e6:.2f} ms"
                      + (f"; removing it would save at most {share:.0%} of end-to-end time" if share is not None else ""))
         lines.append(f"   next: {a['next']}")
@@ -330,7 +364,9 @@ def render_advice(advice: Sequence[Dict[str, Any]]) -> str:
 
 
 # ------------------------------------------------------------------------ diff
-DIFF_HEADERS = ["calls", "total ms", "→", "Δ ms", "Δ%", "mean ms", "→", "Δ%", "p50 Δ%", "p99 ms", "→", "Δ%", "CPU Δ%"]
+DIFF_HEADERS = ["calls", "total ms", "→", "Δ ms", "Δ%", "mean ms", "→", "Δ%", "p50 Δ%", "p99 ms", "→", "Δ%", "CPU Δ%",
+                "change"]
+NOISE = "~"   # marks a change not shown to be beyond noise
 
 
 def percent(c: Change) -> str:
@@ -339,24 +375,54 @@ def percent(c: Change) -> str:
     return signed_percent(c.ratio)
 
 
+def relative(x: Optional[float]) -> str:
+    """A relative change as a signed percentage: 0.1 -> +10.0%; unbounded ends as ∞."""
+    if x is None:
+        return "n/a"
+    if x == float("inf"):
+        return "+∞"
+    return signed_percent(1 + x)
+
+
+def verdict_of(sig: Significance) -> str:
+    """slower, faster, within noise, or untested."""
+    if sig.basis == "none":
+        return "untested"
+    return {1: "slower", -1: "faster"}.get(sig.direction, "within noise")
+
+
+def significance_text(sig: Significance, what: str = "typical call") -> str:
+    """`typical call +11.2% (99% interval +10.4% … +12.0%, 40 turns)`."""
+    if sig.basis == "none":
+        return f"untested ({sig.reason})"
+    lo, hi = sig.interval or (None, None)
+    n = f"{sig.n[0]} turns" if sig.basis == "turns" else f"{sig.n[0]} → {sig.n[1]} {sig.basis}"
+    return f"{what} {relative(sig.estimate)} ({sig.level:.0%} interval {relative(lo)} … {relative(hi)}, {n})"
+
+
 def headline(d: Diff) -> str:
-    """One line on the top-level stage: `request: 25.0 ms → 18.1 ms (−27.6%)`."""
+    """One line on the top-level stage: `request: 25.0 ms → 18.1 ms (−27.6%), beyond noise: typical
+    call −27.2% (99% interval …)`, or `…, within noise: …`."""
     top = d.row(d.stage) if d.stage else None
     if top is None:
         return "no stages on either side"
-    name = printable(top.name)
+    name = name_display(top.name)
     tot = top.metrics["total"]
     if top.status != "both":
         side = tot.before if top.status == "only before" else tot.after
         return f"{name}: {top.status} ({human(side)} total)"
     mean, calls = top.metrics["mean"], top.metrics["calls"]
     if d.basis != "mean":
-        return f"{name}: total {human(tot.before)} → {human(tot.after)} ({percent(tot)})"
-    text = f"{name}: {human(mean.before)} → {human(mean.after)} ({percent(mean)})"
-    if calls.before != calls.after:
-        text += (f" per call; total {human(tot.before)} → {human(tot.after)} ({percent(tot)}) over "
-                 f"{calls.before:.0f} → {calls.after:.0f} calls")
-    return text
+        text = f"{name}: total {human(tot.before)} → {human(tot.after)} ({percent(tot)})"
+    else:
+        text = f"{name}: {human(mean.before)} → {human(mean.after)} ({percent(mean)})"
+        if calls.before != calls.after:
+            text += (f" per call; total {human(tot.before)} → {human(tot.after)} ({percent(tot)}) over "
+                     f"{calls.before:.0f} → {calls.after:.0f} calls")
+    sig = top.significance
+    if sig.basis == "none":
+        return text + f"; untested: {sig.reason}"
+    return text + f"; {'beyond noise' if sig.significant else 'within noise'}: {significance_text(sig)}"
 
 
 def _ms_or_dash(x: Optional[float]) -> str:
@@ -373,27 +439,63 @@ def _signed_ms(x: Optional[float]) -> str:
     return "0" if x == 0 else ("+" if x > 0 else MINUS) + ms(abs(x))
 
 
+def _marked(text: str, sig: Significance) -> str:
+    return text if sig.significant or text in ("n/a", "new", "-") else NOISE + text
+
+
 def _diff_cells(r: DiffRow) -> List[str]:
     m = r.metrics
     calls = m["calls"]
+    t, c = r.significance, r.cpu_significance
     return [f"{_int_or_dash(calls.before)}→{_int_or_dash(calls.after)}",
             _ms_or_dash(m["total"].before), _ms_or_dash(m["total"].after), _signed_ms(m["total"].delta),
-            percent(m["total"]), _ms_or_dash(m["mean"].before), _ms_or_dash(m["mean"].after), percent(m["mean"]),
-            percent(m["p50"]), _ms_or_dash(m["p99"].before), _ms_or_dash(m["p99"].after), percent(m["p99"]),
-            percent(m["cpu"])]
+            _marked(percent(m["total"]), t) if calls.before == calls.after else percent(m["total"]),
+            _ms_or_dash(m["mean"].before), _ms_or_dash(m["mean"].after),
+            _marked(percent(m["mean"]), t), _marked(percent(m["p50"]), t), _ms_or_dash(m["p99"].before),
+            _ms_or_dash(m["p99"].after), _marked(percent(m["p99"]), t), _marked(percent(m["cpu"]), c),
+            "-" if r.status != "both" else {"within noise": NOISE + "noise"}.get(verdict_of(t), verdict_of(t))]
 
 
 def _diff_label(r: DiffRow) -> str:
-    return "/".join(printable(p) for p in r.path) + ("" if r.status == "both" else f" ({r.status})")
+    return path_text(r.path) + ("" if r.status == "both" else f" ({r.status})")
 
 
 def _counter_lines(r: DiffRow) -> List[str]:
-    lines = [f"{n}: {count(c.before)} → {count(c.after)} ({percent(c)})" for n, c in r.counters.items()
-             if c.before or c.after]   # counters that stayed 0 or were never counted say nothing
+    lines = []
+    for n, c in r.counters.items():
+        if not (c.before or c.after):   # counters that stayed 0 or were never counted say nothing
+            continue
+        t = r.counter_significance.get(n)
+        line = f"{n}: {count(c.before)} → {count(c.after)} ({percent(c)}"
+        if t is None or t.basis == "none":
+            lines.append(NOISE + line + ", untested: one window)")
+        elif t.significant:
+            lines.append(line + f"; per call {relative(t.estimate)}, {t.level:.0%} interval {relative(t.interval[0])}"
+                         f" … {relative(t.interval[1])})")
+        else:
+            lines.append(NOISE + line + ", within noise)")
+    if r.status == "both" and r.significance.significant:
+        lines.insert(0, f"{verdict_of(r.significance)}: {significance_text(r.significance)}")
     if any(r.verdict):
         b, a = (v or "-" for v in r.verdict)
         lines.insert(0, f"verdict: {b}" + ("" if a == b else f" → {a}"))
     return lines
+
+
+def legend(d: Diff) -> List[str]:
+    return [f"{NOISE} not shown beyond noise: the {1 - d.alpha:.0%} interval of the change includes no change or "
+            f"reaches within ±{d.min_change:.0%}, the smallest change claimed",
+            "tests: turns (windows taken in turns, paired), windows, or calls (rank test, one window a side); "
+            f"CPU time and counters only with {MIN_WINDOWS}+ windows a side (merged snapshots)"]
+
+
+CSV_TESTS = ["significant", "basis", "estimate_pct", "interval_low_pct", "interval_high_pct", "p"]
+
+
+def _test_cells(sig: Significance) -> List[Any]:
+    lo, hi = sig.interval_list() or (None, None)
+    pct_ = (lambda x: None if x is None else 100 * x)
+    return [sig.significant if sig.basis != "none" else None, sig.basis, pct_(sig.estimate), pct_(lo), pct_(hi), sig.p]
 
 
 def render_diff(d: Diff, format: str = "table", limit: Optional[int] = None) -> str:
@@ -408,20 +510,26 @@ def render_diff(d: Diff, format: str = "table", limit: Optional[int] = None) -> 
         buf = io.StringIO()
         w = csv.writer(buf)
         names = list(dict.fromkeys(n for r in rows for n in r.counters))
-        w.writerow(["path", "status"] + [f"{m}_{k}" for m in METRICS for k in ("before", "after", "delta", "ratio")]
-                   + [f"counter:{n}_{k}" for n in names for k in ("before", "after")])
+
+        def head(m: str, k: str) -> str:
+            return f"{m}_{k}" if m == "calls" or k == "ratio" else f"{m}_{k}_ns"
+        w.writerow(["path", "status"] + [head(m, k) for m in METRICS for k in ("before", "after", "delta", "ratio")]
+                   + CSV_TESTS + [f"counter:{n}_{k}" for n in names for k in ("before", "after")])
         for r in rows:
             vals = [v for m in METRICS for v in r.metrics[m].to_dict().values()]
             cs = [v for n in names for v in ((r.counters[n].before, r.counters[n].after) if n in r.counters
                                             else (None, None))]
-            w.writerow(["/".join(r.path), r.status] + ["" if v is None else v for v in vals + cs])
+            w.writerow([path_text(r.path), r.status] + ["" if v is None else v for v in vals]
+                       + ["" if v is None else v for v in _test_cells(r.significance)]
+                       + ["" if v is None else v for v in cs])
         return buf.getvalue()
     if format == "markdown":
         out = [f"**{md(headline(d))}**", "", "| stage | " + " | ".join(DIFF_HEADERS) + " |",
                "| --- | " + " | ".join("---:" for _ in DIFF_HEADERS) + " |"]
         for r in rows:
             extra = "<br>" + "<br>".join(md(x) for x in _counter_lines(r)) if _counter_lines(r) else ""
-            out.append(f"| {md(_diff_label(r))}{extra} | " + " | ".join(_diff_cells(r)) + " |")
+            out.append(f"| {md(_diff_label(r))}{extra} | " + " | ".join(md(c) for c in _diff_cells(r)) + " |")
+        out += ["", "<br>".join(md(x) for x in legend(d))]
         return "\n".join(out)
     table = [[_diff_label(r)] + _diff_cells(r) for r in rows]
     head = ["stage"] + DIFF_HEADERS
@@ -437,4 +545,6 @@ def render_diff(d: Diff, format: str = "table", limit: Optional[int] = None) -> 
         out += ["    " + x for x in _counter_lines(r)]
     if not rows:
         out.append("(no stages on either side)")
+    else:
+        out += ["", *legend(d)]
     return "\n".join(out)

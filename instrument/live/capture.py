@@ -9,10 +9,9 @@ import functools
 import inspect
 import sys
 import threading
-import warnings
 from typing import Callable, Dict, Optional
 
-from . import collector, nvtx
+from . import callsite, collector, nvtx
 
 __all__ = ["Capture", "capture", "capture_every", "close_all"]
 
@@ -151,7 +150,7 @@ class Capture:
         except Exception as e:  # never raise into the serving loop; say it once
             if not self._warned:
                 self._warned = True
-                warnings.warn(f"instrument: NVTX capture {self.name!r}: {e!r}", RuntimeWarning, stacklevel=5)
+                callsite.warn(f"instrument: NVTX capture {self.name!r}: {e!r}")
             return False
 
     def __repr__(self):

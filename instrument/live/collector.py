@@ -19,7 +19,7 @@ from .. import counters
 from .._version import __version__
 from ..snapshot import Snapshot, StageStats
 from . import backend as _backend
-from . import integrations, nvtx, perf, tasks, torchwatch
+from . import callsite, integrations, nvtx, perf, tasks, torchwatch
 
 backend = _backend.current   # the hot path reads this global; _on_backend_switch keeps it current
 
@@ -67,7 +67,7 @@ def _apply(cfg: _config.Config, explicit_counters: bool = False) -> None:
     try:
         torchwatch.on_configure(cfg)
     except Exception as e:  # an integration must never stop the configuration
-        warnings.warn(f"instrument: torch integration: {e}", RuntimeWarning, stacklevel=3)
+        callsite.warn(f"instrument: torch integration: {e}")
 
 
 def use_backend(module) -> None:
@@ -126,9 +126,9 @@ def _apply_counters(names: tuple, explicit: bool = False) -> None:
             key = tuple(sorted(bad))
             if key not in _warned_counters:
                 _warned_counters.add(key)
-                warnings.warn(f"instrument: perf counters unavailable: {', '.join(bad)} ({first['reason']}"
+                callsite.warn(f"instrument: perf counters unavailable: {', '.join(bad)} ({first['reason']}"
                               f"{'; fix: ' + first['fix'] if first.get('fix') else ''}); stages are timed without "
-                              "them (instrument doctor tells more)", RuntimeWarning, stacklevel=4)
+                              "them (instrument doctor tells more)")
 
 
 _warned_counters: set = set()
@@ -309,7 +309,7 @@ def snapshot(finish: bool = True) -> Snapshot:
         try:
             integ.before_snapshot()
         except Exception as e:
-            warnings.warn(f"instrument: {integ.name}: {e}", RuntimeWarning, stacklevel=2)
+            callsite.warn(f"instrument: {integ.name}: {e}")
     raw = backend.collect()
     paths: Dict[int, tuple] = {}
     for nid, parent, name, _other in raw["nodes"]:
@@ -321,7 +321,7 @@ def snapshot(finish: bool = True) -> Snapshot:
             for path, fields in integ.stage_fields().items():
                 extra.setdefault(tuple(path), {}).update(fields)
         except Exception as e:
-            warnings.warn(f"instrument: {integ.name}: {e}", RuntimeWarning, stacklevel=2)
+            callsite.warn(f"instrument: {integ.name}: {e}")
     stages = []
     outside: Dict[str, Dict[str, Any]] = {}
     for s in raw["stats"]:

@@ -12,11 +12,11 @@ import random
 import sys
 import threading
 import time
-import warnings
 import weakref
 from typing import Any, Dict, List, Optional
 
 from .. import histogram as _hist
+from . import callsite
 
 MAX_NAME_LEN = 1024
 HIST_SUB_BITS = _hist.SUB_BITS
@@ -77,10 +77,7 @@ def _warn_once(key: str, msg: str) -> None:
     if key in _warned:
         return
     _warned.add(key)
-    try:
-        warnings.warn(msg, RuntimeWarning, stacklevel=3)
-    except Exception:
-        pass
+    callsite.warn(msg)
 
 
 def _internal_failure(what: str) -> None:

@@ -27,11 +27,10 @@ from __future__ import annotations
 
 import sys
 import threading
-import warnings
 from typing import Any, Dict, Iterable, Optional, Tuple
 
 from ..snapshot import OP_FIELDS, ranked_ops
-from . import backend, hooks
+from . import backend, callsite, hooks
 from .integrations import Integration
 
 _lock = threading.RLock()
@@ -158,7 +157,7 @@ def profile(schedule=None, record_shapes: bool = False, activities=None, **kwarg
         try:
             fold(prof, seen)
         except Exception as e:   # attribution must never break the user's profiling
-            warnings.warn(f"instrument: could not attribute profiler events to stages: {e}", RuntimeWarning)
+            callsite.warn(f"instrument: could not attribute profiler events to stages: {e}")
         if user_ready is not None:
             user_ready(prof)
     return torch.profiler.profile(activities=activities, schedule=schedule, record_shapes=record_shapes,
@@ -303,7 +302,7 @@ def status() -> Dict[str, Any]:
 def _warn_once(key: str, msg: str) -> None:
     if key not in _warned:
         _warned.add(key)
-        warnings.warn(msg, RuntimeWarning, stacklevel=3)
+        callsite.warn(msg)
 
 
 class _TorchProfiler(Integration):

@@ -12,9 +12,8 @@ does not remove it.  With both `torch` and `gpu` options off nothing is installe
 from __future__ import annotations
 
 import sys
-import warnings
 
-from . import gpu, hooks, integrations, torch_profiler
+from . import callsite, gpu, hooks, integrations, torch_profiler
 
 _ready = False
 _cfg = None   # the configuration in force, as the collector last applied it
@@ -99,7 +98,7 @@ class _Loader:
             if _cfg is not None:
                 _on_torch(_cfg)
         except Exception as e:   # never fail the user's import of torch
-            warnings.warn(f"instrument: torch integration not installed: {e}", RuntimeWarning, stacklevel=2)
+            callsite.warn(f"instrument: torch integration not installed: {e}")
 
 
 class _Watcher:

@@ -25,14 +25,14 @@ def pair(after_calls=100, after_ms=18.1):
 
 def test_headline_from_mean_per_call_of_the_top_stage():
     d = D.diff(*pair())
-    assert table.headline(d) == "request: 25.0 ms → 18.1 ms (−27.6%)"
+    assert table.headline(d).startswith("request: 25.0 ms → 18.1 ms (−27.6%); beyond noise: typical call −27.")
     assert d.stage == ("request",) and d.change == pytest.approx(-0.276)
 
 
 def test_headline_adds_totals_when_calls_differ():
     d = D.diff(*pair(after_calls=50))
-    assert table.headline(d) == ("request: 25.0 ms → 18.1 ms (−27.6%) per call; total 2.50 s → 905 ms (−63.8%) "
-                          "over 100 → 50 calls")
+    assert table.headline(d).startswith("request: 25.0 ms → 18.1 ms (−27.6%) per call; total 2.50 s → 905 ms "
+                                        "(−63.8%) over 100 → 50 calls; beyond noise")
 
 
 def test_rows_union_sorted_by_absolute_change_with_one_sided_stages():
@@ -62,12 +62,12 @@ def test_render_formats():
     req = next(l for l in t.splitlines() if l.startswith("request "))
     assert "2500.0" in req and "1810.0" in req and "−27.6%" in req
     assert "request/legacy (only before)" in t and "request/cache (only after)" in t
-    assert "instructions: 1,000,000 → 800,000 (−20.0%)" in t
+    assert "~instructions: 1,000,000 → 800,000 (−20.0%, untested: one window)" in t
     rows = list(csv.DictReader(io.StringIO(table.render_diff(d, "csv"))))
     r = next(x for x in rows if x["path"] == "request/model")
-    assert float(r["total_before"]) == 2000 * MS and float(r["total_after"]) == 1400 * MS
+    assert float(r["total_before_ns"]) == 2000 * MS and float(r["total_after_ns"]) == 1400 * MS
     j = json.loads(table.render_diff(d, "json"))
-    assert j["headline"] == table.headline(d) and j["rows"][0]["total"]["delta"] == -690 * MS
+    assert j["headline"] == table.headline(d) and j["rows"][0]["total_ns"]["delta"] == -690 * MS
     assert table.render_diff(d, "markdown").startswith("**request: 25.0 ms")
     with pytest.raises(ValueError):
         table.render_diff(d, "xml")

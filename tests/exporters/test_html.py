@@ -83,7 +83,7 @@ def test_page_in_headless_chromium(chromium, tmp_path):
     assert {"request", "request/model", "request/model/encoder", "batch", "batch/collate"} <= \
         {htmllib.unescape(c) for c in cells}
     text = htmllib.unescape(re.sub(r"<[^>]+>", " ", dom.split('<table id="table">', 1)[1]))
-    for name in ("tokenize", "encoder", "collate", "<script>alert(1)</script>", EVIL[2]):
+    for name in ("tokenize", "encoder", "collate", "<script>alert(1)<\\/script>", EVIL[2]):   # '/' in a name escaped
         assert name in text
     assert "<script>alert(1)</script>" not in dom.split('<script type="application/json"')[0]   # escaped as text
     shot = tmp_path / "report.png"
@@ -107,9 +107,36 @@ def test_diff_page_in_headless_chromium(chromium, tmp_path):
     assert "only before" in dom and "only after" in dom
 
 
+def test_diff_page_marks_noise(chromium, tmp_path):
+    import numpy as np
+    rng = np.random.default_rng(5)
+    same = [int(v) for v in rng.normal(10 * MS, 1 * MS, 400)]
+    again = [int(v) for v in rng.normal(10 * MS, 1 * MS, 400)]
+    before = snap(st("request", 0, 0, values=same), st("request/model", 0, 0, values=same),
+                  st("request/io", 0, 0, values=same))
+    after = snap(st("request", 0, 0, values=again), st("request/model", 0, 0, values=again),
+                 st("request/io", 0, 0, values=[2 * v for v in again]))
+    page = tmp_path / "noise.html"
+    page.write_text(html.render(after, before=before))
+    dom = htmllib.unescape(browse(chromium, page, tmp_path, "dom"))
+    head = re.search(r'<div id="headline" class="headline (\w+)" data-significant="(\w+)">([^<]*)<', dom)
+    assert head.group(1, 2) == ("noise", "false") and "within noise" in head.group(3)
+    rows = {}
+    for tr in re.findall(r"<tr>(.*?)</tr>", dom.split("<tbody>", 1)[1], re.S):
+        name = re.search(r'title="([^"]*)"', tr).group(1)
+        rows[name] = re.findall(r"<td[^>]*>([^<]*)</td>", tr)
+    head_cells = re.findall(r"<th[^>]*>([^<]*)</th>", dom)[1:]
+    col = {h: k for k, h in enumerate(head_cells)}
+    assert rows["request/io"][col["beyond noise?"]] == "slower"
+    assert rows["request/model"][col["beyond noise?"]] == "~ within noise"
+    assert rows["request/model"][col["\u0394 mean"]].startswith("~")
+    assert not rows["request/io"][col["\u0394 mean"]].startswith("~")
+    assert "within noise" in dom.split('id="legend"', 1)[1]
+
+
 def test_tail_card_and_items_in_headless_chromium(chromium, tmp_path):
     """The tail view, the tail% column and per-item cost, as the browser renders them; names stay text."""
-    from instrument.snapshot import Snapshot
+    from instrument.snapshot import Snapshot, path_text
     evil = EVIL[0]
     base = snap(st("request", 0, 0, values=[2 * MS] * 99 + [12 * MS]), st(("request", evil), 100, MS // 5),
                 st("request/forward", 100, 9 * MS // 5))
@@ -128,7 +155,7 @@ def test_tail_card_and_items_in_headless_chromium(chromium, tmp_path):
     assert 'data-rendered="1"' in dom and 'id="tail-card" hidden' not in dom
     assert re.search(r"<title>([^<]*)</title>", dom).group(1) == "instrument: stage breakdown"
     tails = htmllib.unescape(re.sub(r"<[^>]+>", " ", dom.split('id="tails"', 1)[1].split("</section>", 1)[0]))
-    assert f"request/{evil}" in tails and "+9.80" in tails and "98.0%" in tails
+    assert path_text(("request", evil)) in tails and "+9.80" in tails and "98.0%" in tails   # the / escaped
     assert "10.0 ms more" in tails
     stages_text = htmllib.unescape(re.sub(r"<[^>]+>", " ", dom.split('<table id="table">', 1)[1]))
     assert "tail %" in stages_text and "5.00 µs/token · 200k tokens/s" in stages_text

@@ -148,7 +148,7 @@ import re  # noqa: E402
 import shutil  # noqa: E402
 import urllib.error  # noqa: E402
 
-from instrument.snapshot import StageStats  # noqa: E402
+from instrument.snapshot import StageStats, path_text  # noqa: E402
 
 PROMTOOL = shutil.which("promtool")
 needs_promtool = pytest.mark.skipif(PROMTOOL is None, reason="promtool is not installed (Debian: apt-get install "
@@ -205,7 +205,7 @@ def test_label_values_are_escaped_and_read_back_exactly():
     names = {s.labels["stage"] for s in h.samples}
     assert set(WEIRD) <= names
     for w in WEIRD:
-        assert samples(h, "_count", f"request/{w}")[0].value == 1
+        assert samples(h, "_count", path_text(("request", w)))[0].value == 1
     assert '\\"' in text and "\\\\" in text and "\\n" in text and "\n\t" not in text
 
 

@@ -15,6 +15,7 @@ from prometheus_client.openmetrics.parser import text_string_to_metric_families 
 
 import instrument  # noqa: E402
 from instrument.exporters import prometheus as P  # noqa: E402
+from instrument.snapshot import path_text  # noqa: E402
 from snapfactory import cli  # noqa: E402
 
 PROMETHEUS = shutil.which("prometheus")
@@ -35,7 +36,7 @@ def workload():
 
 def _top_stage(e):
     """The stage that took most of a kept call (request/pre unless the machine stalled another one longer)."""
-    return "/".join(max(e["breakdown"], key=lambda b: b["wall_ns"])["path"])
+    return path_text(max(e["breakdown"], key=lambda b: b["wall_ns"])["path"])
 
 
 def test_openmetrics_exemplars_and_item_counters(backend, tmp_path):

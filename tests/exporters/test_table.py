@@ -27,6 +27,41 @@ def test_report_fits_80_columns_and_shows_tree(backend):
         table.render(instrument.snapshot(), sort="bogus")
 
 
+# ------------------------------------------------------------ what the width drops
+def test_footer_names_the_columns_the_width_dropped(backend):
+    instrument.configure(counters="page-faults,context-switches")
+    with instrument.stage("request"):
+        bytearray(1 << 20)
+    snap = instrument.snapshot()
+    assert snap["request"].counter("page-faults") is not None and snap["request"].verdict
+    narrow = table.render(snap, width=80).splitlines()
+    assert all(len(l) <= 80 for l in narrow)
+    foot = " ".join(narrow[narrow.index(next(l for l in narrow if l.startswith("not shown"))):])
+    assert foot.startswith("not shown at 80 columns: faults, ctxsw, verdict")
+    wide = table.render(snap, width=200)
+    assert "not shown" not in wide and all(h in wide.splitlines()[0] for h in ("faults", "ctxsw", "verdict"))
+
+
+def test_operator_lines_show_device_time_only_where_a_device_ran():
+    cpu_only = {"by_self_cpu": [{"name": "aten::addmm", "calls": 3, "self_cpu_ns": 9 * 10**6, "device_ns": 0}],
+                "by_device": [], "device_total_ns": 0}
+    lines = table.ops_lines(cpu_only, "  ")
+    assert lines[1].split()[:2] == ["aten::addmm", "3"] and not any("device" in l for l in lines)
+    gpu = dict(cpu_only, by_device=[dict(cpu_only["by_self_cpu"][0], device_ns=4 * 10**6)], device_total_ns=4 * 10**6)
+    lines = table.ops_lines(gpu, "  ")
+    assert lines[-1] == "  device total: 4.00 ms" and "4.00 ms device" in lines[-2]
+
+
+def test_advice_names_the_snapshot_it_judges(tmp_path, capsys):
+    from instrument import cli
+    from snapfactory import snap, st
+    snap(st("request", 10, 10**6)).save(tmp_path / "after.json")
+    assert cli.main(["report", str(tmp_path / "after.json")]) == 0
+    assert f"Where to look next in {tmp_path / 'after.json'} (the stages" in capsys.readouterr().out
+    assert cli.main(["advise", str(tmp_path / "after.json")]) == 0
+    assert capsys.readouterr().out.startswith(f"Where to look next in {tmp_path / 'after.json'}")
+
+
 # ------------------------------------------------------------- items and tail
 def _tail_snapshot():
     from instrument.snapshot import Snapshot
@@ -66,7 +101,7 @@ def test_tail_column_and_item_lines():
     assert float(fwd[-2]) == 5000.0 and float(fwd[-1]) == 200_000.0
     js = {tuple(r["path"]): r for r in __import__("json").loads(table.render(s, format="json"))}
     assert js[("request", "forward")]["items"]["tokens"]["ns_per_item"] == 5000.0
-    assert js[("request", "pre")]["share_of_tail"] == pytest.approx(0.98)
+    assert js[("request", "pre")]["tail_pct"] == pytest.approx(98.0)   # percent, as root_pct
     md = table.render(s, format="markdown")
     assert "| tail% |" in md.splitlines()[0] and "5.00 µs/token" in md
 

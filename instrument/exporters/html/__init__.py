@@ -20,9 +20,10 @@ from typing import Any, Dict, Optional
 
 from ...analysis.diff import diff
 from ...analysis.tail import tail
+from ...analysis.verdict import with_verdicts
 from ...snapshot import Snapshot, StageStats
 from ..format import unit
-from ..table import headline, tail_share
+from ..table import headline, legend, tail_share
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
 
@@ -41,12 +42,24 @@ def embed_json(data: Any) -> str:
 
 
 def _stage(snap: Snapshot, s: StageStats) -> Dict[str, Any]:
+    v = s.verdict or {}
     return {"path": list(s.path), "calls": s.calls, "errors": s.errors, "total": s.wall_total, "self": s.wall_self,
             "mean": s.wall_mean, "p50": s.quantile(0.5), "p99": s.quantile(0.99), "cpu": s.cpu_total,
             "ratio": s.cpu_ratio, "root": snap.share_of_root(s), "parent": snap.share_of_parent(s),
             "gpu": (s.gpu or {}).get("total_ns"), "tail": tail_share(snap, s) if snap.exemplars else None,
             "items": [{"name": n, "unit": unit(n), "total": it["total"], "calls": it["calls"],
-                       "per_ns": s.per_item_ns(n), "rate": s.item_rate(n)} for n, it in s.items.items()]}
+                       "per_ns": s.per_item_ns(n), "rate": s.item_rate(n)} for n, it in s.items.items()],
+            "counters": {k: c.get("total") for k, c in s.counters.items() if c.get("total") is not None},
+            "verdict": v.get("verdict"), "reason": v.get("reason")}
+
+
+def _comparison(d) -> Dict[str, Any]:
+    """What the page needs of a diff: per path, whether its change is beyond noise."""
+    def test(sig) -> Dict[str, Any]:
+        return {"significant": sig.significant, "direction": sig.direction, "basis": sig.basis,
+                "estimate": sig.estimate, "interval": sig.interval_list(), "level": sig.level, "reason": sig.reason}
+    return {"headline": headline(d), "test": test(d.significance), "legend": legend(d),
+            "rows": [dict(test(r.significance), path=list(r.path)) for r in d.rows if r.status == "both"]}
 
 
 def _side(snap: Snapshot, label: str) -> Dict[str, Any]:
@@ -62,15 +75,20 @@ def _side(snap: Snapshot, label: str) -> Dict[str, Any]:
             "tails": [v.to_dict() for v in tail(snap)]}
 
 
-def render(snap: Snapshot, before: Optional[Snapshot] = None, title: Optional[str] = None) -> str:
-    """The report as one HTML document; with `before`, `snap` is compared against it."""
+def render(snap: Snapshot, before: Optional[Snapshot] = None, title: Optional[str] = None,
+           alpha: Optional[float] = None, min_change: Optional[float] = None) -> str:
+    """The report as one HTML document; with `before`, `snap` is compared against it
+    (each change tested against noise at `alpha`, `min_change`: see analysis.diff)."""
     if title is None:
         title = "instrument: before / after" if before is not None else "instrument: stage breakdown"
+    snap = with_verdicts(snap)
+    before = with_verdicts(before) if before is not None else None
     data: Dict[str, Any] = {"after": _side(snap, "after" if before is not None else "snapshot"),
                             "generated": time.strftime("%Y-%m-%d %H:%M:%S")}
     if before is not None:
         data["before"] = _side(before, "before")
-        data["headline"] = headline(diff(before, snap))
+        opts = {k: v for k, v in (("alpha", alpha), ("min_change", min_change)) if v is not None}
+        data["diff"] = _comparison(diff(before, snap, **opts))
     return (_asset("report.html").replace("%%TITLE%%", html.escape(title))
             .replace("%%CSS%%", _asset("report.css")).replace("%%JS%%", _asset("report.js"))
             .replace("%%DATA%%", embed_json(data)))

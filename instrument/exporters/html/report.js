@@ -6,6 +6,10 @@
   function el(tag, cls, text) { var e = document.createElement(tag); if (cls) e.className = cls;
     if (text !== undefined && text !== null) e.textContent = String(text); return e; }
   function key(p) { return JSON.stringify(p); }
+  // a name as in a path: "\\" and "/" inside it escaped, so a stage "a/b" never reads like b under a
+  function nameText(n) { return n.replace(/\\/g, "\\\\").replace(/\//g, "\\/"); }
+  function pathText(p) { return p.map(nameText).join("/"); }
+  function count(x) { return x === null || x === undefined ? "n/a" : Math.round(x).toLocaleString("en-US"); }
   function ms(ns) { if (ns === null || ns === undefined) return "n/a"; var v = ns / 1e6;
     return v >= 10000 ? v.toFixed(0) : v >= 100 ? v.toFixed(1) : v >= 1 ? v.toFixed(2) : v >= 0.01 ? v.toFixed(3) : v.toFixed(4); }
   function human(ns) { if (ns === null || ns === undefined) return "n/a";
@@ -24,6 +28,9 @@
 
   function index(side) { var m = {}; side.stages.forEach(function (s) { m[key(s.path)] = s; }); return m; }
   var AI = index(A), BI = B ? index(B) : {};
+  var DIFF = D.diff || null, TEST = {};   // per path: is the change of the typical call beyond noise?
+  if (DIFF) DIFF.rows.forEach(function (r) { TEST[key(r.path)] = r; });
+  function noisy(s) { var t = TEST[key(s.path)]; return !t || !t.significant; }
 
   function tree(side) {
     var nodes = {}, roots = [];
@@ -38,10 +45,11 @@
   // ----- header
   (function header() {
     var h = document.getElementById("headline");
-    if (D.headline) {
-      h.textContent = D.headline;
-      var m = D.headline.match(/\(([+\u2212\u00b1])/);
-      if (m) h.className = "headline " + (m[1] === "+" ? "slower" : m[1] === "\u2212" ? "faster" : "");
+    if (DIFF) {
+      h.textContent = DIFF.headline;
+      var dir = DIFF.test.direction;
+      h.className = "headline " + (dir > 0 ? "slower" : dir < 0 ? "faster" : "noise");
+      h.setAttribute("data-significant", DIFF.test.significant ? "true" : "false");
     } else h.remove();
     var chips = document.getElementById("summary");
     function chip(label, value) { var c = el("span", "chip"); c.appendChild(document.createTextNode(label + " "));
@@ -70,7 +78,7 @@
   var tip = document.getElementById("tooltip");
   function showTip(ev, s, side) {
     while (tip.firstChild) tip.removeChild(tip.firstChild);
-    tip.appendChild(el("div", "t", s.path.join(" / ")));
+    tip.appendChild(el("div", "t", pathText(s.path)));
     var t = el("table"), other = B ? (side === A ? BI : AI)[key(s.path)] : null;
     var rows = [["calls", s.calls + (s.errors ? " (" + s.errors + " errors)" : "")], ["total", human(s.total)], ["self", human(s.self)],
       ["mean", human(s.mean)], ["p50", human(s.p50)], ["p99", human(s.p99)],
@@ -81,11 +89,15 @@
     (s.items || []).forEach(function (it) {
       rows.push([it.name, count(it.total) + " in " + count(it.calls) + " adds" + (it.per_ns === null ? "" :
         " \u00b7 " + human(it.per_ns) + "/" + it.unit + " \u00b7 " + si(it.rate) + " " + it.name + "/s")]); });
+    if (s.verdict) rows.push(["verdict", s.verdict + (s.reason ? " \u2014 " + s.reason : "")]);
+    Object.keys(s.counters || {}).forEach(function (c) { rows.push([c, count(s.counters[c])]); });
     if (B) {
       var b = side === A ? other : s, a = side === A ? s : other;
       rows.push(["before \u2192 after", b && a ? human(b.mean) + " \u2192 " + human(a.mean) + " per call (" + signed(change(b.mean, a.mean)) + ")"
         : (b ? "only before" : "only after")]);
       if (b && a) rows.push(["total", human(b.total) + " \u2192 " + human(a.total) + " (" + signed(change(b.total, a.total)) + ")"]);
+      var t = TEST[key(s.path)];
+      if (t) rows.push([t.significant ? "beyond noise" : "within noise", t.reason]);
     }
     rows.forEach(function (r) { var tr = el("tr"); tr.appendChild(el("td", null, r[0])); tr.appendChild(el("td", null, r[1])); t.appendChild(tr); });
     tip.appendChild(t);
@@ -114,8 +126,8 @@
       var c = el("div", "cell" + (isParent ? " zoom-parent" : ""));
       c.style.left = x + "px"; c.style.width = Math.max(w - 1, 1) + "px"; c.style.top = (depth * ROW) + "px";
       c.style.background = colourOf(s);
-      c.setAttribute("data-path", s.path.join("/"));
-      if (w > 34) c.textContent = s.path[s.path.length - 1] + (w > 120 ? "  " + ms(s.total) + " ms" : "");
+      c.setAttribute("data-path", pathText(s.path));
+      if (w > 34) c.textContent = nameText(s.path[s.path.length - 1]) + (w > 120 ? "  " + ms(s.total) + " ms" : "");
       c.addEventListener("mousemove", function (ev) { showTip(ev, s, side); });
       c.addEventListener("mouseleave", hideTip);
       c.addEventListener("click", function () {   // zoom in; the zoomed bar or an ancestor bar zooms back out
@@ -136,8 +148,8 @@
     box.style.height = ((maxDepth + 1) * ROW + 2) + "px";
     if (!side.stages.length) { box.appendChild(el("div", "hint", "no stages recorded")); box.style.height = "40px"; }
   }
-  function colourAfter(s) { return B ? diffColour(BI[key(s.path)] ? change(BI[key(s.path)].mean, s.mean) : null) : shade(rootColour(s.path[0]), s.path.length - 1); }
-  function colourBefore(s) { return diffColour(AI[key(s.path)] ? change(s.mean, AI[key(s.path)].mean) : null); }
+  function colourAfter(s) { return B ? diffColour(BI[key(s.path)] ? (noisy(s) ? 0 : change(BI[key(s.path)].mean, s.mean)) : null) : shade(rootColour(s.path[0]), s.path.length - 1); }
+  function colourBefore(s) { return diffColour(AI[key(s.path)] ? (noisy(s) ? 0 : change(s.mean, AI[key(s.path)].mean)) : null); }
   function redraw() {
     var scale = B ? Math.max(A.total, B.total) : A.total;
     draw(document.getElementById("icicle"), A, scale, colourAfter);
@@ -146,34 +158,43 @@
   if (B) {
     document.getElementById("chart-title").textContent = "After, coloured by change of mean per call";
     var lg = document.getElementById("legend");
-    [["faster", diffColour(-0.5)], ["slower", diffColour(0.5)], ["about the same", diffColour(0)], ["on one side only", diffColour(null)]].forEach(function (x) {
+    [["faster", diffColour(-0.5)], ["slower", diffColour(0.5)], ["within noise", diffColour(0)], ["on one side only", diffColour(null)]].forEach(function (x) {
       var s = el("span"); var sw = el("span", "sw"); sw.style.background = x[1]; s.appendChild(sw); s.appendChild(document.createTextNode(x[0])); lg.appendChild(s); });
+    if (DIFF) DIFF.legend.forEach(function (line) { lg.appendChild(el("div", "hint", line)); });
   }
   redraw();
   window.addEventListener("resize", redraw);
 
   // ----- table
+  var counterNames = [];
+  [A].concat(B ? [B] : []).forEach(function (side) { side.stages.forEach(function (s) {
+    Object.keys(s.counters || {}).forEach(function (c) { if (counterNames.indexOf(c) < 0) counterNames.push(c); }); }); });
   var cols = [
-    ["stage", function (s) { return s.path.join("/"); }],
+    ["stage", function (s) { return pathText(s.path); }],
     ["calls", function (s) { return s.calls; }, String],
     ["total ms", function (s) { return s.total; }, ms],
     ["% root", function (s) { return s.root; }, pct],
     ["tail %", function (s) { return s.tail; }, pct],
-    ["mean", function (s) { return s.mean; }, ms],
-    ["p50", function (s) { return s.p50; }, ms],
-    ["p99", function (s) { return s.p99; }, ms],
+    ["mean ms", function (s) { return s.mean; }, ms],
+    ["p50 ms", function (s) { return s.p50; }, ms],
+    ["p99 ms", function (s) { return s.p99; }, ms],
     ["self ms", function (s) { return s.self; }, ms],
     ["CPU ms", function (s) { return s.cpu; }, ms],
     ["CPU/wall", function (s) { return s.ratio; }, function (v) { return v === null ? "n/a" : v.toFixed(2); }]
   ];
+  counterNames.forEach(function (c) { cols.push([c, function (s) { var v = (s.counters || {})[c]; return v === undefined ? null : v; }, count]); });
+  if ([A].concat(B ? [B] : []).some(function (side) { return side.stages.some(function (s) { return s.gpu !== null && s.gpu !== undefined; }); }))
+    cols.push(["GPU ms", function (s) { return s.gpu === undefined ? null : s.gpu; }, ms]);
+  cols.push(["verdict", function (s) { return s.verdict || null; }, String]);
   if (B || !A.stages.some(function (s) { return s.tail !== null && s.tail !== undefined; }))
     cols = cols.filter(function (c) { return c[0] !== "tail %"; });
   if (B) {
-    cols = cols.filter(function (c) { return ["p50", "CPU/wall", "% root", "self ms"].indexOf(c[0]) < 0; });   // room for the comparison
+    cols = cols.filter(function (c) { return ["p50 ms", "CPU/wall", "% root", "self ms"].indexOf(c[0]) < 0; });   // room for the comparison
     cols.splice(3, 0, ["before ms", function (s) { var b = BI[key(s.path)]; return b ? b.total : null; }, ms],
       ["\u0394 total", function (s) { var b = BI[key(s.path)]; return b ? change(b.total, s.total) : null; }, signed, true]);
-    cols.splice(6, 0, ["before mean", function (s) { var b = BI[key(s.path)]; return b ? b.mean : null; }, ms],
-      ["\u0394 mean", function (s) { var b = BI[key(s.path)]; return b ? change(b.mean, s.mean) : null; }, signed, true]);
+    cols.splice(6, 0, ["before mean ms", function (s) { var b = BI[key(s.path)]; return b ? b.mean : null; }, ms],
+      ["\u0394 mean", function (s) { var b = BI[key(s.path)]; return b ? change(b.mean, s.mean) : null; }, signed, true],
+      ["beyond noise?", function (s) { var t = TEST[key(s.path)]; return t ? (t.significant ? (t.direction > 0 ? "slower" : "faster") : "~ within noise") : null; }, String]);
   }
   var rows = A.stages.slice();
   if (B) B.stages.forEach(function (s) { if (!AI[key(s.path)]) rows.push(Object.assign({ onlyBefore: true }, s)); });
@@ -193,8 +214,8 @@
       var tr = el("tr"), name = el("td", "name");
       name.style.paddingLeft = (10 + (sortCol === null ? 16 * (s.path.length - 1) : 0)) + "px";
       var bar = el("span", "bar"); bar.style.width = Math.max(2, 60 * s.total / maxTotal) + "px"; name.appendChild(bar);
-      name.appendChild(document.createTextNode(sortCol === null ? s.path[s.path.length - 1] : s.path.join("/")));
-      name.title = s.path.join("/");
+      name.appendChild(document.createTextNode(sortCol === null ? nameText(s.path[s.path.length - 1]) : pathText(s.path)));
+      name.title = pathText(s.path);
       (s.items || []).forEach(function (it) { if (it.per_ns !== null)
         name.appendChild(el("span", "items", human(it.per_ns) + "/" + it.unit + " \u00b7 " + si(it.rate) + " " + it.name + "/s")); });
       if (s.onlyBefore) name.appendChild(el("span", "tag", "only before"));
@@ -203,9 +224,13 @@
       cols.slice(1).forEach(function (c) {
         var v = s.onlyBefore && c[0].indexOf("before") < 0 && c[0].indexOf("\u0394") < 0 ? null : c[1](s);
         if (s.onlyBefore && c[0] === "before ms") v = s.total;
-        if (s.onlyBefore && c[0] === "before mean") v = s.mean;
-        var td = el("td", null, v === null || v === undefined ? "n/a" : c[2](v));
+        if (s.onlyBefore && c[0] === "before mean ms") v = s.mean;
+        var quiet = c[3] && !s.onlyBefore && BI[key(s.path)] && noisy(s) &&
+          (c[0] === "\u0394 mean" || (c[0] === "\u0394 total" && BI[key(s.path)].calls === s.calls));
+        var td = el("td", null, v === null || v === undefined ? "n/a" : (quiet ? "~" : "") + c[2](v));
         if (v === null || v === undefined) td.className = "na";
+        else if (quiet) { td.className = "noise"; td.title = "within noise: " + TEST[key(s.path)].reason; }
+        else if (c[0] === "beyond noise?") td.className = v === "slower" ? "up" : v === "faster" ? "down" : "noise";
         else if (c[3]) td.className = v > 0.005 ? "up" : v < -0.005 ? "down" : "";
         tr.appendChild(td);
       });
@@ -225,7 +250,7 @@
     A.tails.forEach(function (v) {
       var q = "p" + String(Math.round(v.quantile * 1000) / 10).replace(".", "");
       var h = el("div", "tail-head");
-      h.appendChild(el("b", null, v.stage.join("/")));
+      h.appendChild(el("b", null, pathText(v.stage)));
       h.appendChild(document.createTextNode(": " + v.calls.toLocaleString("en-US") + " calls, p50 " + human(v.p50_ns) +
         ", p99 " + human(v.p99_ns) + "; " + v.slow_calls + " kept calls at or above " + q + " (" + human(v.threshold_ns) +
         "), mean " + human(v.slow_mean_ns) + (v.typical_mean_ns === null ? "" : " against a typical " +
@@ -238,7 +263,7 @@
       v.excess.slice(0, 15).forEach(function (e) {
         var tr = el("tr"), name = el("td", "name"), bar = el("span", "bar");
         bar.style.width = Math.max(2, 80 * Math.max(0, e.share || 0)) + "px";
-        name.appendChild(bar); name.appendChild(document.createTextNode(e.path.join("/"))); tr.appendChild(name);
+        name.appendChild(bar); name.appendChild(document.createTextNode(pathText(e.path))); tr.appendChild(name);
         tr.appendChild(el("td", null, ms(e.slow_ns))); tr.appendChild(el("td", null, ms(e.typical_ns)));
         tr.appendChild(el("td", e.ns > 0 ? "up" : "", (e.ns > 0 ? "+" : e.ns < 0 ? "\u2212" : "") + ms(Math.abs(e.ns))));
         tr.appendChild(el("td", null, pct(e.share)));

@@ -1,0 +1,139 @@
+"""A stage named "a/b" and a stage "b" nested in "a" never print alike: in every
+display and export a '/' (and a '\\') inside a name is escaped with '\\', and each
+printed path parses back to the path it names."""
+import csv
+import html as htmllib
+import io
+import json
+import re
+
+import pytest
+
+import instrument
+from instrument.analysis.advice import advise
+from instrument.analysis.diff import diff
+from instrument.exporters import chrome, hatchet, html, table
+from instrument.snapshot import parse_path, path_text
+from test_html import browse, chromium  # noqa: F401  (the page read back by a real browser)
+
+SHAPES = {("a/b",): "a\\/b", ("a", "b"): "a/b", ("a",): "a", ("c\\",): "c\\\\", ("c\\", "d"): "c\\\\/d",
+          ("c\\/d",): "c\\\\\\/d"}
+
+
+def record(rounds=3):
+    for _ in range(rounds):
+        with instrument.stage("a/b"):
+            pass
+        with instrument.stage("a"):
+            with instrument.stage("b"):
+                pass
+        with instrument.stage("c\\"):
+            with instrument.stage("d"):
+                pass
+        with instrument.stage("c\\/d"):
+            pass
+    return instrument.snapshot()
+
+
+@pytest.fixture
+def shapes(backend):
+    instrument.configure(trace_events=1000)
+    return record()
+
+
+def test_path_text_is_one_to_one():
+    for path, text in SHAPES.items():
+        assert path_text(path) == text and parse_path(text) == path
+    assert len(set(SHAPES.values())) == len(SHAPES)
+
+
+def test_snapshot_holds_both_shapes_and_finds_each_by_its_text(shapes):
+    assert {s.path for s in shapes} == set(SHAPES)
+    for path, text in SHAPES.items():
+        assert shapes[text].path == path and shapes[path].calls == 3
+
+
+def test_table_csv_json_markdown(shapes):
+    text = table.render(shapes, width=120)
+    rows = [l.split()[0] for l in text.splitlines()[2:8]]
+    assert rows == ["a\\/b", "a", "b", "c\\\\", "d", "c\\\\\\/d"]        # names escaped, nesting by indent
+    got = {r["path"] for r in csv.DictReader(io.StringIO(table.render(shapes, format="csv")))}
+    assert got == set(SHAPES.values()) and {parse_path(p) for p in got} == set(SHAPES)
+    assert {tuple(r["path"]) for r in json.loads(table.render(shapes, format="json"))} == set(SHAPES)
+    markdown_it = pytest.importorskip("markdown_it")
+    page = markdown_it.MarkdownIt("commonmark").enable("table").render(table.render(shapes, format="markdown"))
+    cells = [htmllib.unescape(c).replace("\xa0", "") for c in re.findall(r"<td>([^<]*)</td>", page)]
+    assert {"a\\/b", "a", "b", "c\\\\", "d", "c\\\\\\/d"} <= set(cells)   # what a markdown reader shows
+
+
+def test_diff_and_advice(shapes):
+    d = diff(shapes, shapes)
+    labels = {l.split()[0] for l in table.render_diff(d).splitlines()[3:] if l and not l.startswith(" ")}
+    assert set(SHAPES.values()) <= labels
+    got = [r["path"] for r in csv.DictReader(io.StringIO(table.render_diff(d, "csv")))]
+    assert sorted(got) == sorted(SHAPES.values())
+    assert {tuple(r["path"]) for r in json.loads(table.render_diff(d, "json"))["rows"]} == set(SHAPES)
+    assert "| a\\\\/b" in table.render_diff(d, "markdown")
+    for path, text in SHAPES.items():
+        assert d.row(text).path == path
+    advice = advise(shapes, top=10)
+    lines = [l for l in table.render_advice(advice).splitlines() if re.match(r"\d+\. ", l)]
+    shown = {re.match(r"\d+\. (.*): \S+ — ", l).group(1) for l in lines}
+    assert shown == {path_text(a["path"]) for a in advice} and len(shown) == len(advice)
+
+
+def test_prometheus_labels(shapes):
+    pytest.importorskip("prometheus_client")
+    from prometheus_client.parser import text_string_to_metric_families
+    from instrument.exporters import prometheus
+    labels = set()
+    for fam in text_string_to_metric_families(prometheus.render(shapes)):
+        if fam.name == "instrument_stage_duration_seconds":
+            labels |= {(s.labels["stage"], s.labels["path"]) for s in fam.samples}
+    assert labels == {(p[-1], t) for p, t in SHAPES.items()}
+
+
+def test_chrome_trace(shapes):
+    events = [e for e in json.loads(chrome.render(shapes))["traceEvents"] if e.get("ph") == "X"]
+    assert {(e["name"], e["args"]["path"]) for e in events} == {(p[-1], t) for p, t in SHAPES.items()}
+
+
+def test_hatchet_tree(shapes):
+    tree = hatchet.to_literal(shapes)
+    seen = set()
+
+    def walk(node, up):
+        path = up + (node["frame"]["name"],)
+        seen.add(path)
+        for k in node.get("children", ()):
+            walk(k, path)
+    for root in tree:
+        walk(root, ())
+    assert seen == set(SHAPES)     # the tree keeps the shapes apart, names as they are
+
+
+def test_otel_attributes(shapes):
+    pytest.importorskip("opentelemetry.sdk")
+    from opentelemetry.sdk.metrics import MeterProvider
+    from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+    from instrument.exporters import otel
+    reader = InMemoryMetricReader()
+    otel.OTelBridge(MeterProvider(metric_readers=[reader]).get_meter("t")).record(shapes)
+    got = set()
+    for rm in reader.get_metrics_data().resource_metrics:
+        for sm in rm.scope_metrics:
+            for m in sm.metrics:
+                got |= {(p.attributes["stage"], p.attributes["path"]) for p in m.data.data_points}
+    assert got == {(p[-1], t) for p, t in SHAPES.items()}
+
+
+def test_html_page(shapes, tmp_path, chromium):
+    page = tmp_path / "paths.html"
+    page.write_text(html.render(shapes, before=shapes))
+    dom = browse(chromium, page, tmp_path, "dom")
+    assert 'data-rendered="1"' in dom
+    cells = {htmllib.unescape(c) for c in re.findall(r'data-path="([^"]*)"', dom.split('id="icicle"', 1)[1]
+                                                    .split('id="icicle-before"', 1)[0])}
+    assert cells == set(SHAPES.values())
+    names = {htmllib.unescape(t) for t in re.findall(r'<td class="name"[^>]*title="([^"]*)"', dom)}
+    assert names == set(SHAPES.values())
