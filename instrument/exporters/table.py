@@ -483,10 +483,15 @@ def _counter_lines(r: DiffRow) -> List[str]:
 
 
 def legend(d: Diff) -> List[str]:
-    return [f"{NOISE} not shown beyond noise: the {1 - d.alpha:.0%} interval of the change includes no change or "
-            f"reaches within ±{d.min_change:.0%}, the smallest change claimed",
-            "tests: turns (windows taken in turns, paired), windows, or calls (rank test, one window a side); "
-            f"CPU time and counters only with {MIN_WINDOWS}+ windows a side (merged snapshots)"]
+    lines = [f"{NOISE} not shown beyond noise: the {1 - d.alpha:.0%} interval of the change includes no change or "
+             f"reaches within ±{d.min_change:.0%}, the smallest change claimed",
+             "tests: turns (windows taken in turns, paired), windows, or calls (rank test, one window a side); "
+             f"CPU time and counters only with {MIN_WINDOWS}+ windows a side (merged snapshots)"]
+    if any(r.significance.basis == "calls" for r in d.rows):
+        lines.append("calls: each side is one recording, so drift of the machine between the two is not measured; "
+                     "for a sound comparison record both in turns and merge each side's chunks (as instrument demo "
+                     "does)")
+    return lines
 
 
 CSV_TESTS = ["significant", "basis", "estimate_pct", "interval_low_pct", "interval_high_pct", "p"]
