@@ -1,5 +1,6 @@
 /* The module: its functions (stage, configure, set_counters, set_hooks, collect,
- * reset, after_fork_child, now_ns, hist_index, current_path, add (items.c)) and its init, which
+ * reset, after_fork_child, now_ns, hist_index, current_path, add (items.c), set_root_exit_hook) and its
+ * init, which
  * also adds the NVTX functions (nvtx_emit.c) and CounterGroup (perf.c). */
 #include "core.h"   /* first: Python.h sets the feature macros */
 
@@ -10,6 +11,7 @@
 #include "items.h"
 #include "nodes.h"
 #include "nvtx_emit.h"
+#include "rootexit.h"
 #include "stats.h"
 #include "threads.h"
 #include "types.h"
@@ -261,6 +263,7 @@ static PyMethodDef native_methods[] = {
     {"current_path", (PyCFunction)mod_current_path, METH_NOARGS, "names of the open stages of this context"},
     {"add", (PyCFunction)(void (*)(void))mod_add, METH_FASTCALL | METH_KEYWORDS,
      "add(name, value=1): items (tokens, samples, bytes, ...) of the innermost open stage of this context"},
+    {"set_root_exit_hook", (PyCFunction)mod_set_root_exit_hook, METH_O, "set_root_exit_hook(f): f() after every outermost stage exit; None clears"},
     {NULL}
 };
 

@@ -12,6 +12,7 @@
 #include "hist.h"
 #include "nvtx_emit.h"
 #include "exemplars.h"
+#include "rootexit.h"
 
 static PyObject *g_stack_var = NULL;         /* context variable holding the Stack */
 static PyObject *g_get_running_loop = NULL;  /* asyncio.events._get_running_loop, once asyncio is imported */
@@ -308,6 +309,7 @@ static void stage_exit(Stage *self, int error) {
     if (f.nvtx == 2) nvtx_emit_end(f.nvtx_id);
     else if (f.nvtx == 1 && same_thread) nvtx_emit_pop();   /* a pop on another thread would close its range */
     Py_DECREF(f.stage);
+    if (i == 0 && g_root_exit_hook) root_exit_notify();   /* rootexit.c: an outermost call is complete */
 }
 
 /* ----------------------------------------------------------- Stage methods */

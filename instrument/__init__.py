@@ -19,7 +19,10 @@ but the command line reaches into the live side.
 """
 from __future__ import annotations
 
+import os
 import sys
+import threading
+import warnings
 from typing import Any, Optional
 
 from ._version import __version__
@@ -73,13 +76,79 @@ def profile(schedule=None, record_shapes=False, activities=None, **kwargs):
 
 
 def serve_metrics(port: int, addr: str = "127.0.0.1"):
-    """Serve this process's stages as Prometheus metrics on addr:port (127.0.0.1
-    unless told) from a daemon thread; returns the server (`.server_port`,
-    `.shutdown()`).  Needs prometheus_client."""
+    """Serve this process's stages on addr:port (127.0.0.1 unless told) from a daemon
+    thread: Prometheus metrics at /metrics and the snapshot as JSON at /snapshot
+    (read by `instrument top`).  Returns the server (`.server_port`, `.shutdown()`).
+    Needs prometheus_client."""
     from .exporters import prometheus
     return prometheus.serve_metrics(port, addr, source=snapshot)
 
 
+_served = None            # (address, server) started by the `serve` option
+_serve_lock = threading.Lock()
+
+
+def _serve_configured(address: Optional[str]) -> None:
+    """Start, move or stop the server the `serve` option asks for; a failure is a warning, never an exception."""
+    global _served
+    from . import config
+    with _serve_lock:
+        if _served is not None and _served[0] == address:
+            return
+        if _served is not None:
+            _served[1].shutdown()
+            _served[1].server_close()
+            _served = None
+        if not address:
+            return
+        host, port = config.serve_address(address)
+        try:
+            _served = (address, serve_metrics(port, host))
+        except Exception as e:   # stacklevel: the caller of configure()
+            warnings.warn(f"instrument: cannot serve /metrics and /snapshot on {address}: "
+                          f"{getattr(e, 'strerror', None) or e}", RuntimeWarning, stacklevel=4)
+
+
+def _on_configure(cfg, options) -> None:
+    """configure(serve=...) starts, moves or (None) stops the server of /metrics and /snapshot."""
+    if "serve" in options or "serve_any_host" in options:
+        _serve_configured(cfg.serve)
+
+
+_collector.on_configure(_on_configure)
+
+
+def _started_as_the_command_line() -> bool:
+    """`instrument ...` or `python -m instrument ...`: the command reads services, it does not serve itself."""
+    arg0 = sys.argv[0] if sys.argv else ""
+    return os.path.basename(arg0) in ("instrument", "-m") or arg0.endswith(os.path.join("instrument", "__main__.py"))
+
+
+def start_snapshot_writer(directory: Optional[str] = None, interval: float = 5.0, every_call: bool = True):
+    """Share this process's snapshot with the other workers of the service: kept in
+    `<directory>/instrument-<pid>-<token>.snap` (default $PROMETHEUS_MULTIPROC_DIR),
+    rewritten after every outermost stage exit (every_call: a worker killed with
+    SIGKILL loses no completed call), every `interval` seconds and at exit.  Processes
+    forked afterwards keep their own file.  `serve_metrics` and `instrument top` then
+    serve and read the merge.  Returns the writer (`.path`, `.writes`, `.failures`)."""
+    from .exporters import multiproc
+    w = multiproc.start_snapshot_writer(directory, interval, source=lambda: _collector.snapshot(finish=False))
+    _collector.on_root_exit(w.root_exit if every_call else None)
+    return w
+
+
+def stop_snapshot_writer() -> None:
+    """Write a last time and stop sharing (see start_snapshot_writer)."""
+    _collector.on_root_exit(None)
+    from .exporters import multiproc
+    multiproc.stop_snapshot_writer()
+
+
+if current_config().serve and not _started_as_the_command_line():
+    _serve_configured(current_config().serve)
+
+
 __all__ = ["stage", "region", "add", "capture", "capture_every", "profile", "snapshot", "report", "diff", "configure",
-           "current_config", "reset", "serve_metrics", "Snapshot", "StageStats", "SnapshotError", "Diff",
+           "current_config", "reset", "serve_metrics", "start_snapshot_writer", "stop_snapshot_writer", "Snapshot",
+           "StageStats", "SnapshotError", "Diff",
            "__version__"]

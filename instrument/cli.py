@@ -6,6 +6,7 @@
     instrument diff BEFORE AFTER [--fail-if-slower PCT] [--format ...]
     instrument merge FILE... -o all.json
     instrument export --chrome|--prometheus|--hatchet|--html OUT FILE... [--diff]
+    instrument top URL [--interval S] [--sort KEY] [--once] [--json]
     instrument doctor [--json] | nsys ... | demo ... | advise ...
 
 Errors are one line on stderr (`instrument: <what>: <why>`) and exit status 2.
@@ -387,6 +388,14 @@ def _cmd_demo(a) -> int:
     return int(_optional("instrument.demo", "run_demo", "demo")(_rest(a.args)) or 0)
 
 
+def _cmd_top(a) -> int:
+    from . import top
+    try:
+        return top.main(a.url, a.interval, a.sort, a.once, a.json)
+    except top.TopError as e:
+        raise CLIError(f"top: {e}") from None
+
+
 def _cmd_advise(a) -> int:
     advice = advise(load_many(a.files), a.top)
     print(json.dumps(advice, indent=2) if a.json else table.render_advice(advice))
@@ -431,6 +440,16 @@ def _percent(s: str) -> float:
         x = float("nan")
     if not x >= 0:
         raise argparse.ArgumentTypeError(f"must be a percentage 0 or more, got {s!r}")
+    return x
+
+
+def _interval(s: str) -> float:
+    try:
+        x = float(s)
+    except ValueError:
+        x = float("nan")
+    if not 0.05 <= x <= 3600:
+        raise argparse.ArgumentTypeError(f"must be a number of seconds from 0.05 to 3600, got {s!r}")
     return x
 
 
@@ -508,6 +527,17 @@ def build_parser() -> argparse.ArgumentParser:
     ad.add_argument("--json", action="store_true")
     ad.set_defaults(func=_cmd_advise)
 
+    tp = sub.add_parser("top", help="live view of a running process's stages, from its /snapshot endpoint")
+    tp.add_argument("url", metavar="URL", help=f"host:port (or port) of {config.env_name('serve')} / "
+                    "instrument.serve_metrics, or a full http://host:port/path serving a snapshot")
+    tp.add_argument("--interval", type=_interval, default=2.0, metavar="SECONDS",
+                    help="window length and refresh period (default 2)")
+    tp.add_argument("--sort", choices=("total", "calls", "p50", "p99", "cpu", "name", "tree"), default="total",
+                    help="siblings ordered by this (keys change it while running)")
+    tp.add_argument("--once", action="store_true", help="print one window after --interval seconds and exit")
+    tp.add_argument("--json", action="store_true", help="the window as snapshot JSON (implies --once)")
+    tp.set_defaults(func=_cmd_top)
+
     x = sub.add_parser("demo", help="run the demo inference service", add_help=False)
     x.add_argument("args", nargs=argparse.REMAINDER)
     x.set_defaults(func=_cmd_demo)
@@ -519,7 +549,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         argv = sys.argv[1:]
         config.unset_in_env("output")   # the command itself is not measured; run sets it for the program
         from . import configure
-        configure(output=None)
+        configure(output=None, serve=None)   # the command is not measured, nor served
     argv = list(argv)
     try:
         if argv[:1] == ["demo"]:   # the demo parses its own options

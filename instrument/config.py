@@ -95,6 +95,52 @@ def _counters(name: str, v: Any) -> Tuple[str, ...]:
         raise ValueError(f"{name}: {e}") from None
 
 
+def _serve(name: str, v: Any) -> Optional[str]:
+    """"host:port", ":port" or "port" (host 127.0.0.1; "[::1]:port" for IPv6) -> "host:port"; None or "" -> None."""
+    if v is None or (isinstance(v, str) and not v.strip()):
+        return None
+    bad = ValueError(f"{name} must be host:port (port 0 to 65535, host an address or name; 127.0.0.1 if left "
+                     f"out), got {v!r}")
+    if isinstance(v, bool) or not isinstance(v, (str, int)):
+        raise bad
+    text = str(v).strip()
+    host, sep, port = text.rpartition(":")
+    if not sep:
+        host, port = "", text
+    host = host.strip()
+    if host.startswith("[") and host.endswith("]"):
+        host = host[1:-1]
+    if not port.isdigit() or not 0 <= int(port) <= 65535 or (host and (" " in host or "/" in host)):
+        raise bad
+    host = host or "127.0.0.1"
+    return f"[{host}]:{int(port)}" if ":" in host else f"{host}:{int(port)}"
+
+
+def serve_address(value: str) -> Tuple[str, int]:
+    """("host", port) of a `serve` value."""
+    host, _, port = value.rpartition(":")
+    return host.strip("[]"), int(port)
+
+
+def is_loopback(host: str) -> bool:
+    import ipaddress
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def _check_serve(values: Mapping[str, Any]) -> None:
+    """The metrics server listens on loopback unless serve_any_host says otherwise."""
+    v = values.get("serve")
+    if v and not values.get("serve_any_host") and not is_loopback(serve_address(v)[0]):
+        raise ValueError(f"INSTRUMENT_SERVE (serve) {v!r} is not a loopback address: the endpoints would be "
+                         "reachable from other machines; set INSTRUMENT_SERVE_ANY_HOST=1 (serve_any_host=True) "
+                         "to allow it, or use 127.0.0.1")
+
+
 @dataclasses.dataclass(frozen=True)
 class Option:
     name: str
@@ -130,6 +176,11 @@ OPTIONS: Tuple[Option, ...] = (
            "name of the NVTX capture range that instrument.capture()/capture_every() open (nsys -p NAME@domain)"),
     Option("warmup", "INSTRUMENT_WARMUP", None, _optional_int(0),
            "iterations before the capture range opens (unset: 0 for capture(), 20 for capture_every())"),
+    Option("serve", "INSTRUMENT_SERVE", None, _serve,
+           "serve /metrics and /snapshot on host:port from the moment instrument is imported (127.0.0.1 if no "
+           "host; other hosts only with serve_any_host)"),
+    Option("serve_any_host", "INSTRUMENT_SERVE_ANY_HOST", False, _bool,
+           "allow `serve` to listen on an address other than loopback (reachable from other machines)"),
     Option("verdict_wait_cpu", "INSTRUMENT_VERDICT_WAIT_CPU", 0.5, _float(0.0, 1.0),
            "CPU/wall below which a stage is judged waiting"),
     Option("verdict_compute_cpu", "INSTRUMENT_VERDICT_COMPUTE_CPU", 0.85, _float(0.0, 1.0),
@@ -169,6 +220,7 @@ class Config:
         v = dict(self.values)
         for k, x in changes.items():
             v[k] = BY_NAME[k].parse(k, x)
+        _check_serve(v)
         return Config(v)
 
     def to_dict(self) -> Dict[str, Any]:
@@ -196,6 +248,11 @@ def from_env(environ: Optional[Mapping[str, str]] = None, strict: bool = False) 
             values["enabled"] = not _bool("INSTRUMENT_DISABLE", env["INSTRUMENT_DISABLE"])
         except ValueError as e:
             problems.append(str(e))
+    try:
+        _check_serve(values)
+    except ValueError as e:
+        problems.append(str(e).replace("; set", ", so nothing is served; set", 1))
+        values["serve"] = None
     if "INSTRUMENT_PURE_PYTHON" in env:
         try:
             _bool("INSTRUMENT_PURE_PYTHON", env["INSTRUMENT_PURE_PYTHON"])

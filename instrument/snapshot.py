@@ -112,10 +112,13 @@ class StageStats:
         n = self.item_total(name)
         return n / (self.wall_total / 1e9) if n is not None and self.wall_total else None
 
-    def to_dict(self) -> Dict[str, Any]:
+    def to_dict(self, percentiles: bool = True) -> Dict[str, Any]:
+        """percentiles=False leaves out p50..p999 (derived from `hist`; from_dict does not read them)."""
+        wall = self.wall_ns if percentiles else {"total": self.wall_total, "self": self.wall_self,
+                                                 "min": self.wall_min, "max": self.wall_max, "mean": self.wall_mean}
         d: Dict[str, Any] = {
             "path": list(self.path), "calls": self.calls, "errors": self.errors,
-            "wall_ns": {k: _num(v) for k, v in self.wall_ns.items()},
+            "wall_ns": {k: _num(v) for k, v in wall.items()},
             "cpu_ns": self.cpu_ns,
             "counters": {k: dict(v) for k, v in self.counters.items()},
             "hist": {"scheme": _hist.SCHEME, "buckets": [[i, c] for i, c in sorted(self.hist.items())]},
@@ -606,8 +609,9 @@ class Snapshot:
         return Snapshot(stages, meta, events, exemplars)
 
     # --------------------------------------------------------------- output
-    def to_dict(self) -> Dict[str, Any]:
-        out = {"format": FORMAT, "version": VERSION, "meta": self.meta, "stages": [s.to_dict() for s in self._stages]}
+    def to_dict(self, percentiles: bool = True) -> Dict[str, Any]:
+        out = {"format": FORMAT, "version": VERSION, "meta": self.meta,
+               "stages": [s.to_dict(percentiles) for s in self._stages]}
         if self._events:
             out["events"] = [dict(e) for e in self._events]
         if self._exemplars:
@@ -615,8 +619,9 @@ class Snapshot:
                                 for e in self._exemplars]
         return out
 
-    def to_json(self, indent: Optional[int] = None) -> str:
-        return json.dumps(self.to_dict(), indent=indent, allow_nan=False)
+    def to_json(self, indent: Optional[int] = None, percentiles: bool = True) -> str:
+        """percentiles=False: without the per-stage percentiles, which loading recomputes from the histograms."""
+        return json.dumps(self.to_dict(percentiles), indent=indent, allow_nan=False)
 
     def save(self, path: "os.PathLike[str] | str") -> str:
         """Atomically: written to a temporary file beside `path`, fsynced, renamed.

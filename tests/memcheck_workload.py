@@ -67,4 +67,22 @@ assert sum(e["slow"] for e in instrument.snapshot().exemplars if e["path"] == ["
 instrument.reset()
 with instrument.stage("after_reset"):
     pass
+
+from instrument.live import backend as _backend  # noqa: E402
+seen = []
+
+
+def hook():
+    seen.append(1)
+    if len(seen) == 3:
+        _backend.current.set_root_exit_hook(lambda: 1 / 0)   # replaced while it runs, by one that fails
+
+
+_backend.current.set_root_exit_hook(hook)
+for i in range(5):
+    with instrument.stage("root"):
+        with instrument.stage("child"):
+            pass
+_backend.current.set_root_exit_hook(None)
+assert len(seen) == 3 and instrument.snapshot()["root"].calls == 5
 print(len(instrument.snapshot()), "stages ok")

@@ -41,3 +41,30 @@ def test_bad_env_value_names_variable_and_keeps_running():
 def test_pure_python_forced_by_env():
     r = run_python("import instrument.live.backend as b; print(b.name)", env={"INSTRUMENT_PURE_PYTHON": "1"})
     assert r.stdout.strip() == "pure"
+
+
+@pytest.mark.parametrize("value,parsed", [
+    ("9464", "127.0.0.1:9464"), (":9464", "127.0.0.1:9464"), ("127.0.0.1:9464", "127.0.0.1:9464"),
+    (" localhost:80 ", "localhost:80"), ("[::1]:9", "[::1]:9"), (9464, "127.0.0.1:9464"), ("", None), (None, None)])
+def test_serve_values(value, parsed):
+    from instrument import config
+    assert config.defaults().replace(serve=value).serve == parsed
+
+
+@pytest.mark.parametrize("value", ["x", "70000", "host:", "a b:1", "127.0.0.1:-1", True, 1.5])
+def test_bad_serve_values_say_what_is_allowed(value):
+    with pytest.raises(ValueError, match=r"serve must be host:port \(port 0 to 65535"):
+        instrument.configure(serve=value)
+
+
+def test_serve_refuses_other_hosts_unless_asked():
+    from instrument import config
+    for host in ("0.0.0.0", "10.1.2.3", "example.com", "[::]"):
+        with pytest.raises(ValueError, match="is not a loopback address.*INSTRUMENT_SERVE_ANY_HOST=1"):
+            config.defaults().replace(serve=f"{host}:9464")
+        assert config.defaults().replace(serve_any_host=True, serve=f"{host}:9464").serve == f"{host}:9464"
+    with pytest.warns(RuntimeWarning, match="INSTRUMENT_SERVE .* is not a loopback address"):
+        assert config.from_env({"INSTRUMENT_SERVE": "0.0.0.0:1"}).serve is None
+    with pytest.raises(ValueError, match="not a loopback address"):
+        config.from_env({"INSTRUMENT_SERVE": "0.0.0.0:1"}, strict=True)
+    assert config.from_env({"INSTRUMENT_SERVE": "0.0.0.0:1", "INSTRUMENT_SERVE_ANY_HOST": "1"}).serve == "0.0.0.0:1"

@@ -1,60 +1,73 @@
-"""Prometheus metrics from Snapshots, through a `prometheus_client` custom collector.
+"""Prometheus metrics from Snapshots, through a `prometheus_client` custom collector,
+and the HTTP server that serves them with the snapshot as JSON.
 
     from prometheus_client import REGISTRY
     from instrument.exporters.prometheus import InstrumentCollector
     REGISTRY.register(InstrumentCollector(instrument.snapshot))   # a snapshot at each scrape
-    instrument.serve_metrics(9464)          # or: its own HTTP server on 127.0.0.1:9464
+    instrument.serve_metrics(9464)          # or: /metrics and /snapshot on 127.0.0.1:9464
 
 The live side is never imported here: whatever needs live snapshots is given a
 snapshot function (`source`), as the facade's `serve_metrics` does.
 
-Per stage, labels `stage` (its name) and `path` ("a/b"):
+Every metric family is in METRICS (docs/prometheus.md lists them with labels and
+units): per stage, labels `stage` (its name) and `path` ("a/b"); names and units
+follow the Prometheus conventions (seconds, `_total` on counters, no type in the
+name), which `promtool check metrics` verifies in the tests.  Label values are
+escaped by prometheus_client; their number is bounded by the stage cap
+(`max_stages`: calls beyond it are folded into "(other)").
 
-- `instrument_stage_duration_seconds` histogram; bucket bounds are 2**k - 1 ns
-  (k = 10..36, about 1 µs to 69 s), which fall on the snapshot histogram's bucket
-  edges, so every cumulative count is exact
-- `instrument_stage_self_seconds_total`, `instrument_stage_errors_total`,
-  `instrument_stage_cpu_seconds_total`, `instrument_stage_gpu_seconds_total`
-- `instrument_stage_counter_total{event=...}`: each perf counter's total
-- `instrument_stage_ipc`, `..._cache_miss_ratio`, ... derived ratios where the counters allow
-- `instrument_stage_items_total{item=...}`: items added with `instrument.add` (tokens, samples, ...)
-
+Items added with `instrument.add` are `instrument_stage_items_total{item=...}`.
 Exemplars: in the OpenMetrics exposition (`render(snap, openmetrics=True)`, or a
 scrape that asks for it, as Prometheus does with `--enable-feature=exemplar-storage`),
 the duration buckets of a top-level stage carry its slowest calls, one per bucket:
 labels `call` ("pid:seq") and `stage` (the stage that took most of that call),
 value its wall time, timestamp its start.
 
-Several processes (gunicorn workers, multiprocessing): each worker saves its
-snapshot into a shared folder (`start_snapshot_writer(source=instrument.snapshot)`, every few seconds and
-at exit) and `multiprocess_collector(dir)` serves their exact merge.  With
-`PROMETHEUS_MULTIPROC_DIR` set, both default to that folder and `serve_metrics`
-uses the merging collector.  Clear the folder when the service starts, as for
-prometheus_client's own multiprocess mode; files of workers that exited stay
-counted, so totals keep growing like counters should.
+Several processes (gunicorn workers): each keeps its snapshot in a shared folder
+(instrument.exporters.multiproc) and, with PROMETHEUS_MULTIPROC_DIR set,
+`serve_metrics` and `multiprocess_collector` serve the exact merge of the folder.
 """
 from __future__ import annotations
 
-import atexit
-import glob
+import json
 import os
+import socket
 import threading
+from socketserver import ThreadingMixIn
 from typing import Callable, Iterator, List, Optional
+from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
-from prometheus_client import CollectorRegistry, generate_latest, start_http_server, write_to_textfile
+from prometheus_client import CollectorRegistry, generate_latest, make_wsgi_app, write_to_textfile
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.openmetrics.exposition import generate_latest as generate_openmetrics
 from prometheus_client.samples import Exemplar
 from prometheus_client.utils import floatToGoString
 
-from .. import counters
 from .. import histogram as _hist
-from ..snapshot import Snapshot, SnapshotError, StageStats
+from ..snapshot import Snapshot, StageStats
+from . import multiproc
 
 POWERS = range(10, 37)
 BOUNDS_NS = [(1 << k) - 1 for k in POWERS]   # le is inclusive and times are integer ns: 2**k - 1 == "below 2**k"
 LABELS = ["stage", "path"]
-DERIVED = ("ipc", "cache_miss_ratio", "mpki", "branch_miss_ratio", "cpu_utilisation")
+CLOCK_EVENTS = ("task-clock", "cpu-clock")      # perf software clocks count nanoseconds: exported in seconds
+
+#: every metric family: name -> (type, extra labels, unit, help); docs/prometheus.md lists the same
+METRICS = {
+    "instrument_stage_duration_seconds": ("histogram", [], "seconds", "Wall time of completed calls of a stage"),
+    "instrument_stage_self_seconds": ("counter", [], "seconds", "Wall time of a stage outside its child stages"),
+    "instrument_stage_errors": ("counter", [], "calls", "Calls of a stage that exited by an exception"),
+    "instrument_stage_cpu_seconds": ("counter", [], "seconds", "Thread CPU time spent in a stage"),
+    "instrument_stage_gpu_seconds": ("counter", [], "seconds", "GPU time of a stage, from CUDA events"),
+    "instrument_stage_gpu_samples": ("counter", [], "calls", "Calls of a stage whose GPU time was measured"),
+    "instrument_stage_perf_events": ("counter", ["event"], "events",
+                                     "perf_event counts of a stage (cycles, instructions, page-faults, ...)"),
+    "instrument_stage_perf_clock_seconds": ("counter", ["event"], "seconds",
+                                            "perf_event software clocks of a stage (task-clock, cpu-clock)"),
+    "instrument_stage_items": ("counter", ["item"], "items",
+                               "Items added to a stage with instrument.add (tokens, samples, bytes, ...)"),
+    "instrument_processes": ("gauge", None, "processes", "Processes whose snapshots are merged into these metrics"),
+}
 
 
 def buckets(s: StageStats) -> List[tuple]:
@@ -91,49 +104,37 @@ def with_exemplars(s: StageStats, snap: Snapshot, cumulative: List[tuple]) -> Li
     return [tuple(b) for b in out]
 
 
-def _derived(s: StageStats) -> dict:
-    totals = {k: v.get("total") for k, v in s.counters.items()}
-    try:
-        return counters.derived(totals, s.wall_total, s.cpu_total)
-    except Exception:
-        return {}
+def _family(name: str) -> Metric:
+    kind, extra, _unit, doc = METRICS[name]
+    labels = [] if extra is None else LABELS + extra
+    cls = {"histogram": HistogramMetricFamily, "counter": CounterMetricFamily, "gauge": GaugeMetricFamily}[kind]
+    return cls(name, doc, labels=labels)
 
 
 def families(snap: Snapshot) -> List[Metric]:
-    hist = HistogramMetricFamily("instrument_stage_duration_seconds", "Wall time of completed calls of a stage",
-                                 labels=LABELS)
-    self_ = CounterMetricFamily("instrument_stage_self_seconds", "Wall time of a stage outside its child stages",
-                                labels=LABELS)
-    errors = CounterMetricFamily("instrument_stage_errors", "Calls of a stage that exited by an exception",
-                                 labels=LABELS)
-    cpu = CounterMetricFamily("instrument_stage_cpu_seconds", "Thread CPU time spent in a stage", labels=LABELS)
-    gpu = CounterMetricFamily("instrument_stage_gpu_seconds", "GPU time of a stage (CUDA events)", labels=LABELS)
-    ctr = CounterMetricFamily("instrument_stage_counter", "perf_event counter totals of a stage",
-                              labels=LABELS + ["event"])
-    derived = {k: GaugeMetricFamily(f"instrument_stage_{k}", f"{k.replace('_', ' ')} of a stage from its counters",
-                                    labels=LABELS) for k in DERIVED}
-    items = CounterMetricFamily("instrument_stage_items", "Items added to a stage with instrument.add (tokens, "
-                                "samples, bytes, ...)", labels=LABELS + ["item"])
+    fam = {name: _family(name) for name in METRICS}
     for s in snap:
         lab = [s.name, "/".join(s.path)]
-        hist.add_metric(lab, with_exemplars(s, snap, buckets(s)), s.wall_total / 1e9)
-        for name, it in s.items.items():
-            items.add_metric(lab + [name], it["total"])
-        self_.add_metric(lab, s.wall_self / 1e9)
-        errors.add_metric(lab, s.errors)
+        fam["instrument_stage_duration_seconds"].add_metric(lab, with_exemplars(s, snap, buckets(s)), s.wall_total / 1e9)
+        for item, it in s.items.items():
+            fam["instrument_stage_items"].add_metric(lab + [item], it["total"])
+        fam["instrument_stage_self_seconds"].add_metric(lab, s.wall_self / 1e9)
+        fam["instrument_stage_errors"].add_metric(lab, s.errors)
         if s.cpu_total is not None:
-            cpu.add_metric(lab, s.cpu_total / 1e9)
+            fam["instrument_stage_cpu_seconds"].add_metric(lab, s.cpu_total / 1e9)
         if s.gpu and s.gpu.get("total_ns") is not None:
-            gpu.add_metric(lab, s.gpu["total_ns"] / 1e9)
+            fam["instrument_stage_gpu_seconds"].add_metric(lab, s.gpu["total_ns"] / 1e9)
+            fam["instrument_stage_gpu_samples"].add_metric(lab, int(s.gpu.get("samples") or 0))
         for ev, c in s.counters.items():
-            if c.get("total") is not None:
-                ctr.add_metric(lab + [ev], c["total"])
-        for k, v in _derived(s).items():
-            if k in derived and v is not None:
-                derived[k].add_metric(lab, v)
-    procs = GaugeMetricFamily("instrument_processes", "Processes whose snapshots are merged into these metrics")
-    procs.add_metric([], len(snap.meta.get("merged_from") or [None]))
-    return [hist, self_, errors, cpu, gpu, ctr, *derived.values(), items, procs]
+            total = c.get("total")
+            if total is None:
+                continue   # a counter that never counted is absent, not 0
+            if ev in CLOCK_EVENTS:
+                fam["instrument_stage_perf_clock_seconds"].add_metric(lab + [ev], total / 1e9)
+            else:
+                fam["instrument_stage_perf_events"].add_metric(lab + [ev], total)
+    fam["instrument_processes"].add_metric([], len(snap.meta.get("merged_from") or [None]))
+    return list(fam.values())
 
 
 class InstrumentCollector:
@@ -170,118 +171,94 @@ def write_textfile(path: str, snap: Snapshot) -> None:
 
 
 # ------------------------------------------------------------ multiprocess
-def _dir(directory: Optional[str]) -> str:
-    d = directory or os.environ.get("PROMETHEUS_MULTIPROC_DIR")
-    if not d:
-        raise ValueError("no folder given and PROMETHEUS_MULTIPROC_DIR is not set")
-    return d
-
-
-def merged_snapshot(directory: Optional[str] = None) -> Snapshot:
-    """The exact merge of every snapshot file (*.json) in the folder; unreadable files are skipped."""
-    out = None
-    for p in sorted(glob.glob(os.path.join(_dir(directory), "*.json"))):
-        try:
-            s = Snapshot.load(p)
-        except SnapshotError:
-            continue   # not ours, or a worker's file being replaced: saves are atomic, so it is whole next time
-        out = s if out is None else out.merge(s)
-    return out if out is not None else Snapshot([], {"merged_from": []})
+# The shared folder's files are instrument.exporters.multiproc's; these names stay here for existing callers.
+merged_snapshot = multiproc.merged_snapshot
+save_snapshot = multiproc.save_snapshot
+start_snapshot_writer = multiproc.start_snapshot_writer
+stop_snapshot_writer = multiproc.stop_snapshot_writer
 
 
 def multiprocess_collector(directory: Optional[str] = None) -> InstrumentCollector:
-    d = _dir(directory)
-    return InstrumentCollector(lambda: merged_snapshot(d))
+    """A collector serving the exact merge of the folder's snapshots (default $PROMETHEUS_MULTIPROC_DIR)."""
+    d = multiproc.folder(directory)
+    return InstrumentCollector(lambda: multiproc.merged_snapshot(d))
 
 
-def save_snapshot(source: Callable[[], Snapshot], directory: Optional[str] = None) -> str:
-    """Save this process's snapshot (`source()`) as <folder>/instrument.<pid>.json (atomic)."""
-    return source().save(os.path.join(_dir(directory), f"instrument.{os.getpid()}.json"))
+# ------------------------------------------------------------------- serving
+MAX_SNAPSHOT_BYTES = 64 << 20      # /snapshot refuses (503) to send more; /metrics is what scales
+SNAPSHOT_PATH = "/snapshot"
 
 
-class _Writer:
-    def __init__(self, source: Callable[[], Snapshot], directory: str, interval: float) -> None:
-        self.source, self.directory, self.interval = source, directory, interval
-        self.stop = threading.Event()
-        self.thread = threading.Thread(target=self._loop, name="instrument-snapshot-writer", daemon=True)
-        self.thread.start()
-
-    def _loop(self) -> None:
-        while not self.stop.wait(self.interval):
-            _save_quietly(self.source, self.directory)
-
-    def close(self) -> None:
-        self.stop.set()
-        if self.thread.is_alive() and self.thread is not threading.current_thread():
-            self.thread.join(30)   # let a save in progress finish: a daemon killed mid-save leaves its temp file
+def snapshot_body(snap: Snapshot, limit: Optional[int] = None) -> bytes:
+    """The JSON /snapshot sends: the snapshot without its timeline events (the Chrome
+    trace's ring, which can be large).  ValueError when it is over `limit` bytes
+    (default MAX_SNAPSHOT_BYTES)."""
+    limit = MAX_SNAPSHOT_BYTES if limit is None else limit
+    body = Snapshot(snap.stages, snap.meta).to_json().encode("utf-8")
+    if len(body) > limit:
+        raise ValueError(f"the snapshot is {len(body)} bytes, over the {limit} bytes /snapshot sends; lower "
+                         "max_stages or read /metrics")
+    return body
 
 
-_writer: Optional[_Writer] = None
-_hooks_installed = False
+def make_app(source: Callable[[], Snapshot], registry: CollectorRegistry) -> Callable:
+    """The WSGI application: GET /snapshot is `source()` as JSON, any other GET path the
+    Prometheus exposition of `registry`.  Read-only: every method but GET and HEAD is
+    answered 405 and nothing in a request reaches the process's state."""
+    metrics_app = make_wsgi_app(registry)
+
+    def app(environ, start_response):
+        method = environ.get("REQUEST_METHOD", "GET")
+        if method not in ("GET", "HEAD"):
+            start_response("405 Method Not Allowed", [("Allow", "GET, HEAD"), ("Content-Type", "text/plain")])
+            return [b"read-only: GET /metrics or /snapshot\n"]
+        if environ.get("PATH_INFO", "/").rstrip("/") == SNAPSHOT_PATH:
+            try:
+                body, status = snapshot_body(source()), "200 OK"
+            except ValueError as e:
+                body, status = json.dumps({"error": str(e)}).encode(), "503 Service Unavailable"
+            except Exception as e:   # a snapshot that cannot be taken is an answer, never a dead server
+                body, status = json.dumps({"error": f"{type(e).__name__}: {e}"}).encode(), "500 Internal Server Error"
+            start_response(status, [("Content-Type", "application/json"), ("Content-Length", str(len(body))),
+                                    ("Cache-Control", "no-store")])
+            return [b"" if method == "HEAD" else body]
+        return metrics_app(environ, start_response)
+    return app
 
 
-def _save_quietly(source: Callable[[], Snapshot], directory: str) -> None:
-    try:
-        save_snapshot(source, directory)
-    except Exception:
-        pass   # a full disk must not take the worker down; the next save tries again
+class _Server(ThreadingMixIn, WSGIServer):
+    daemon_threads = True     # a slow client never holds the process at exit
+    allow_reuse_address = True
 
 
-def start_snapshot_writer(directory: Optional[str] = None, interval: float = 5.0,
-                          source: Optional[Callable[[], Snapshot]] = None) -> None:
-    """Save this process's snapshot (`source()`, e.g. instrument.snapshot) into the
-    folder every `interval` seconds and at exit; processes forked afterwards
-    (gunicorn workers) start their own writer."""
-    global _writer, _hooks_installed
-    d = _dir(directory)
-    if not callable(source):
-        raise TypeError("start_snapshot_writer needs source=, a function returning the process's Snapshot "
-                        "(instrument.snapshot)")
-    if interval <= 0:
-        raise ValueError(f"interval must be positive, got {interval!r}")
-    stop_snapshot_writer()
-    _writer = _Writer(source, d, interval)
-    if not _hooks_installed:
-        _hooks_installed = True
-        atexit.register(_final_save)
-        if hasattr(os, "register_at_fork"):
-            os.register_at_fork(after_in_child=_restart_in_child)
-
-
-def _final_save() -> None:
-    w = _writer
-    if w is not None:
-        w.close()
-        _save_quietly(w.source, w.directory)
-
-
-def _restart_in_child() -> None:
-    global _writer
-    if _writer is not None:
-        _writer = _Writer(_writer.source, _writer.directory, _writer.interval)   # threads do not survive fork
-
-
-def stop_snapshot_writer() -> None:
-    global _writer
-    if _writer is not None:
-        _writer.close()
-        _writer = None
+class _QuietHandler(WSGIRequestHandler):
+    def log_message(self, format, *args):   # a scraped endpoint logs nothing to the service's stderr
+        pass
 
 
 def serve_metrics(port: int, addr: str = "127.0.0.1", source: Optional[Callable[[], Snapshot]] = None,
                   registry: Optional[CollectorRegistry] = None):
-    """Serve /metrics on addr:port (127.0.0.1 unless told) in a daemon thread and
-    return the HTTP server (`.server_port`, `.shutdown()`).  With
-    PROMETHEUS_MULTIPROC_DIR set, serves the merge of the workers' snapshot files;
-    otherwise `source()` (instrument.serve_metrics passes instrument.snapshot)."""
+    """Serve /metrics (Prometheus) and /snapshot (JSON) on addr:port (127.0.0.1 unless
+    told) from a daemon thread and return the HTTP server (`.server_port`,
+    `.shutdown()`, `.server_close()`).  With PROMETHEUS_MULTIPROC_DIR set, both serve
+    the merge of the workers' snapshot files; otherwise `source()`
+    (instrument.serve_metrics passes instrument.snapshot)."""
+    if isinstance(port, bool) or not isinstance(port, int) or not 0 <= port <= 65535:
+        raise ValueError(f"port must be an integer from 0 to 65535, got {port!r}")
     if registry is None:
         registry = CollectorRegistry()
     if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
-        registry.register(multiprocess_collector())
+        d = multiproc.folder()
+        source = lambda: multiproc.merged_snapshot(d)   # noqa: E731
     elif source is None:
         raise TypeError("serve_metrics needs source=, a function returning a Snapshot (or use "
                         "instrument.serve_metrics, which serves this process's)")
-    else:
-        registry.register(InstrumentCollector(source))
-    r = start_http_server(port, addr=addr, registry=registry)
-    return r[0] if isinstance(r, tuple) else r
+    elif not callable(source):
+        raise TypeError(f"source must be a function returning a Snapshot, got {type(source).__name__}")
+    registry.register(InstrumentCollector(source))
+    family = socket.AF_INET6 if ":" in addr else socket.AF_INET
+    server_class = type("InstrumentServer", (_Server,), {"address_family": family})
+    server = make_server(addr, port, make_app(source, registry), server_class, handler_class=_QuietHandler)
+    server.thread = threading.Thread(target=server.serve_forever, name="instrument-metrics-server", daemon=True)
+    server.thread.start()
+    return server

@@ -12,7 +12,7 @@ import sys
 import threading
 import time
 import warnings
-from typing import Any, Callable, Dict, Optional
+from typing import Any, Callable, Dict, List, Optional
 
 from .. import config as _config
 from .. import counters
@@ -34,6 +34,14 @@ def current_config() -> _config.Config:
     return _config_now
 
 
+_configure_listeners: List[Callable[[_config.Config, Dict[str, Any]], None]] = []
+
+
+def on_configure(listener: Callable[[_config.Config, Dict[str, Any]], None]) -> None:
+    """`listener(config, options)` after every configure() (the facade starts the `serve` server)."""
+    _configure_listeners.append(listener)
+
+
 def configure(**options: Any) -> _config.Config:
     """Change options (see instrument.config.OPTIONS); returns the configuration now in force."""
     global _config_now
@@ -41,6 +49,8 @@ def configure(**options: Any) -> _config.Config:
         new = _config_now.replace(**options)
         _apply(new, explicit_counters="counters" in options)
         _config_now = new
+    for listener in _configure_listeners:
+        listener(new, options)
     return new
 
 
@@ -63,12 +73,26 @@ def use_backend(module) -> None:
 
 def _on_backend_switch(module) -> None:
     global backend
+    if _root_exit is not None:
+        backend.set_root_exit_hook(None)
+        module.set_root_exit_hook(_root_exit)
     backend = module
     _applied_counters.pop(module.__name__, None)
     _apply(_config_now)
 
 
+_root_exit: Optional[Callable[[], None]] = None
 _backend.on_switch(_on_backend_switch)
+
+
+def on_root_exit(callback: Optional[Callable[[], None]]) -> None:
+    """`callback()` after every outermost stage exit, once that call is recorded (None: no call;
+    the hot path then makes none).  The snapshot writer of worker processes uses it."""
+    global _root_exit
+    if callback is not None and not callable(callback):
+        raise TypeError(f"on_root_exit needs a function or None, not {type(callback).__name__}")
+    _root_exit = callback
+    backend.set_root_exit_hook(callback)
 _counter_names: tuple = ()
 _applied_counters: Dict[str, tuple] = {}   # backend module -> the events it was given
 _counter_probe: Optional[Dict[str, Any]] = None
@@ -273,8 +297,9 @@ def _counter_dict(names, rows) -> Dict[str, Dict[str, Any]]:
     return out
 
 
-def snapshot() -> Snapshot:
-    """An immutable Snapshot of everything recorded so far; callable any time."""
+def snapshot(finish: bool = True) -> Snapshot:
+    """An immutable Snapshot of everything recorded so far; callable any time.
+    finish=False leaves out what the facade adds (verdicts): the snapshot writer's copy."""
     for integ in integrations.registered():
         try:
             integ.before_snapshot()
@@ -316,7 +341,7 @@ def snapshot() -> Snapshot:
     if outside:
         meta["items_outside_stages"] = outside
     snap = Snapshot(stages, meta, events, _exemplars(raw.get("exemplars") or (), paths, meta["pid"]))
-    return _finish(snap) if _finish is not None else snap
+    return _finish(snap) if _finish is not None and finish else snap
 
 
 def _items(rows) -> Dict[str, Dict[str, Any]]:

@@ -34,6 +34,7 @@ _max_nodes = 10000
 _epoch = 1
 _hook_enter = None
 _hook_exit = None
+_root_exit_hook = None   # called after every outermost stage exit (set_root_exit_hook)
 _nvtx = None          # instrument.nvtx module while NVTX emission is on
 _loop = None          # asyncio.events._get_running_loop once asyncio is imported
 _ctr_events: list = []          # [(type, config)] every thread opens
@@ -396,6 +397,11 @@ def _exit(stage: "Stage", error: bool) -> None:
             _nvtx.pop()
     except Exception:
         _internal_failure("stage exit")
+    if f.parent is None and _root_exit_hook is not None:   # an outermost call is complete
+        try:
+            _root_exit_hook()
+        except Exception:
+            _internal_failure("root exit hook")
 
 
 # ----------------------------------------------------------------- exemplars
@@ -696,6 +702,13 @@ def set_hooks(enter, exit) -> None:
     if (enter is None) != (exit is None):
         raise ValueError("set_hooks needs both hooks or neither")
     _hook_enter, _hook_exit = enter, exit
+
+
+def set_root_exit_hook(hook) -> None:
+    global _root_exit_hook
+    if hook is not None and not callable(hook):
+        raise TypeError(f"set_root_exit_hook needs a callable or None, not {type(hook).__name__}")
+    _root_exit_hook = hook
 
 
 def collect() -> Dict[str, Any]:

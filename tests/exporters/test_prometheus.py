@@ -45,7 +45,7 @@ def test_histogram_counts_are_exact_and_monotone():
     assert tok.value == 3 and tok.labels["stage"] == "tokenize"
     assert samples(fams["instrument_stage_errors"], "_total", "request")[0].value == 2
     assert samples(fams["instrument_stage_cpu_seconds"], "_total", "request")[0].value == pytest.approx(5e-6)
-    (pf,) = samples(fams["instrument_stage_counter"], "_total", "request")
+    (pf,) = samples(fams["instrument_stage_perf_events"], "_total", "request")
     assert pf.labels["event"] == "page-faults" and pf.value == 42   # a counter that never counted is left out
 
 
@@ -140,3 +140,292 @@ def test_cli_export_prometheus(tmp_path, capsys):
                      str(tmp_path / "b.json")]) == 0
     fams = parse((tmp_path / "m.prom").read_text())
     assert samples(fams["instrument_stage_duration_seconds"], "_count", "a")[0].value == 5
+
+
+# ------------------------------------------------- conformance (promtool, the reference linter)
+import json  # noqa: E402
+import re  # noqa: E402
+import shutil  # noqa: E402
+import urllib.error  # noqa: E402
+
+from instrument.snapshot import StageStats  # noqa: E402
+
+PROMTOOL = shutil.which("promtool")
+needs_promtool = pytest.mark.skipif(PROMTOOL is None, reason="promtool is not installed (Debian: apt-get install "
+                                                             "prometheus; .ci/run installs it)")
+WEIRD = ['quote"d', "back\\slash", "new\nline", "日本語 ステージ", "{le=\"1\"}", "tab\there"]
+
+
+def rich_snapshot():
+    """Every field the exporter knows: counters (counts and clocks, one that never counted), GPU time,
+    errors, '(other)', and stage names that need escaping."""
+    ctr = {"page-faults": {"total": 42, "self": 40, "counted_calls": 3}, "task-clock": {"total": 7_000_000},
+           "context-switches": {"total": 3}, "cycles": {"total": None}, "r01c2": {"total": 12345}}
+    stages = [st("request", 0, 0, values=VALUES, cpu_ns=5_000, errors=2, counters=ctr),
+              st("request/tokenize", 3, 2_000_000), st("request/(other)", 4, 10_000)]
+    stages[-1] = StageStats(**{**stages[-1].__dict__, "other": True})
+    gpu = {"total_ns": 3_000_000, "samples": 5, "dropped": 0, "errors": 0, "hist": {"scheme": "log2-64", "buckets": []}}
+    stages.append(StageStats(**{**st("request/forward", 5, 1_000_000).__dict__, "gpu": gpu}))
+    stages += [st(f"request/{w}", 1, 1000) for w in WEIRD]
+    return snap(*stages)
+
+
+def promtool_check(text):
+    r = subprocess.run([PROMTOOL, "check", "metrics"], input=text, capture_output=True, text=True, timeout=60)
+    return r.returncode, (r.stdout + r.stderr).strip()
+
+
+@needs_promtool
+def test_promtool_clean_on_a_rich_export(tmp_path):
+    from instrument import cli
+    rich_snapshot().save(tmp_path / "run.json")
+    assert cli.main(["export", "--prometheus", str(tmp_path / "m.prom"), str(tmp_path / "run.json")]) == 0
+    text = (tmp_path / "m.prom").read_text()
+    rc, out = promtool_check(text)
+    assert (rc, out) == (0, ""), out
+    fams = parse(text)
+    assert set(fams) == set(P.METRICS)   # every family present, no other
+    gpu = samples(fams["instrument_stage_gpu_seconds"], "_total", "request/forward")
+    assert gpu[0].value == pytest.approx(0.003)
+    assert samples(fams["instrument_stage_gpu_samples"], "_total", "request/forward")[0].value == 5
+    assert samples(fams["instrument_stage_errors"], "_total", "request")[0].value == 2
+    clock = samples(fams["instrument_stage_perf_clock_seconds"], "_total", "request")
+    assert [(c.labels["event"], c.value) for c in clock] == [("task-clock", pytest.approx(0.007))]   # seconds
+    events = {c.labels["event"]: c.value for c in samples(fams["instrument_stage_perf_events"], "_total", "request")}
+    assert events == {"page-faults": 42, "context-switches": 3, "r01c2": 12345}   # cycles never counted: absent
+    other = samples(fams["instrument_stage_duration_seconds"], "_count", "request/(other)")
+    assert other[0].value == 4 and other[0].labels["stage"] == "(other)"
+
+
+@needs_promtool
+def test_label_values_are_escaped_and_read_back_exactly():
+    text = P.render(rich_snapshot())
+    assert promtool_check(text) == (0, "")
+    h = parse(text)["instrument_stage_duration_seconds"]
+    names = {s.labels["stage"] for s in h.samples}
+    assert set(WEIRD) <= names
+    for w in WEIRD:
+        assert samples(h, "_count", f"request/{w}")[0].value == 1
+    assert '\\"' in text and "\\\\" in text and "\\n" in text and "\n\t" not in text
+
+
+@needs_promtool
+def test_served_metrics_are_promtool_clean(backend):
+    instrument.configure(counters=["task-clock", "page-faults", "context-switches"])
+    for w in ["request", *WEIRD]:
+        with instrument.stage("request"):
+            with instrument.stage(w):
+                pass
+    try:
+        with instrument.stage("fails"):
+            raise KeyError("x")
+    except KeyError:
+        pass
+    server = instrument.serve_metrics(0)
+    try:
+        body = urllib.request.urlopen(f"http://127.0.0.1:{server.server_address[1]}/metrics", timeout=30).read()
+    finally:
+        server.shutdown()
+        server.server_close()
+    text = body.decode()
+    assert promtool_check(text) == (0, "")
+    fams = parse(text)
+    assert samples(fams["instrument_stage_errors"], "_total", "fails")[0].value == 1
+    assert samples(fams["instrument_stage_duration_seconds"], "_count", "request")[0].value == 1 + len(WEIRD)
+
+
+CAPPED = """
+import json, warnings, instrument
+from instrument.exporters import prometheus as P
+from prometheus_client.parser import text_string_to_metric_families
+instrument.configure(max_stages=12)
+with warnings.catch_warnings(record=True) as w:
+    warnings.simplefilter("always")
+    for i in range(500):
+        with instrument.stage("request"):
+            with instrument.stage(f"user-{i}"):
+                pass
+(h,) = [f for f in text_string_to_metric_families(P.render(instrument.snapshot()))
+        if f.name == "instrument_stage_duration_seconds"]
+counts = [s for s in h.samples if s.name.endswith("_count") and s.labels["path"] != "request"]
+print(json.dumps({"paths": sorted({s.labels["path"] for s in h.samples}),
+                  "folded": any("folded" in str(x.message) for x in w), "children": sum(s.value for s in counts)}))
+"""
+
+
+@pytest.mark.parametrize("pure", ["0", "1"])
+def test_label_cardinality_is_bounded_by_the_stage_cap(pure):
+    # in a process of its own: the fold warning is shown once per process
+    r = subprocess.run([sys.executable, "-c", CAPPED], capture_output=True, text=True, timeout=120,
+                       env=dict(env(), INSTRUMENT_PURE_PYTHON=pure))
+    assert r.returncode == 0, r.stderr
+    got = json.loads(r.stdout)
+    assert len(got["paths"]) == 12 + 1 and "request/(other)" in got["paths"]   # the cap, and one (other)
+    assert got["folded"] and got["children"] == 500                              # every call still counted
+
+
+def documented_metrics():
+    """The metric table of docs/prometheus.md: name -> (type, labels, unit)."""
+    text = open(os.path.join(os.path.dirname(P.__file__), "..", "..", "docs", "prometheus.md")).read()
+    rows = re.findall(r"^\| `(instrument_[a-z_]+)` \| (\w+) \| ([^|]*) \| ([^|]*) \|", text, re.M)
+    return {n: (t, sorted(re.findall(r"`(\w+)`", labels)), unit.strip()) for n, t, labels, unit in rows}
+
+
+def test_docs_list_every_metric_with_its_labels_and_unit():
+    docs = documented_metrics()
+    exported = set(parse(P.render(rich_snapshot())))
+    for name, (kind, extra, unit, _help) in P.METRICS.items():
+        full = name + "_total" if kind == "counter" else name
+        assert full in docs, f"{full} is not in docs/prometheus.md"
+        labels = [] if extra is None else sorted(P.LABELS + extra + (["le"] if kind == "histogram" else []))
+        assert docs[full] == (kind, labels, unit), full
+        assert name in exported
+    assert len(docs) == len(P.METRICS)
+
+
+# ---------------------------------------------------------------- /snapshot
+def get(url, method="GET", data=None):
+    req = urllib.request.Request(url, method=method, data=data)
+    try:
+        with urllib.request.urlopen(req, timeout=30) as r:
+            return r.status, r.headers.get("Content-Type"), r.read()
+    except urllib.error.HTTPError as e:
+        return e.code, e.headers.get("Content-Type"), e.read()
+
+
+@pytest.fixture
+def served(backend):
+    server = instrument.serve_metrics(0)
+    yield f"http://127.0.0.1:{server.server_address[1]}"
+    server.shutdown()
+    server.server_close()
+
+
+def test_snapshot_endpoint_serves_the_live_snapshot_read_only(served):
+    instrument.configure(trace_events=1000)
+    for _ in range(7):
+        with instrument.stage("req"):
+            with instrument.stage("tok"):
+                pass
+    status, ctype, body = get(served + "/snapshot")
+    assert status == 200 and ctype == "application/json"
+    snapd = instrument.Snapshot.from_dict(json.loads(body))
+    assert snapd["req"].calls == 7 and snapd["req/tok"].calls == 7
+    assert snapd.meta["pid"] == os.getpid()
+    assert "events" not in json.loads(body) and instrument.snapshot().events   # the trace ring is not sent
+    for method in ("POST", "PUT", "DELETE", "PATCH"):
+        status, _, _ = get(served + "/snapshot", method, data=b'{"reset": true}')
+        assert status == 405, method
+        assert get(served + "/metrics", method, data=b"x")[0] == 405
+    assert get(served + "/snapshot", "HEAD")[:2] == (200, "application/json")
+    assert instrument.snapshot()["req"].calls == 7   # no request changed anything
+    assert get(served + "/snapshot/")[0] == 200
+
+
+def test_snapshot_endpoint_bounds_its_answer(served, monkeypatch):
+    with instrument.stage("a"):
+        pass
+    monkeypatch.setattr(P, "MAX_SNAPSHOT_BYTES", 200)
+    status, ctype, body = get(served + "/snapshot")
+    assert status == 503 and ctype == "application/json"
+    assert "over the 200 bytes /snapshot sends" in json.loads(body)["error"]
+    assert get(served + "/metrics")[0] == 200
+
+
+def test_a_failing_source_is_an_answer_not_a_dead_server():
+    calls = []
+
+    def source():
+        calls.append(1)
+        if len(calls) == 1:
+            raise RuntimeError("backend went away")
+        return snap(st("a", 2, 1000))
+    server = P.serve_metrics(0, source=source)
+    try:
+        url = f"http://127.0.0.1:{server.server_address[1]}/snapshot"
+        status, _, body = get(url)
+        assert status == 500 and json.loads(body)["error"] == "RuntimeError: backend went away"
+        status, _, body = get(url)
+        assert status == 200 and json.loads(body)["stages"][0]["calls"] == 2
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def test_serve_metrics_refuses_bad_arguments():
+    with pytest.raises(ValueError, match="port must be an integer from 0 to 65535"):
+        P.serve_metrics(70000, source=instrument.snapshot)
+    with pytest.raises(TypeError, match="source must be a function"):
+        P.serve_metrics(0, source=42)
+
+
+def free_port():
+    import socket
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+SERVE = """
+import json, sys, urllib.request, instrument
+with instrument.stage("boot"):
+    pass
+print(json.dumps({"serve": instrument.current_config().serve}), flush=True)
+sys.stdin.read()
+"""
+
+
+@pytest.mark.parametrize("address,any_host,served_at", [
+    ("127.0.0.1:{port}", None, True), (":{port}", None, True), ("0.0.0.0:{port}", None, False),
+    ("0.0.0.0:{port}", "1", True)])
+def test_instrument_serve_starts_the_server_at_import_on_loopback_only(address, any_host, served_at):
+    port = free_port()
+    e = env()
+    e["INSTRUMENT_SERVE"] = address.format(port=port)
+    if any_host:
+        e["INSTRUMENT_SERVE_ANY_HOST"] = any_host
+    proc = subprocess.Popen([sys.executable, "-c", SERVE], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env=e)
+    try:
+        line = json.loads(proc.stdout.readline())
+        if served_at:
+            status, _, body = get(f"http://127.0.0.1:{port}/snapshot")
+            assert status == 200 and json.loads(body)["stages"][0]["path"] == ["boot"]
+        else:
+            assert line["serve"] is None
+            with pytest.raises(urllib.error.URLError):
+                urllib.request.urlopen(f"http://127.0.0.1:{port}/snapshot", timeout=5)
+    finally:
+        proc.stdin.close()
+        err = proc.stderr.read()
+        proc.wait(timeout=60)
+    if not served_at:
+        assert "is not a loopback address" in err and "INSTRUMENT_SERVE_ANY_HOST=1" in err
+    else:
+        assert "Traceback" not in err
+
+
+def test_configure_serve_starts_moves_and_stops_the_server(backend):
+    port = free_port()
+    try:
+        instrument.configure(serve=f"127.0.0.1:{port}")
+        with instrument.stage("x"):
+            pass
+        assert json.loads(get(f"http://127.0.0.1:{port}/snapshot")[2])["stages"][0]["calls"] == 1
+        with pytest.raises(ValueError, match="not a loopback address"):
+            instrument.configure(serve="10.1.2.3:80")
+        assert get(f"http://127.0.0.1:{port}/snapshot")[0] == 200   # the refused change changed nothing
+    finally:
+        instrument.configure(serve=None)
+    with pytest.raises(urllib.error.URLError):
+        urllib.request.urlopen(f"http://127.0.0.1:{port}/snapshot", timeout=5)
+
+
+def test_a_busy_port_is_a_warning_not_an_exception(backend):
+    import socket
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        with pytest.warns(RuntimeWarning, match="cannot serve /metrics and /snapshot"):
+            instrument.configure(serve=f"127.0.0.1:{s.getsockname()[1]}")
+    instrument.configure(serve=None)

@@ -1,0 +1,25 @@
+/* The root-exit hook (rootexit.h). */
+#include "rootexit.h"
+
+PyObject *g_root_exit_hook = NULL;
+
+void root_exit_notify(void) {
+    PyObject *h = g_root_exit_hook;
+    if (!h) return;
+    Py_INCREF(h);   /* the hook may replace itself while it runs */
+    PyObject *et, *ev, *tb;
+    PyErr_Fetch(&et, &ev, &tb);   /* a Region exit carries the function's exception */
+    PyObject *r = PyObject_CallNoArgs(h);
+    if (!r) internal_failure("root exit hook"); else Py_DECREF(r);
+    PyErr_Restore(et, ev, tb);
+    Py_DECREF(h);
+}
+
+PyObject *mod_set_root_exit_hook(PyObject *m, PyObject *f) {
+    if (f != Py_None && !PyCallable_Check(f))
+        return PyErr_Format(PyExc_TypeError, "set_root_exit_hook needs a callable or None, not %.100s", Py_TYPE(f)->tp_name);
+    PyObject *old = g_root_exit_hook;
+    g_root_exit_hook = f == Py_None ? NULL : Py_NewRef(f);
+    Py_XDECREF(old);
+    Py_RETURN_NONE;
+}
