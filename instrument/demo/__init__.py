@@ -224,23 +224,6 @@ def _profile(service, sentences, args, path):
              "share": (r.get("self_cpu_ns") or 0) / total} for r in rows[:5]]
 
 
-def _items_line(snap) -> list:
-    """Per-item costs of the stages that recorded items."""
-    out = []
-    for s in snap:
-        items = s.items or {}
-        if not s.calls or not items.get("tokens", {}).get("total"):
-            continue
-        tokens = items["tokens"]["total"]
-        text = (f"  {'/'.join(s.path)}: {tokens / s.calls:.0f} tokens per call, {s.wall_total / tokens / 1e3:.1f} µs "
-                f"per token, {tokens / (s.wall_total / 1e9):,.0f} tokens/s")
-        pad = (items.get("padding_tokens") or {}).get("total")
-        if pad is not None:
-            text += f"; {pad / tokens * 100:.0f}% of them padding"
-        out.append(text)
-    return out
-
-
 def run_demo(argv=None) -> int:
     args = _parser().parse_args(argv)
     if args.requests < 1 or args.batch_size < 1:
@@ -282,10 +265,7 @@ def run_demo(argv=None) -> int:
 
     say(f"\n== step 1: where the time goes — {variants[0]}, {args.requests} requests of {args.batch_size} "
         f"sentences on {device} ==")
-    say(render_breakdown(first))
-    say("items:")
-    for line in _items_line(first):
-        say(line)
+    say(render_breakdown(first))   # items show under their stage: cost per token, tokens/s
     for line in status_lines(first):
         say(line)
     say()
