@@ -50,7 +50,7 @@ def render_breakdown(snap, width=None) -> str:
 def render_diff(before, after, width=None) -> str:
     """The SDK's diff: the headline (end-to-end request latency before → after), then every stage."""
     from instrument.exporters.table import render_diff
-    return render_diff(instrument.diff(before, after))
+    return render_diff(instrument.diff(before, after), width=width or _width())
 
 
 def headline(before, after) -> str:

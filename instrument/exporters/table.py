@@ -503,8 +503,15 @@ def _test_cells(sig: Significance) -> List[Any]:
     return [sig.significant if sig.basis != "none" else None, sig.basis, pct_(sig.estimate), pct_(lo), pct_(hi), sig.p]
 
 
-def render_diff(d: Diff, format: str = "table", limit: Optional[int] = None) -> str:
-    """The diff as text ('table'), 'markdown', 'csv' or 'json'; limit: at most that many rows."""
+# Columns given up, group by group, when a diff table must fit a width: (indices into DIFF_HEADERS + 1, what the
+# footer calls them, the header a column left alone in its group then takes)
+_DIFF_DROPS = (((2, 3, 4, 5), "total ms before/after/Δ", {}), ((10, 11), "p99 ms before/after", {12: "p99 Δ%"}),
+               ((13,), "CPU Δ%", {}), ((9,), "p50 Δ%", {}), ((6, 7), "mean ms before/after", {8: "mean Δ%"}))
+
+
+def render_diff(d: Diff, format: str = "table", limit: Optional[int] = None, width: Optional[int] = None) -> str:
+    """The diff as text ('table'), 'markdown', 'csv' or 'json'; limit: at most that many rows; width: the
+    text table gives up columns (named in a footer) and wraps its notes to fit that many characters."""
     if format not in FORMATS:
         raise ValueError(f"format must be one of {', '.join(FORMATS)}, got {format!r}")
     rows = d.rows[:limit] if limit else d.rows
@@ -538,18 +545,40 @@ def render_diff(d: Diff, format: str = "table", limit: Optional[int] = None) -> 
         return "\n".join(out)
     table = [[_diff_label(r)] + _diff_cells(r) for r in rows]
     head = ["stage"] + DIFF_HEADERS
+    keep = list(range(len(head)))
+    dropped: List[str] = []
     widths = [min(48, max([len(head[0])] + [len(t[0]) for t in table]))] + \
         [max([len(h)] + [len(t[i + 1]) for t in table]) for i, h in enumerate(DIFF_HEADERS)]
+    if width is not None:
+        widths[0] = min(widths[0], max(16, width // 4))
+        for group, what, rename in _DIFF_DROPS:
+            if sum(widths[k] + 1 for k in keep) - 1 <= width:
+                break
+            keep = [k for k in keep if k not in group]
+            dropped.append(what)
+            for k, h in rename.items():
+                head[k] = h
+                widths[k] = max(widths[k], len(h))
 
     def line(cells):
         first = cells[0] if len(cells[0]) <= widths[0] else cells[0][: widths[0] - 1] + "…"
-        return f"{first:<{widths[0]}}" + "".join(f" {c:>{w}}" for c, w in zip(cells[1:], widths[1:]))
-    out = [headline(d), "", line(head), "-" * (sum(widths) + len(widths) - 1)]
+        return f"{first:<{widths[0]}}" + "".join(f" {cells[k]:>{widths[k]}}" for k in keep[1:])
+
+    def wrap(text, indent=""):
+        return textwrap.wrap(text, width, initial_indent=indent, subsequent_indent=indent + "  ") if width else \
+            [indent + text]
+    out = [*wrap(headline(d)), "", line(head), "-" * (sum(widths[k] for k in keep) + len(keep) - 1)]
     for r, cells in zip(rows, table):
         out.append(line(cells))
-        out += ["    " + x for x in _counter_lines(r)]
+        for x in _counter_lines(r):
+            out += wrap(x, "    ")
     if not rows:
         out.append("(no stages on either side)")
     else:
-        out += ["", *legend(d)]
+        out.append("")
+        for x in legend(d):
+            out += wrap(x)
+    if dropped:
+        out += wrap(f"not shown at {width} columns: {', '.join(dropped)} (a wider terminal or --format csv/json "
+                    "shows them)")
     return "\n".join(out)
