@@ -101,3 +101,17 @@ def test_diff_cli_formats_and_without_gate(tmp_path, capsys):
     assert cli.main(["diff", str(a), str(b), "--format", "json"]) == 0
     out = capsys.readouterr().out
     assert json.loads(out[out.index("{"):])["change"] == pytest.approx(0.2)
+
+
+def test_diff_table_fits_a_width_and_names_what_it_dropped():
+    d = D.diff(*pair(after_calls=50))
+    full = table.render_diff(d).splitlines()
+    assert max(map(len, full)) > 80
+    for width in (80, 100):
+        lines = table.render_diff(d, width=width).splitlines()
+        assert max(map(len, lines)) <= width
+        head = next(l for l in lines if l.startswith("stage "))
+        assert "mean" in head and "change" in head
+    footer = " ".join(table.render_diff(d, width=80).splitlines()[-2:])
+    assert "not shown at 80 columns: total ms before/after/Δ" in footer
+    assert "not shown at" not in table.render_diff(d, width=400)
