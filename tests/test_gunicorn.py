@@ -158,7 +158,10 @@ def test_sigkill_of_a_worker_loses_nothing_and_counters_never_decrease(tmp_path)
     # nothing lost overall: every answered request is counted; nothing invented: no more than were sent
     assert load.answered <= calls <= load.sent == load.answered + load.failed
     assert final[count_key] == calls
-    assert all(files[p]["request"].calls == files[p]["request/tokenize"].calls for p in files)
+    # each file is a snapshot taken at an outermost exit: the survivors' last one after their last request; the
+    # killed worker's may hold requests that were past tokenize but not yet answered when it died
+    assert all(files[p]["request"].calls == files[p]["request/tokenize"].calls for p in files if p != victim)
+    assert 0 <= files[victim]["request/tokenize"].calls - dead <= load.failed
     # the served counters never decreased, through the kill and the restart
     assert len(monitor.readings) >= 20
     for a, b in zip(monitor.readings, monitor.readings[1:] + [final]):
