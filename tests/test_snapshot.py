@@ -165,7 +165,7 @@ def test_task_attribution_fields_round_trip_merge_and_window(tmp_path):
     ratios to wall time leave the overlapped calls out."""
     from dataclasses import replace
 
-    from tests.snapfactory import snap, st
+    from snapfactory import snap, st
     a = replace(st("req", 10, 1_000_000, cpu_ns=4_000_000), cpu_calls=8, overlapped_calls=2, abandoned_calls=1,
                 suspended_total=3_000_000, suspended_self=2_000_000)
     s1 = snap(a)

@@ -154,8 +154,14 @@ def test_thirty_percent_slower_is_always_flagged(backend):
 
 
 def test_ten_percent_slower_is_flagged():
-    hits = _flagged(1.1, 5, 40)
-    assert sum(hits) >= 3, hits     # 5 of 5 on the idle 2-core VM; a majority even at load average 10
+    tests = []
+    hits = _flagged(1.1, 5, 40, tests)
+    # 5 of 5 on the idle 2-core VM.  A loaded machine stalls windows and widens the spread: a trial not
+    # flagged must then still be unsure rather than wrong, its 99 % interval reaching above the 3 % floor
+    # (a slowdown not excluded) and down under it
+    for hit, t in zip(hits, tests):
+        assert hit or (t.interval[1] > 0.03 and t.interval[0] < 0.03), [x.reason for x in tests]
+    assert sum(hits) >= 1, [x.reason for x in tests]
 
 
 def single_windows(slower=1.0, rounds=40, calls=50, base=400):

@@ -460,7 +460,7 @@ print(json.dumps(out))
 
 @pytest.mark.parametrize("which", ["native", "pure"])
 def test_exit_from_a_copied_context_is_refused_on_both_backends(which):
-    from tests.conftest import run_python
+    from conftest import run_python
     r = run_python(COPIED_EXIT % {"pure": which == "pure"}, cwd=REPO)   # a fresh process: the warning is once per process
     assert r.returncode == 0, r.stderr
     out = json.loads(r.stdout.strip().splitlines()[-1])
@@ -484,7 +484,7 @@ def test_meta_and_doctor_say_which_attribution_is_in_force(backend):
 
 
 def test_attribution_installs_when_asyncio_is_imported_later():
-    from tests.conftest import run_python
+    from conftest import run_python
     code = ("import sys, instrument; assert 'asyncio' not in sys.modules\n"
             "import asyncio, asyncio.events\n"
             "from instrument.live import tasks\n"
