@@ -141,6 +141,20 @@ def _check_serve(values: Mapping[str, Any]) -> None:
                          "to allow it, or use 127.0.0.1")
 
 
+def _budget(name: str, v: Any) -> Optional[float]:
+    """A share of a stage's own time in (0, 1]; None (or none/off/every) reads every call."""
+    if v is None or (isinstance(v, str) and v.strip().lower() in ("", "none", "off", "every")):
+        return None
+    try:
+        x = float(v) if not isinstance(v, bool) else None
+    except (TypeError, ValueError):
+        x = None
+    if x is None or not 0.0 < x <= 1.0:
+        raise ValueError(f"{name} must be a number greater than 0 and at most 1 (the share of a stage's own time its "
+                         f"counter and CPU-time reads may cost; 0.01 = 1 %), or None to read every call, got {v!r}")
+    return x
+
+
 @dataclasses.dataclass(frozen=True)
 class Option:
     name: str
@@ -157,6 +171,13 @@ OPTIONS: Tuple[Option, ...] = (
            "perf_event counters per stage: default, none, or a comma list of names / r<hex> raw codes"),
     Option("cpu_clock", "INSTRUMENT_CPU_CLOCK", True, _bool,
            "read the thread CPU clock at stage boundaries when no task-clock counter gives CPU time"),
+    Option("overhead_budget", "INSTRUMENT_OVERHEAD_BUDGET", 0.01, _budget,
+           "share of a stage's own time its counter and CPU-time reads may cost: stages too short for a read on "
+           "every call are read on a random subset of calls and their CPU time and counters estimated (calls and "
+           "wall time stay exact); none: read every call"),
+    Option("cpu_split", "INSTRUMENT_CPU_SPLIT", True, _bool,
+           "split each stage's CPU time into user and system (kernel) time from the thread's rusage, read with "
+           "the CPU time"),
     Option("task_attribution", "INSTRUMENT_TASK_ATTRIBUTION", True, _bool,
            "charge CPU time and counters inside asyncio tasks to each task's own stages (a hook on asyncio's task "
            "steps); off: a call that overlaps other tasks on its thread keeps its wall time, its CPU time and counters "
@@ -191,6 +212,8 @@ OPTIONS: Tuple[Option, ...] = (
            "CPU/wall above which a stage is judged compute-bound"),
     Option("verdict_gpu_share", "INSTRUMENT_VERDICT_GPU_SHARE", 0.6, _float(0.0, 1.0),
            "GPU time / wall above which a stage is judged gpu-bound"),
+    Option("verdict_kernel_share", "INSTRUMENT_VERDICT_KERNEL_SHARE", 0.5, _float(0.0, 1.0),
+           "system (kernel) time / CPU time above which a busy stage is judged kernel-bound"),
     Option("verdict_miss_ratio", "INSTRUMENT_VERDICT_MISS_RATIO", 0.1, _float(0.0, 1.0),
            "cache-miss ratio above which a stage is judged memory-bound"),
     Option("verdict_mpki", "INSTRUMENT_VERDICT_MPKI", 10.0, _float(0.0, 1e6),

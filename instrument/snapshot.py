@@ -98,6 +98,13 @@ class StageStats:
     suspended_self: int = 0
     windows: Optional[Tuple[Mapping[str, Any], ...]] = None   # per merged source (Snapshot.merge): its sums
     items: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)   # {name: {"total", "calls"}}
+    # under an overhead budget CPU time is read on a subset of the cpu_calls and cpu_total/cpu_self are
+    # estimates over all of them (each read call weighted by the inverse of its chance of being read);
+    # None: every one of the cpu_calls was read
+    cpu_read_calls: Optional[int] = None
+    # system (kernel) share of cpu_total/cpu_self, from the thread's rusage at the same reads; None: not measured
+    cpu_sys_total: Optional[int] = None
+    cpu_sys_self: Optional[int] = None
 
     @property
     def name(self) -> str:
@@ -127,8 +134,37 @@ class StageStats:
         return d
 
     @property
+    def cpu_reads(self) -> int:
+        """Calls whose CPU time was read (the rest of cpu_calls are estimated from them)."""
+        return self.cpu_calls if self.cpu_read_calls is None else self.cpu_read_calls
+
+    @property
+    def cpu_estimated(self) -> bool:
+        """Whether cpu_total/cpu_self are estimates from a sample of the calls."""
+        return self.cpu_reads < self.cpu_calls
+
+    @property
+    def cpu_user_total(self) -> Optional[int]:
+        return None if self.cpu_sys_total is None or self.cpu_total is None else max(0, self.cpu_total - self.cpu_sys_total)
+
+    @property
+    def cpu_user_self(self) -> Optional[int]:
+        return None if self.cpu_sys_self is None or self.cpu_self is None else max(0, self.cpu_self - self.cpu_sys_self)
+
+    @property
+    def sys_share(self) -> Optional[float]:
+        """System (kernel) time / CPU time of the stage's own time (self), where both were measured."""
+        if self.cpu_sys_self is None or not self.cpu_self:
+            return None
+        return min(1.0, max(0.0, self.cpu_sys_self / self.cpu_self))
+
+    @property
     def cpu_ns(self) -> Dict[str, Any]:
-        return {"total": self.cpu_total, "self": self.cpu_self, "calls": self.cpu_calls}
+        d = {"total": self.cpu_total, "self": self.cpu_self, "calls": self.cpu_calls, "read_calls": self.cpu_reads}
+        if self.cpu_sys_total is not None:
+            d["sys"] = {"total": self.cpu_sys_total, "self": self.cpu_sys_self}
+            d["user"] = {"total": self.cpu_user_total, "self": self.cpu_user_self}
+        return d
 
     def attributed_wall(self, wall: Optional[int] = None) -> Optional[float]:
         """Wall time (default: total) scaled to the calls whose CPU time and counters could be attributed
@@ -235,6 +271,9 @@ class StageStats:
                        cpu_total=None if c.get("total") is None else int(c["total"]),
                        cpu_self=None if c.get("self") is None else int(c["self"]),
                        cpu_calls=int(c.get("calls", calls if c.get("total") is not None else 0)),
+                       cpu_read_calls=None if c.get("read_calls") is None else int(c["read_calls"]),
+                       cpu_sys_total=None if (c.get("sys") or {}).get("total") is None else int(c["sys"]["total"]),
+                       cpu_sys_self=None if (c.get("sys") or {}).get("self") is None else int(c["sys"]["self"]),
                        hist=_hist.from_pairs(h.get("buckets", [])),
                        counters={k: dict(v) for k, v in (d.get("counters") or {}).items()},
                        gpu=d.get("gpu"), ops=d.get("ops"), other=bool(d.get("other", False)),
@@ -338,13 +377,27 @@ def merge_counters(a: Mapping[str, Mapping[str, Any]], b: Mapping[str, Mapping[s
             out[k] = dict(v)
             continue
         d = out[k]
-        for f in ("total", "self", "enabled_ns", "running_ns", "counted_calls"):
+        for f in ("total", "self", "enabled_ns", "running_ns", "counted_calls", "read_calls"):
             if f in d or f in v:
                 d[f] = _add(d.get(f), v.get(f))
         d["scaled"] = bool(d.get("scaled")) or bool(v.get("scaled"))
         if d.get("enabled_ns"):
             d["running_fraction"] = (d.get("running_ns") or 0) / d["enabled_ns"]
     return out
+
+
+def _reads(a: StageStats, b: StageStats, sign: int) -> Optional[int]:
+    """cpu_read_calls of a merge (sign +1) or of a window (-1): None while every call of both was read."""
+    if a.cpu_read_calls is None and b.cpu_read_calls is None:
+        return None
+    return a.cpu_reads + sign * b.cpu_reads
+
+
+def _sys(x: Optional[int], y: Optional[int], a: StageStats, b: StageStats) -> Optional[int]:
+    """System time of a merge: known only where each side that measured CPU time also split it."""
+    if (x is None and a.cpu_calls) or (y is None and b.cpu_calls):
+        return None
+    return (x or 0) + (y or 0)
 
 
 def merge_stage(a: StageStats, b: StageStats, windows: bool = False) -> StageStats:
@@ -364,6 +417,8 @@ def merge_stage(a: StageStats, b: StageStats, windows: bool = False) -> StageSta
                    wall_self=a.wall_self + b.wall_self, wall_min=mn(a.wall_min, b.wall_min),
                    wall_max=mx(a.wall_max, b.wall_max), cpu_total=_add(a.cpu_total, b.cpu_total),
                    cpu_self=_add(a.cpu_self, b.cpu_self), cpu_calls=a.cpu_calls + b.cpu_calls,
+                   cpu_read_calls=_reads(a, b, +1), cpu_sys_total=_sys(a.cpu_sys_total, b.cpu_sys_total, a, b),
+                   cpu_sys_self=_sys(a.cpu_sys_self, b.cpu_sys_self, a, b),
                    hist=_hist.merge(a.hist, b.hist), counters=merge_counters(a.counters, b.counters),
                    gpu=gpu, ops=ops, other=a.other or b.other, verdict=None,
                    overlapped_calls=a.overlapped_calls + b.overlapped_calls,
@@ -431,7 +486,7 @@ def _since_counters(a: Mapping[str, Mapping[str, Any]], b: Mapping[str, Mapping[
     out: Dict[str, Dict[str, Any]] = {}
     for k, v in a.items():
         d, e = dict(v), b.get(k) or {}
-        for f in ("total", "self", "enabled_ns", "running_ns", "counted_calls"):
+        for f in ("total", "self", "enabled_ns", "running_ns", "counted_calls", "read_calls"):
             if f in d:
                 d[f] = _sub(d.get(f), e.get(f))
         if d.get("counted_calls") == 0:
@@ -506,6 +561,9 @@ def since_stage(a: StageStats, b: StageStats) -> StageStats:
                    wall_self=a.wall_self - b.wall_self, wall_min=lo, wall_max=hi,
                    cpu_total=_sub(a.cpu_total, b.cpu_total) if cpu_calls else None,
                    cpu_self=_sub(a.cpu_self, b.cpu_self) if cpu_calls else None, cpu_calls=cpu_calls, hist=h,
+                   cpu_read_calls=_reads(a, b, -1),
+                   cpu_sys_total=_sub(a.cpu_sys_total, b.cpu_sys_total) if cpu_calls else None,
+                   cpu_sys_self=_sub(a.cpu_sys_self, b.cpu_sys_self) if cpu_calls else None,
                    counters=_since_counters(a.counters, b.counters), gpu=_since_gpu(a.gpu, b.gpu),
                    ops=_since_ops(a.ops, b.ops), verdict=None,
                    overlapped_calls=a.overlapped_calls - b.overlapped_calls,
