@@ -24,6 +24,7 @@
 #include <Python.h>
 #include <stdint.h>
 #include <time.h>
+#include <sys/resource.h>
 
 #include "perf.h"
 
@@ -42,6 +43,13 @@ static inline int64_t thread_cpu_ns(void) {
     struct timespec t;
     if (clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t) != 0) return -1;
     return (int64_t)t.tv_sec * 1000000000 + t.tv_nsec;
+}
+
+/* System (kernel) CPU time of the calling thread, from its rusage (µs resolution); -1 on failure. */
+static inline int64_t thread_sys_ns(void) {
+    struct rusage r;
+    if (getrusage(RUSAGE_THREAD, &r) != 0) return -1;
+    return (int64_t)r.ru_stime.tv_sec * 1000000000 + (int64_t)r.ru_stime.tv_usec * 1000;
 }
 
 /* ------------------------------------------------------------ global state */
@@ -65,6 +73,13 @@ extern int g_ctr_status[PERF_MAX_EVENTS];  /* errno per event on the first threa
 extern int g_ctr_status_known;
 extern int g_ctr_excl_used;        /* exclude_kernel that first thread ended up with */
 extern int g_ctr_rdpmc;            /* whether that first thread reads some group with rdpmc */
+
+/* The overhead budget (types.c): a stage whose calls are too short for its reads to fit the budget is read on
+ * a random subset of calls, each read call weighted by the inverse of its chance (an unbiased estimate). */
+extern double g_budget;            /* share of a stage's time its reads may cost; 0: every call is read */
+extern double g_read_cost;         /* ns the reads of one call cost (both boundaries), from calibrate(); 0: unknown */
+extern int64_t g_cpu_bias[3];      /* ns of the reads' own cost inside a CPU window, per Frame.cpu_src */
+extern int g_cpu_split;            /* read the thread's rusage with the CPU time: the system share */
 
 extern int64_t g_open_frames;      /* frames open in any stack: the node table can only be rebuilt at 0 */
 extern uint64_t g_unmatched, g_out_of_order, g_cross_thread, g_internal, g_folded;

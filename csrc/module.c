@@ -37,17 +37,24 @@ static PyObject *mod_stage(PyObject *m, PyObject *name) {
 }
 
 static PyObject *mod_configure(PyObject *m, PyObject *args, PyObject *kw) {
-    static char *kwlist[] = {"enabled", "cpu_clock", "max_stages", "trace_events", "nvtx", "exemplars", NULL};
-    int enabled = g_enabled, cpu_clock = g_cpu_clock, nvtx = g_nvtx;
+    static char *kwlist[] = {"enabled", "cpu_clock", "max_stages", "trace_events", "nvtx", "exemplars", "budget",
+                             "cpu_split", NULL};
+    int enabled = g_enabled, cpu_clock = g_cpu_clock, nvtx = g_nvtx, cpu_split = g_cpu_split;
     int max_nodes = g_max_nodes, xm_k = g_xm_k;
+    double budget = g_budget;
     Py_ssize_t trace = (Py_ssize_t)g_ring_cap;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "|$ppinpi:configure", kwlist, &enabled, &cpu_clock, &max_nodes, &trace, &nvtx, &xm_k)) return NULL;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "|$ppinpidp:configure", kwlist, &enabled, &cpu_clock, &max_nodes,
+                                     &trace, &nvtx, &xm_k, &budget, &cpu_split)) return NULL;
+    if (!(budget >= 0 && budget <= 1))
+        return PyErr_Format(PyExc_ValueError, "budget must be a number from 0 (read every call) to 1");
     if (max_nodes < 1) return PyErr_Format(PyExc_ValueError, "max_stages must be at least 1, got %d", max_nodes);
     if (trace < 0) return PyErr_Format(PyExc_ValueError, "trace_events must be 0 or more, got %zd", trace);
     if (xm_k < 0 || xm_k > XM_MAX_K) return PyErr_Format(PyExc_ValueError, "exemplars must be from 0 to %d, got %d", XM_MAX_K, xm_k);
     xm_set_k(xm_k);
     if ((size_t)trace != g_ring_cap && trace_resize((size_t)trace) < 0) return PyErr_NoMemory();
     g_enabled = enabled;
+    g_budget = budget;
+    g_cpu_split = cpu_split;
     g_cpu_clock = cpu_clock;
     g_max_nodes = max_nodes;
     g_nvtx = nvtx && nvtx_emit_available();
@@ -142,8 +149,9 @@ static PyObject *mod_collect(PyObject *m, PyObject *unused) {
         if (!ctr) { Py_DECREF(h); goto done; }
         for (int k = 0; s->ctr && k < g_ctr_n; k++) {
             CounterStat *c = &s->ctr[k];
-            PyObject *t = Py_BuildValue("(ddKKKK)", c->total, c->self, (unsigned long long)c->enabled,
-                (unsigned long long)c->running, (unsigned long long)c->counted, (unsigned long long)c->scaled);
+            PyObject *t = Py_BuildValue("(ddKKKKKd)", c->total, c->self, (unsigned long long)c->enabled,
+                (unsigned long long)c->running, (unsigned long long)c->counted, (unsigned long long)c->scaled,
+                (unsigned long long)c->covered, c->wsum);
             if (!t || PyList_Append(ctr, t) < 0) { Py_XDECREF(t); Py_DECREF(ctr); Py_DECREF(h); goto done; }
             Py_DECREF(t);
         }
@@ -154,6 +162,13 @@ static PyObject *mod_collect(PyObject *m, PyObject *unused) {
             "cpu_calls", (unsigned long long)s->cpu_calls, "cpu_total", (long long)s->cpu_total,
             "cpu_self", (long long)s->cpu_self, "hist", h);
         if (t && PyDict_SetItemString(t, "counters", ctr) < 0) Py_CLEAR(t);
+        PyObject *cr = t ? Py_BuildValue("{s:K,s:d,s:K,s:L,s:L,s:L,s:L}", "cpu_reads", (unsigned long long)s->cpu_reads,
+            "cpu_wsum", s->cpu_wsum,
+            "sys_reads", (unsigned long long)s->sys_reads, "sys_total", (long long)s->sys_total,
+            "sys_self", (long long)s->sys_self, "sys_cpu_total", (long long)s->sys_cpu_total,
+            "sys_cpu_self", (long long)s->sys_cpu_self) : NULL;
+        if (t && (!cr || PyDict_Update(t, cr) < 0)) Py_CLEAR(t);
+        Py_XDECREF(cr);
         if (t && tasks_collect_stats(t, s) < 0) Py_CLEAR(t);
         Py_DECREF(ctr);
         PyObject *items = t ? items_to_list(s) : NULL;
@@ -253,9 +268,18 @@ static PyObject *mod_current_path(PyObject *m, PyObject *unused) {
     return t;
 }
 
+/* calibrate(n=200): the configuration's costs on this thread (types.c), for the budget and meta.overhead. */
+static PyObject *mod_calibrate(PyObject *m, PyObject *args) {
+    int n = 200;
+    if (!PyArg_ParseTuple(args, "|i:calibrate", &n)) return NULL;
+    if (n < 1 || n > 1000000) return PyErr_Format(PyExc_ValueError, "calibrate needs 1 to 1000000 rounds, got %d", n);
+    return stage_calibrate(n);
+}
+
 static PyMethodDef native_methods[] = {
     {"stage", (PyCFunction)mod_stage, METH_O, "stage(name) -> Stage, one object per name"},
     {"configure", (PyCFunction)(void (*)(void))mod_configure, METH_VARARGS | METH_KEYWORDS, NULL},
+    {"calibrate", (PyCFunction)mod_calibrate, METH_VARARGS, NULL},
     {"set_counters", (PyCFunction)mod_set_counters, METH_VARARGS, "set_counters(events, exclude_kernel, taskclock_index)"},
     {"set_hooks", (PyCFunction)mod_set_hooks, METH_VARARGS, "set_hooks(enter, exit): called around every stage; None, None clears"},
     {"collect", (PyCFunction)mod_collect, METH_NOARGS, "everything recorded, merged over threads"},

@@ -68,6 +68,12 @@ int32_t node_add(int32_t parent, PyObject *name) {
     return id;
 }
 
+/* A node outside the cardinality cap (the calibration stage's): found or made, never counted nor folded. */
+int32_t node_uncounted(int32_t parent, PyObject *name) {
+    int32_t id = node_find(parent, name);
+    return id >= 0 ? id : node_new(parent, name, 0);
+}
+
 int nodes_init(void) {
     g_other_name = PyUnicode_InternFromString(OTHER_NAME);
     if (!g_other_name) return -1;

@@ -25,6 +25,7 @@ extern uint32_t g_node_gen;        /* bumped when the node table is rebuilt: old
 
 int nodes_init(void);              /* the root; 0, or -1 with an exception */
 int32_t node_add(int32_t parent, PyObject *name);   /* node_child when the node does not exist yet */
+int32_t node_uncounted(int32_t parent, PyObject *name);
 void drop_nodes(void);
 
 #pragma GCC visibility pop

@@ -41,6 +41,13 @@ static int stats_merge(NodeStats *d, const NodeStats *s) {
     d->wall_self += s->wall_self;
     d->cpu_total += s->cpu_total;
     d->cpu_self += s->cpu_self;
+    d->cpu_reads += s->cpu_reads;
+    d->cpu_wsum += s->cpu_wsum;
+    d->sys_reads += s->sys_reads;
+    d->sys_total += s->sys_total;
+    d->sys_self += s->sys_self;
+    d->sys_cpu_total += s->sys_cpu_total;
+    d->sys_cpu_self += s->sys_cpu_self;
     if (s->wall_min < d->wall_min) d->wall_min = s->wall_min;
     if (s->wall_max > d->wall_max) d->wall_max = s->wall_max;
     tasks_merge(d, s);
@@ -52,6 +59,8 @@ static int stats_merge(NodeStats *d, const NodeStats *s) {
             d->ctr[k].enabled += s->ctr[k].enabled;
             d->ctr[k].running += s->ctr[k].running;
             d->ctr[k].counted += s->ctr[k].counted;
+            d->ctr[k].covered += s->ctr[k].covered;
+            d->ctr[k].wsum += s->ctr[k].wsum;
             d->ctr[k].scaled += s->ctr[k].scaled;
         }
     }

@@ -8,7 +8,9 @@
 typedef struct CounterStat {
     double total, self;        /* scaled estimates, summed over the calls that counted */
     uint64_t enabled, running; /* summed time enabled/running of those calls */
-    uint64_t counted;          /* calls whose counter ran */
+    uint64_t counted;          /* calls read whose counter ran */
+    uint64_t covered;          /* calls the estimate stands for: those read, and those the budget left unread */
+    double wsum;               /* summed weights of the calls read: covered / wsum scales total to all of them */
     uint64_t scaled;           /* calls whose value was scaled for multiplexing */
 } CounterStat;
 
@@ -17,7 +19,11 @@ typedef struct ItemStat ItemStat;   /* items.h */
 typedef struct {
     uint64_t calls, errors, cpu_calls;
     int64_t wall_total, wall_self, wall_min, wall_max;
-    int64_t cpu_total, cpu_self;
+    int64_t cpu_total, cpu_self;  /* over cpu_calls: read calls weighted by 1 / their chance of being read */
+    uint64_t cpu_reads;           /* calls whose CPU time was read */
+    double cpu_wsum;              /* their summed weights (the ratio estimate: cpu_total * cpu_calls / cpu_wsum) */
+    uint64_t sys_reads;           /* of those, calls whose system time was read too (not while suspended) */
+    int64_t sys_total, sys_self, sys_cpu_total, sys_cpu_self;   /* system time and CPU time of those calls */
     hist h;
     uint64_t overlapped, abandoned;   /* asyncio attribution (tasks.c) */
     int64_t susp_total, susp_self;

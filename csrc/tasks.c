@@ -142,7 +142,8 @@ void tasks_frame_enter(ThreadState *ts, Stack *st, Frame *f) {
     Stack *o = tt->step_outer;
     if (o && st->depth == 1 && st != o && !o->suspended && st->owner == tt->step_ctx) {
         TaskReading r;   /* the step's context opens its first stage: the stage around the step stops here */
-        frame_reading(&r, f->ctr_gen, f->ctr_gen ? &f->c0 : NULL, f->cpu_src, f->cpu0);
+        if (f->skipped) take_reading(ts, &r);   /* left unread by the overhead budget */
+        else frame_reading(&r, f->ctr_gen, f->ctr_gen ? &f->c0 : NULL, f->cpu_src, f->cpu0);
         suspend(ts, tt, o, &r);
     }
     TaskClock *c = clock_for(st, ts);
@@ -164,7 +165,8 @@ int tasks_frame_exit(ThreadState *ts, Stack *st, const Frame *f, perf_reading *c
     Stack *o = tt->step_outer;
     if (o && st->depth == 1 && st != o && o->suspended && st->owner == tt->step_ctx) {
         TaskReading r;   /* its last stage closes: the stage around the step resumes here */
-        frame_reading(&r, f->ctr_gen, c1, f->cpu_src, *cpu1);
+        if (f->skipped) take_reading(ts, &r);
+        else frame_reading(&r, f->ctr_gen, c1, f->cpu_src, *cpu1);
         resume(ts, tt, o, &r);
     }
     TaskClock *c = clock_for(st, ts);
@@ -233,13 +235,16 @@ void tasks_stack_free(Stack *st) {
             }
             if (attributable && f->cpu_src == 1 && c->out.cpu >= 0 && f->cpu0 >= 0) cpu = c->out.cpu - c->s_cpu - f->cpu0;
             if (cpu < -1) cpu = -1;
+            if (cpu > wall) cpu = wall;
+            double w = f->w;   /* the weight of its readings under the overhead budget (types.c) */
             if (i > 0) {
                 Frame *p = &st->frames[i - 1];
                 p->child_wall += wall;
                 p->child_susp += susp;
-                if (cpu >= 0) p->child_cpu += cpu;
+                if (w != 1.0) p->child_est = 1;
+                if (cpu >= 0) p->child_cpu += (int64_t)((double)cpu * w + 0.5);
                 if (have_ctr && p->ctr_gen == f->ctr_gen)
-                    for (int k = 0; k < g_ctr_n; k++) if (cval[k] >= 0) p->child_c[k] += cval[k];
+                    for (int k = 0; k < g_ctr_n; k++) if (cval[k] >= 0) p->child_c[k] += cval[k] * w;
             }
             NodeStats *s = stats_get(&ts->stats, f->node);
             if (!s) { g_internal++; continue; }
@@ -253,9 +258,14 @@ void tasks_stack_free(Stack *st) {
             if (wall > s->wall_max) s->wall_max = wall;
             if (cpu >= 0) {
                 s->cpu_calls++;
-                s->cpu_total += cpu;
+                s->cpu_reads++;
+                s->cpu_wsum += w;
+                s->cpu_total += (int64_t)((double)cpu * w + 0.5);
                 int64_t self_cpu = cpu - f->child_cpu;
-                s->cpu_self += self_cpu > 0 ? self_cpu : 0;
+                if (self_cpu < 0 && !f->child_est) self_cpu = 0;
+                s->cpu_self += (int64_t)((double)self_cpu * w + (self_cpu < 0 ? -0.5 : 0.5));
+            } else if (attributable && f->skipped) {
+                s->cpu_calls++;   /* left unread by the budget: the read calls stand for it */
             }
             if (hist_add(&s->h, (uint64_t)wall) < 0) g_internal++;
             tasks_record(s, f, susp, !attributable && known);
@@ -263,12 +273,15 @@ void tasks_stack_free(Stack *st) {
                 for (int k = 0; k < g_ctr_n; k++) {
                     if (cval[k] < 0) continue;
                     CounterStat *cs = &s->ctr[k];
-                    cs->total += cval[k];
+                    cs->total += cval[k] * w;
                     double self_c = cval[k] - f->child_c[k];
-                    cs->self += self_c > 0 ? self_c : 0;
+                    if (self_c < 0 && !f->child_est) self_c = 0;
+                    cs->self += self_c * w;
                     cs->enabled += cen[k];
                     cs->running += crun[k];
                     cs->counted++;
+                    cs->covered++;
+                    cs->wsum += w;
                     cs->scaled += crun[k] != cen[k];
                 }
             }

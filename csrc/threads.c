@@ -47,6 +47,10 @@ ThreadState *ts_create(void) {
     ts->tasks = NULL;
     static uint64_t next_serial = 0;
     ts->serial = ++next_serial;
+    uint64_t z = ts->serial * 0x9E3779B97F4A7C15ULL + (uint64_t)now_ns();   /* splitmix64 of serial and time */
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ULL;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBULL;
+    ts->rng = (z ^ (z >> 31)) | 1;
     ts->native_id = PyThread_get_thread_native_id();
     ts->prev = NULL;
     ts->next = g_threads;

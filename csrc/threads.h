@@ -12,6 +12,7 @@ typedef struct ThreadState {
     uint32_t perf_gen;           /* g_ctr_gen the set was opened for; 0 = not open */
     uint64_t serial;             /* unique per thread state: addresses are reused after a thread ends */
     unsigned long native_id;
+    uint64_t rng;                /* xorshift state: which calls of a short stage are read (overhead budget) */
     struct TaskThread *tasks;    /* asyncio attribution (tasks.c), allocated on first use */
     struct ThreadState *prev, *next;
 } ThreadState;
@@ -30,6 +31,16 @@ ThreadState *ts_create(void);            /* ts_get on a thread's first stage; NU
 static inline ThreadState *ts_get(void) {
     ThreadState *ts = tls_ts;
     return __builtin_expect(ts != NULL, 1) ? ts : ts_create();
+}
+
+/* A uniform double in [0, 1) from the thread's generator. */
+static inline double ts_uniform(ThreadState *ts) {
+    uint64_t x = ts->rng;
+    x ^= x >> 12;
+    x ^= x << 25;
+    x ^= x >> 27;
+    ts->rng = x;
+    return (double)((x * 0x2545F4914F6CDD1DULL) >> 11) * (1.0 / 9007199254740992.0);
 }
 
 #endif

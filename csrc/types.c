@@ -147,6 +147,22 @@ static Frame *frame_by_seq(Stack *st, uint64_t seq) {
     return NULL;
 }
 
+#define MIN_READ_CHANCE (1.0 / 65536)
+
+/* Whether this call of `node` is read under the overhead budget; *w: the weight of its readings. */
+static inline int budget_read(ThreadState *ts, int32_t node, double *w) {
+    *w = 1.0;
+    if (g_budget <= 0 || g_read_cost <= 0) return 1;
+    NodeStats *s = stats_get(&ts->stats, node);
+    if (!s || !s->calls) return 1;                        /* the first call on this thread: read */
+    double p = g_budget * ((double)s->wall_total / (double)s->calls) / g_read_cost;
+    if (p >= 1.0) return 1;                               /* long enough for a read on every call */
+    if (p < MIN_READ_CHANCE) p = MIN_READ_CHANCE;
+    if (ts_uniform(ts) >= p) return 0;
+    *w = 1.0 / p;
+    return 1;
+}
+
 static void stage_enter(Stage *self) {
     if (!g_enabled) return;
     ThreadState *ts = ts_get();
@@ -177,6 +193,11 @@ static void stage_enter(Stage *self) {
     f->ctr_gen = 0;
     f->cpu0 = -1;
     f->cpu_src = 0;
+    f->sys0 = -1;
+    f->child_sys = 0;
+    f->child_est = 0;
+    f->skipped = 0;
+    f->w = 0;
     f->t0 = now_ns();
     if (g_hook_enter) {
         uint64_t seq = f->seq;
@@ -186,7 +207,10 @@ static void stage_enter(Stage *self) {
         f->hook = h;
     }
     if (g_nvtx) nvtx_open(self, f, loop);
-    if (g_ctr_n && counters_ready(ts)) {
+    double w;
+    if (!budget_read(ts, node, &w)) {
+        f->skipped = 1;
+    } else if (g_ctr_n && counters_ready(ts)) {
         perf_set_read(&ts->perf, &f->c0);
         f->ctr_gen = g_ctr_gen;
         memset(f->child_c, 0, sizeof(double) * (size_t)g_ctr_n);
@@ -195,7 +219,9 @@ static void stage_enter(Stage *self) {
             f->cpu_src = 2;
         }
     }
-    if (f->cpu_src == 0 && g_cpu_clock && (f->cpu0 = thread_cpu_ns()) >= 0) f->cpu_src = 1;
+    if (!f->skipped && f->cpu_src == 0 && g_cpu_clock && (f->cpu0 = thread_cpu_ns()) >= 0) f->cpu_src = 1;
+    if (f->cpu_src && g_cpu_split) f->sys0 = thread_sys_ns();
+    if (f->cpu_src || f->ctr_gen) f->w = w;
     tasks_frame_enter(ts, st, f);   /* readings relative to this context's task (tasks.c) */
     if (g_xm_k) xm_enter(st, f);   /* exemplars: a root stage starts its call's breakdown (exemplars.c) */
     f->t0 = now_ns();
@@ -226,6 +252,7 @@ static void stage_exit(Stage *self, int error) {
     perf_reading c1;
     int same_thread = ts && fp->ts_serial == serial;
     int have_ctr = fp->ctr_gen && fp->ctr_gen == g_ctr_gen && same_thread && ts->perf_gen == fp->ctr_gen;
+    int64_t sys1 = fp->sys0 >= 0 && same_thread ? thread_sys_ns() : -1;   /* inside the counters' window */
     if (have_ctr) perf_set_read(&ts->perf, &c1);
     /* CPU time only from the clock cpu0 came from, on the thread that read it */
     if (fp->cpu_src == 2 && have_ctr && c1.running[g_ctr_taskclock]) cpu1 = (int64_t)c1.value[g_ctr_taskclock];
@@ -260,14 +287,30 @@ static void stage_exit(Stage *self, int error) {
     }
     int64_t wall = t1 - f.t0;
     int64_t cpu = (cpu1 >= 0 && f.cpu0 >= 0) ? cpu1 - f.cpu0 : -1;
+    if (cpu >= 0) {
+        /* the reads' own cost inside the CPU window (calibrate()) is not the stage's; a call on one thread
+         * cannot use more CPU than its wall time */
+        cpu -= g_cpu_bias[f.cpu_src];
+        if (cpu < 0) cpu = 0;
+        if (cpu > wall) cpu = wall;
+        if (f.cpu_src == 2 && have_ctr && cval[g_ctr_taskclock] >= 0) cval[g_ctr_taskclock] = (double)cpu;
+    }
+    /* system time: not across a suspension (other tasks' kernel time would be in it) */
+    int64_t sys = cpu >= 0 && sys1 >= 0 && f.sys0 >= 0 && susp == 0 ? sys1 - f.sys0 : -1;
+    if (sys > cpu) sys = cpu;
+    double w = f.w;
     if (i > 0) {
         Frame *p = &st->frames[i - 1];
         p->child_wall += wall;
         p->child_susp += susp;
-        if (cpu >= 0) p->child_cpu += cpu;
+        if (w != 1.0) p->child_est = 1;
+        if (cpu >= 0) p->child_cpu += (int64_t)((double)cpu * w + 0.5);
+        if (sys >= 0) p->child_sys += (int64_t)((double)sys * w + 0.5);
         if (have_ctr && p->ctr_gen == f.ctr_gen)
-            for (int k = 0; k < g_ctr_n; k++) if (cval[k] >= 0) p->child_c[k] += cval[k];
+            for (int k = 0; k < g_ctr_n; k++) if (cval[k] >= 0) p->child_c[k] += cval[k] * w;
     }
+    /* calls the budget left unread stand for what they would have read: the same checks as a read call */
+    int stand_in = f.skipped && same_thread && !overlapped;
     if (f.epoch == g_epoch && ts) {
         NodeStats *s = stats_get(&ts->stats, f.node);
         if (s) {
@@ -280,9 +323,24 @@ static void stage_exit(Stage *self, int error) {
             if (wall > s->wall_max) s->wall_max = wall;
             if (cpu >= 0) {
                 s->cpu_calls++;
-                s->cpu_total += cpu;
+                s->cpu_reads++;
+                s->cpu_wsum += w;
+                s->cpu_total += (int64_t)((double)cpu * w + 0.5);
                 int64_t self_cpu = cpu - f.child_cpu;
-                s->cpu_self += self_cpu > 0 ? self_cpu : 0;
+                if (self_cpu < 0 && !f.child_est) self_cpu = 0;   /* estimates of children may exceed it */
+                s->cpu_self += (int64_t)((double)self_cpu * w + (self_cpu < 0 ? -0.5 : 0.5));
+                if (sys >= 0) {
+                    int64_t self_sys = sys - f.child_sys;
+                    if (self_sys < 0 && !f.child_est) self_sys = 0;
+                    s->sys_reads++;
+                    s->sys_total += (int64_t)((double)sys * w + 0.5);
+                    s->sys_self += (int64_t)((double)self_sys * w + (self_sys < 0 ? -0.5 : 0.5));
+                    s->sys_cpu_total += (int64_t)((double)cpu * w + 0.5);
+                    s->sys_cpu_self += (int64_t)((double)self_cpu * w + (self_cpu < 0 ? -0.5 : 0.5));
+                }
+            } else if (stand_in && ((g_ctr_taskclock >= 0 && ts->perf_gen == g_ctr_gen && ts->perf.fd[g_ctr_taskclock] >= 0)
+                                    || g_cpu_clock)) {
+                s->cpu_calls++;
             }
             if (hist_add(&s->h, wall > 0 ? (uint64_t)wall : 0) < 0) g_internal++;
             tasks_record(s, &f, susp, overlapped);
@@ -290,14 +348,20 @@ static void stage_exit(Stage *self, int error) {
                 for (int k = 0; k < g_ctr_n; k++) {
                     if (cval[k] < 0) continue;
                     CounterStat *c = &s->ctr[k];
-                    c->total += cval[k];
+                    c->total += cval[k] * w;
                     double self_c = cval[k] - f.child_c[k];
-                    c->self += self_c > 0 ? self_c : 0;
+                    if (self_c < 0 && !f.child_est) self_c = 0;
+                    c->self += self_c * w;
                     c->enabled += cen[k];
                     c->running += crun[k];
                     c->counted++;
+                    c->covered++;
+                    c->wsum += w;
                     c->scaled += crun[k] != cen[k];
                 }
+            } else if (stand_in && g_ctr_n && ts->perf_gen == g_ctr_gen
+                       && (s->ctr || (s->ctr = calloc(PERF_MAX_EVENTS, sizeof(CounterStat))))) {
+                for (int k = 0; k < g_ctr_n; k++) if (ts->perf.fd[k] >= 0) s->ctr[k].covered++;
             }
             if (g_ring_cap) trace_add(f.node, (uint32_t)ts->native_id, f.t0, wall, cpu >= 0 ? f.cpu0 : -1, cpu);
         } else {
@@ -637,4 +701,114 @@ int32_t current_node(void) {
     Stack *st = (Stack *)val;
     Py_DECREF(val);   /* the context keeps it alive */
     return st->depth ? st->frames[st->depth - 1].node : stack_base(st);
+}
+
+/* ------------------------------------------------------------ calibration */
+
+static int cmp_i64(const void *a, const void *b) {
+    int64_t x = *(const int64_t *)a, y = *(const int64_t *)b;
+    return (x > y) - (x < y);
+}
+
+static int64_t median_i64(int64_t *v, int n) {
+    qsort(v, (size_t)n, sizeof(int64_t), cmp_i64);
+    return v[n / 2];
+}
+
+/* Measures, on the calling thread, what the configuration in force costs, the way stage_enter/exit spend it:
+ * the reads of one call (both boundaries), the part of them inside the CPU window (the bias subtracted from
+ * each call's CPU time), and a stage call without reads.  Sets g_read_cost and g_cpu_bias.  The calibration
+ * stage runs with integrations, NVTX, exemplars and the trace ring off, into slots of its own that are freed;
+ * it is only timed when no stage is open in the calling context (else base_ns is None). */
+PyObject *stage_calibrate(int n) {
+    if (n < 9) n = 9;
+    ThreadState *ts = ts_get();
+    if (!ts) return NULL;
+    int64_t *v = malloc(sizeof(int64_t) * (size_t)n);
+    if (!v) return PyErr_NoMemory();
+    if (g_ctr_n) counters_ready(ts);
+    int ctr = g_ctr_n && ts->perf_gen == g_ctr_gen;
+    perf_reading r0, r1;
+    int src = 0;
+    if (ctr && g_ctr_taskclock >= 0) {
+        perf_set_read(&ts->perf, &r0);
+        if (r0.running[g_ctr_taskclock]) src = 2;
+    }
+    if (!src && g_cpu_clock && thread_cpu_ns() >= 0) src = 1;
+    int split = src && g_cpu_split;
+    int64_t read_ns = 0, bias = 0, sys_ok = split ? thread_sys_ns() >= 0 : 0;
+    if (ctr || src) {
+        for (int pass = 0; pass < 2; pass++) {
+            for (int k = 0; k < n; k++) {
+                int64_t a = now_ns(), c0 = -1, c1 = -1;
+                if (ctr) perf_set_read(&ts->perf, &r0);          /* stage_enter's reads, in its order */
+                if (src == 2) c0 = (int64_t)r0.value[g_ctr_taskclock];
+                else if (src == 1) c0 = thread_cpu_ns();
+                if (split) (void)thread_sys_ns();
+                int64_t t0 = now_ns(), t1 = now_ns();
+                if (split) (void)thread_sys_ns();                /* stage_exit's */
+                if (ctr) perf_set_read(&ts->perf, &r1);
+                if (src == 2) c1 = (int64_t)r1.value[g_ctr_taskclock];
+                else if (src == 1) c1 = thread_cpu_ns();
+                int64_t b = now_ns();
+                v[k] = pass == 0 ? (b - a) - (t1 - t0) : (src ? (c1 - c0) - (t1 - t0) : 0);
+            }
+            if (pass == 0) read_ns = median_i64(v, n); else bias = median_i64(v, n);
+        }
+    }
+    if (bias < 0) bias = 0;
+    g_read_cost = (double)read_ns;
+    g_cpu_bias[0] = 0;
+    g_cpu_bias[1] = src == 1 ? bias : 0;
+    g_cpu_bias[2] = src == 2 ? bias : 0;
+
+    /* a stage call without reads */
+    PyObject *base = Py_None;
+    Py_INCREF(base);
+    Stack *st = stack_current(1);
+    if (!st) { free(v); Py_DECREF(base); return NULL; }
+    if (st->depth == 0 && !st->xm) {
+        PyObject *name = PyUnicode_FromString("(instrument calibration)");
+        Stage *cal = name ? (Stage *)stage_new(name, NULL, 0) : NULL;
+        Py_XDECREF(name);
+        if (!cal || node_uncounted(stack_base(st), cal->name) < 0) {   /* not one of the user's max_stages */
+            Py_XDECREF(cal);
+            free(v);
+            Py_DECREF(base);
+            return cal ? PyErr_NoMemory() : NULL;
+        }
+        int enabled = g_enabled, nvtx = g_nvtx, ctr_n = g_ctr_n, cpu_clock = g_cpu_clock, cpu_split = g_cpu_split;
+        int32_t xm_k = g_xm_k;
+        size_t ring = g_ring_cap;
+        PyObject *he = g_hook_enter, *hx = g_hook_exit, *re = g_root_exit_hook;
+        StatsArray saved = ts->stats;
+        ts->stats.v = NULL;
+        ts->stats.n = 0;
+        g_enabled = 1, g_nvtx = 0, g_ctr_n = 0, g_cpu_clock = 0, g_cpu_split = 0, g_xm_k = 0, g_ring_cap = 0;
+        g_hook_enter = g_hook_exit = g_root_exit_hook = NULL;
+        const int batch = 32;
+        for (int k = 0; k < n; k++) {
+            int64_t a = now_ns();
+            for (int j = 0; j < batch; j++) {
+                stage_enter(cal);
+                stage_exit(cal, 0);
+            }
+            v[k] = now_ns() - a;
+        }
+        int64_t empty = now_ns();
+        empty = now_ns() - empty;   /* the clock read that closes each batch */
+        g_enabled = enabled, g_nvtx = nvtx, g_ctr_n = ctr_n, g_cpu_clock = cpu_clock, g_cpu_split = cpu_split;
+        g_xm_k = xm_k, g_ring_cap = ring;
+        g_hook_enter = he, g_hook_exit = hx, g_root_exit_hook = re;
+        stats_array_clear(&ts->stats);
+        ts->stats = saved;
+        Py_DECREF(cal);
+        Py_DECREF(base);
+        base = PyFloat_FromDouble((double)(median_i64(v, n) - empty) / batch);
+        if (!base) { free(v); return NULL; }
+    }
+    free(v);
+    static const char *names[3] = {"none", "thread-clock", "task-clock"};
+    return Py_BuildValue("{s:d,s:N,s:L,s:s,s:O}", "read_ns", (double)read_ns, "base_ns", base, "cpu_bias_ns",
+                         (long long)bias, "cpu_source", names[src], "sys", sys_ok ? Py_True : Py_False);
 }

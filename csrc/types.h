@@ -32,6 +32,11 @@ typedef struct {
     int64_t child_wall, child_cpu;
     uint64_t taint0;     /* the stack's taint at entry (tasks.c): changed at exit = overlapped */
     int64_t susp0, child_susp;   /* the stack's suspended time at entry; that of closed children */
+    double w;            /* weight of this call's readings: 1 / its chance of being read; 0: not read */
+    uint8_t skipped;     /* left unread by the overhead budget (its CPU time and counters are estimated) */
+    uint8_t child_est;   /* some direct child's readings are estimates: self may be negative on this call */
+    int64_t sys0;        /* system CPU time at entry (rusage), -1: not read */
+    int64_t child_sys;   /* weighted system time of closed children */
 } Frame;
 
 typedef struct {
@@ -56,6 +61,7 @@ int types_init(void);                       /* readies the types; 0, or -1 with 
 int check_name(PyObject *name);             /* 0, or -1 with the exception a bad stage name raises */
 PyObject *stage_new_named(PyObject *name);
 Stack *stack_current(int create);           /* NULL: none yet (create=0), or failure */
+PyObject *stage_calibrate(int n);           /* module calibrate(): the configuration's costs; sets g_read_cost, g_cpu_bias */
 int32_t current_node(void);                 /* the innermost open stage of this context (a copied one: its parent's); 0 */
 
 #pragma GCC visibility pop

@@ -395,7 +395,7 @@ def _reads(a: StageStats, b: StageStats, sign: int) -> Optional[int]:
 
 def _sys(x: Optional[int], y: Optional[int], a: StageStats, b: StageStats) -> Optional[int]:
     """System time of a merge: known only where each side that measured CPU time also split it."""
-    if (x is None and a.cpu_calls) or (y is None and b.cpu_calls):
+    if (x is None and y is None) or (x is None and a.cpu_calls) or (y is None and b.cpu_calls):
         return None
     return (x or 0) + (y or 0)
 

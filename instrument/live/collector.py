@@ -12,6 +12,7 @@ import sys
 import threading
 import time
 import warnings
+from dataclasses import replace
 from typing import Any, Callable, Dict, List, Optional
 
 from .. import config as _config
@@ -58,8 +59,10 @@ def _apply(cfg: _config.Config, explicit_counters: bool = False) -> None:
     if cfg.nvtx:
         nvtx.init(cfg.nvtx_domain)
     backend.configure(enabled=cfg.enabled, cpu_clock=cfg.cpu_clock, max_stages=cfg.max_stages,
-                      trace_events=cfg.trace_events, nvtx=cfg.nvtx, exemplars=cfg.exemplars)
+                      trace_events=cfg.trace_events, nvtx=cfg.nvtx, exemplars=cfg.exemplars,
+                      budget=cfg.overhead_budget or 0.0, cpu_split=cfg.cpu_split)
     _apply_counters(cfg.counters, explicit_counters)
+    _calibrate()
     try:
         tasks.apply(cfg.task_attribution, backend)
     except Exception as e:  # attribution must never stop the configuration; overlapped calls are then marked
@@ -132,6 +135,21 @@ def _apply_counters(names: tuple, explicit: bool = False) -> None:
 
 
 _warned_counters: set = set()
+_calibration: Dict[str, Any] = {}
+
+
+def _calibrate() -> None:
+    """Measures what the configuration in force costs (the budget's read cost, the reads' bias on CPU time,
+    meta.overhead); a stage call's cost is kept from an earlier calibration when a stage is open here now."""
+    global _calibration
+    try:
+        c = backend.calibrate()
+    except Exception as e:   # never stops the configuration: stages are then read on every call
+        callsite.warn(f"instrument: calibration failed ({e}); counters and CPU time are read on every call")
+        return
+    if c.get("base_ns") is None:
+        c["base_ns"] = _calibration.get("base_ns")
+    _calibration = c
 
 
 _styled: Dict[tuple, Any] = {}
@@ -268,6 +286,9 @@ def _meta(raw: Dict[str, Any]) -> Dict[str, Any]:
         "nvtx": {"emitter": nvtx.backend(), "domain": _config_now.nvtx_domain if _config_now.nvtx else None},
         "tasks": tasks.status(raw.get("tasks")),
     }
+    overhead = _overhead(raw)
+    if overhead is not None:
+        meta["overhead"] = overhead
     for integ in integrations.registered():
         try:
             meta[integ.name] = integ.status()
@@ -291,15 +312,87 @@ def _counter_meta(raw: Dict[str, Any]) -> Dict[str, Any]:
 
 
 def _counter_dict(names, rows) -> Dict[str, Dict[str, Any]]:
+    """counted_calls: the calls the estimate stands for; read_calls: those read (fewer under the overhead budget)."""
     out = {}
-    for name, (total, self_, enabled, running, counted, scaled) in zip(names, rows):
-        if not counted:
-            out[name] = {"total": None, "self": None, "counted_calls": 0}
+    for name, (total, self_, enabled, running, reads, scaled, covered, wsum) in zip(names, rows):
+        if not reads or wsum <= 0:
+            out[name] = {"total": None, "self": None, "counted_calls": 0, "read_calls": 0}
             continue
-        out[name] = {"total": total, "self": self_, "counted_calls": counted, "scaled": bool(scaled),
-                     "enabled_ns": enabled, "running_ns": running,
+        f = covered / wsum     # the read calls' weighted mean, times the calls it stands for
+        out[name] = {"total": total * f, "self": max(self_ * f, 0.0), "counted_calls": covered, "read_calls": reads,
+                     "scaled": bool(scaled), "enabled_ns": enabled, "running_ns": running,
                      "running_fraction": running / enabled if enabled else None}
     return out
+
+
+def _cpu_fields(s: Dict[str, Any]) -> Dict[str, Any]:
+    """CPU time (estimated over cpu_calls under the budget) and its system share, from a collect() stats row."""
+    if not s["cpu_calls"] or not s["cpu_reads"] or s["cpu_wsum"] <= 0:
+        return {"cpu_total": None, "cpu_self": None, "cpu_calls": s["cpu_calls"] if s["cpu_reads"] else 0}
+    if s["cpu_reads"] == s["cpu_calls"]:
+        total, self_ = s["cpu_total"], max(s["cpu_self"], 0)
+    else:   # the read calls' weighted mean, times the calls it stands for
+        f = s["cpu_calls"] / s["cpu_wsum"]
+        total, self_ = round(s["cpu_total"] * f), max(round(s["cpu_self"] * f), 0)
+    out = {"cpu_total": total, "cpu_self": self_, "cpu_calls": s["cpu_calls"],
+           "cpu_read_calls": None if s["cpu_reads"] == s["cpu_calls"] else s["cpu_reads"]}
+    if s["sys_reads"]:
+        if s["sys_reads"] == s["cpu_reads"] == s["cpu_calls"]:
+            st, ss = s["sys_total"], s["sys_self"]
+        else:   # the system share of the calls whose system time was read stands for the rest
+            st = s["sys_total"] * total / s["sys_cpu_total"] if s["sys_cpu_total"] > 0 else 0
+            ss = s["sys_self"] * self_ / s["sys_cpu_self"] if s["sys_cpu_self"] > 0 else 0
+        out["cpu_sys_total"] = int(min(max(st, 0), total))
+        out["cpu_sys_self"] = int(min(max(ss, 0), self_))
+    return out
+
+
+def _estimated_selves(stages: List[StageStats]) -> List[StageStats]:
+    """Self CPU time, system time and counters of a stage whose own or children's figures are estimates: its
+    estimated total less its children's (the per-call difference needs every call of the children read)."""
+    children: Dict[tuple, List[StageStats]] = {}
+    for st in stages:
+        if len(st.path) > 1:
+            children.setdefault(st.path[:-1], []).append(st)
+
+    def sampled(x: StageStats, name: Optional[str] = None) -> bool:
+        if name is None:
+            return x.cpu_read_calls is not None
+        c = x.counters.get(name) or {}
+        return (c.get("read_calls") or 0) < (c.get("counted_calls") or 0)
+
+    out = []
+    for st in stages:
+        kids = children.get(st.path, [])
+        fields: Dict[str, Any] = {}
+        if st.cpu_total is not None and (sampled(st) or any(sampled(k) for k in kids)):
+            self_ = max(st.cpu_total - sum(k.cpu_total or 0 for k in kids), 0)
+            fields["cpu_self"] = self_
+            if st.cpu_sys_total is not None:
+                fields["cpu_sys_self"] = min(max(st.cpu_sys_total - sum(k.cpu_sys_total or 0 for k in kids), 0), self_)
+        ctr = {}
+        for name, c in st.counters.items():
+            if c.get("total") is not None and (sampled(st, name) or any(sampled(k, name) for k in kids)):
+                ctr[name] = dict(c, self=max(c["total"] - sum(k.counter(name) or 0 for k in kids), 0.0))
+        if ctr:
+            fields["counters"] = dict(st.counters, **ctr)
+        out.append(replace(st, **fields) if fields else st)
+    return out
+
+
+def _overhead(raw: Dict[str, Any]) -> Optional[Dict[str, Any]]:
+    """The SDK's own estimated cost: calls x a stage call's cost + read calls x one call's reads (calibrate())."""
+    c = _calibration
+    if not c or c.get("base_ns") is None:
+        return None
+    calls = reads = 0
+    for s in raw["stats"]:
+        calls += s["calls"]
+        reads += max([s.get("cpu_reads", 0)] + [r[4] for r in s.get("counters") or ()])
+    return {"per_call_ns": round(c["base_ns"], 1), "per_read_ns": round(c["read_ns"], 1), "calls": calls,
+            "read_calls": reads, "estimated_ns": round(calls * c["base_ns"] + reads * c["read_ns"]),
+            "budget": _config_now.overhead_budget, "cpu_source": c.get("cpu_source"),
+            "cpu_bias_ns": c.get("cpu_bias_ns"), "sys": c.get("sys")}
 
 
 def snapshot(finish: bool = True) -> Snapshot:
@@ -329,17 +422,16 @@ def snapshot(finish: bool = True) -> Snapshot:
             outside = _items(s.get("items"))
             continue
         path = paths[s["node"]]
-        cpu_ok = s["cpu_calls"] > 0
         overlapped, abandoned, susp_total, susp_self = s.get("tasks") or (0, 0, 0, 0)
         stages.append(StageStats(
             path=path, calls=s["calls"], errors=s["errors"], wall_total=s["wall_total"], wall_self=s["wall_self"],
             wall_min=s["wall_min"] if s["calls"] else None, wall_max=s["wall_max"] if s["calls"] else None,
-            cpu_total=s["cpu_total"] if cpu_ok else None, cpu_self=s["cpu_self"] if cpu_ok else None,
-            cpu_calls=s["cpu_calls"], hist=dict(s["hist"]),
+            hist=dict(s["hist"]), **_cpu_fields(s),
             counters=_counter_dict(_counter_names, s.get("counters") or []),
             other=s["node"] in others, overlapped_calls=overlapped, abandoned_calls=abandoned,
             suspended_total=susp_total, suspended_self=susp_self, items=_items(s.get("items")),
             **extra.pop(path, {})))
+    stages = _estimated_selves(stages)
     for path, fields in extra.items():   # stages only an integration saw (e.g. GPU time of a still-open stage)
         stages.append(StageStats(path, 0, 0, 0, 0, None, None, None, None, 0, {}, **fields))
     events = [{"path": list(paths[e[0]]), "tid": e[1], "ts_ns": e[2] - _start_clock, "dur_ns": e[3],
