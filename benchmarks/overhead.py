@@ -66,6 +66,9 @@ def candidates():
         pass
     timing = dict(enabled=True, counters="none", cpu_clock=False, nvtx=False, trace_events=0)
     s = instrument.stage("bench")
+    # what users get: every option at its default (counters, CPU clock, user/system split, NVTX, exemplars, 1 %
+    # overhead budget), whatever the environment says
+    out["instrument default configuration"] = ({"s": s}, "with s: pass", DEFAULTS)
     out["instrument disabled, reused"] = ({"s": s}, "with s: pass", dict(timing, enabled=False))
     out["instrument timing, reused"] = ({"s": s}, "with s: pass", timing)
     out["instrument timing, inline stage()"] = ({"stage": instrument.stage}, "with stage('bench'): pass", timing)
@@ -83,12 +86,71 @@ def candidates():
         size = 8 * (3 + 2 * len(sw))
         out["floor: two read()s of the software group"] = (
             {"read": os.read, "fd": lead, "n": size}, "read(fd, n); read(fd, n)", None)
-        out["instrument software-group counters"] = ({"s": s}, "with s: pass", dict(timing, counters=sw))
+        out["instrument software-group counters, every call"] = (
+            {"s": s}, "with s: pass", dict(timing, counters=sw, overhead_budget=None, cpu_split=False))
+        import resource
+        out["floor: two read()s of the group + two getrusage"] = (
+            {"read": os.read, "fd": lead, "n": size, "ru": resource.getrusage, "T": resource.RUSAGE_THREAD},
+            "read(fd, n); ru(T); ru(T); read(fd, n)", None)
+        out["instrument software group + user/sys, every call"] = (
+            {"s": s}, "with s: pass", dict(timing, counters=sw, overhead_budget=None, cpu_split=True))
 
     def plain():
         pass
     out["plain call, in a reused stage"] = ({"s": s, "f": plain}, "with s: f()", timing)
     out["@region call"] = ({"f": instrument.region("bench")(plain)}, "f()", timing)
+    return out
+
+
+_DEFAULT_NAMES = ("enabled", "counters", "cpu_clock", "cpu_split", "overhead_budget", "nvtx", "trace_events",
+                  "exemplars", "max_stages", "task_attribution")
+DEFAULTS = {o.name: o.default for o in instrument.config.OPTIONS if o.name in _DEFAULT_NAMES}
+
+
+def sampled_accuracy(calls: int = 3000, chunks: int = 10) -> dict:
+    """A 100 µs stage touching 4 fresh pages per call, under the default budget and read on every call, in
+    alternating chunks: task-clock and page-faults per call of the sampled estimate against every call read."""
+    import mmap
+    page = mmap.PAGESIZE
+    work = instrument.stage("accuracy")
+    n = 20_000
+    t = time.thread_time_ns()
+    x = 0
+    for i in range(n):
+        x += i
+    per = max((time.thread_time_ns() - t) / n, 1e-3)
+    iters = int(100_000 / per)
+
+    def run(k):
+        for _ in range(k):
+            with work:
+                m = mmap.mmap(-1, 4 * page)
+                for j in range(4):
+                    m[j * page] = 1
+                m.close()
+                x = 0
+                for i in range(iters):
+                    x += i
+    per_call = {"sampled": {"task-clock": [], "page-faults": [], "reads": 0, "calls": 0},
+                "every call": {"task-clock": [], "page-faults": [], "reads": 0, "calls": 0}}
+    base = _collector.current_config().values
+    for c in range(2 * chunks):
+        side = ("sampled", "every call")[(c + c // 2) % 2]   # neither side always first
+        instrument.configure(**dict(DEFAULTS, nvtx=False, overhead_budget=0.01 if side == "sampled" else None))
+        instrument.reset()
+        run(calls // chunks)
+        s = instrument.snapshot()["accuracy"]
+        d = per_call[side]
+        for k in ("task-clock", "page-faults"):
+            d[k].append(s.counter(k) / s.calls)
+        d["reads"] += s.counters["task-clock"]["read_calls"]
+        d["calls"] += s.calls
+    instrument.configure(**base)
+    out = {side: {"task-clock_ns_per_call": statistics.median(d["task-clock"]),
+                  "page-faults_per_call": statistics.median(d["page-faults"]), "read_calls": d["reads"],
+                  "calls": d["calls"]} for side, d in per_call.items()}
+    out["ratio"] = {k: out["sampled"][f] / out["every call"][f]
+                    for k, f in (("task-clock", "task-clock_ns_per_call"), ("page-faults", "page-faults_per_call"))}
     return out
 
 
@@ -169,11 +231,14 @@ def torch_overhead(rounds: int, number: int) -> dict:
 
 
 RATIOS = [
+    ("instrument default configuration", "instrument timing, reused", 2.0),
+    ("instrument default configuration", "nvtx.annotate inline", 0.75),
     ("instrument timing, reused", "nvtx.annotate inline", 0.5),
     ("instrument timing, inline stage()", "nvtx.annotate inline", 0.5),
     ("instrument timing + NVTX, no tool", "nvtx.annotate inline", 0.5),
     ("instrument disabled, reused", "nullcontext reused", 0.5),
-    ("instrument software-group counters", "floor: two read()s of the software group", 1.25),
+    ("instrument software-group counters, every call", "floor: two read()s of the software group", 1.25),
+    ("instrument software group + user/sys, every call", "floor: two read()s of the group + two getrusage", 1.25),
     ("@region call", "plain call, in a reused stage", 1.2),
 ]
 
@@ -246,6 +311,13 @@ def main(argv=None) -> int:
         print("torch integration (median ns per enter+exit):")
         for k, v in tres.items():
             print(f"  {k:<{max(w, *map(len, tres))}}  {v:8.1f} ns")
+    acc = sampled_accuracy()
+    print(f"sampled vs every call, 100 µs stage touching 4 pages ({acc['sampled']['read_calls']:,} of "
+          f"{acc['sampled']['calls']:,} calls read under the 1 % budget): task-clock {acc['ratio']['task-clock']:.3f}, "
+          f"page-faults {acc['ratio']['page-faults']:.3f} (target within 2 %)")
+    cal = instrument.snapshot().meta.get("overhead") or {}
+    print(f"calibration: a stage call {cal.get('per_call_ns')} ns, one call's reads {cal.get('per_read_ns')} ns, "
+          f"CPU from {cal.get('cpu_source')}, reads' bias {cal.get('cpu_bias_ns')} ns taken out of each read call")
     mem = memory(a.memory_calls) if a.memory_calls else None
     if mem:
         print(f"memory over {mem['calls']:,} stage calls: RSS {mem['rss_before'] / 2**20:.1f} MiB -> "
@@ -260,7 +332,8 @@ def main(argv=None) -> int:
         print("perf stat comparison:", ps)
     if a.json:
         with open(a.json, "w") as f:
-            json.dump({"ns": res, "torch": tres, "ratios": ratios, "memory": mem, "perf_stat": ps, "backend": live_backend.name,
+            json.dump({"ns": res, "torch": tres, "ratios": ratios, "memory": mem, "perf_stat": ps, "sampled": acc,
+                       "calibration": cal, "backend": live_backend.name,
                        "date": time.strftime("%Y-%m-%d"), "machine": platform.platform()}, f, indent=2)
     return 0
 

@@ -389,8 +389,9 @@ def _overhead(raw: Dict[str, Any]) -> Optional[Dict[str, Any]]:
     for s in raw["stats"]:
         calls += s["calls"]
         reads += max([s.get("cpu_reads", 0)] + [r[4] for r in s.get("counters") or ()])
-    return {"per_call_ns": round(c["base_ns"], 1), "per_read_ns": round(c["read_ns"], 1), "calls": calls,
-            "read_calls": reads, "estimated_ns": round(calls * c["base_ns"] + reads * c["read_ns"]),
+    base, read = round(c["base_ns"], 1), round(c["read_ns"], 1)
+    return {"per_call_ns": base, "per_read_ns": read, "calls": calls,
+            "read_calls": reads, "estimated_ns": round(calls * base + reads * read),
             "budget": _config_now.overhead_budget, "cpu_source": c.get("cpu_source"),
             "cpu_bias_ns": c.get("cpu_bias_ns"), "sys": c.get("sys")}
 
