@@ -21,6 +21,8 @@ double g_budget = 0.0;
 double g_read_cost = 0.0;
 int64_t g_cpu_bias[3] = {0, 0, 0};
 int g_cpu_split = 0;
+int g_cpu_clamp = 1;
+int g_cpu_fast = 0;
 
 int64_t g_open_frames = 0;
 uint64_t g_unmatched = 0, g_out_of_order = 0, g_cross_thread = 0, g_internal = 0, g_folded = 0;

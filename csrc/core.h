@@ -79,7 +79,10 @@ extern int g_ctr_rdpmc;            /* whether that first thread reads some group
 extern double g_budget;            /* share of a stage's time its reads may cost; 0: every call is read */
 extern double g_read_cost;         /* ns the reads of one call cost (both boundaries), from calibrate(); 0: unknown */
 extern int64_t g_cpu_bias[3];      /* ns of the reads' own cost inside a CPU window, per Frame.cpu_src */
+extern int g_cpu_clamp;            /* a call's CPU time is bounded by its wall time (off only while calibrating) */
 extern int g_cpu_split;            /* read the thread's rusage with the CPU time: the system share */
+extern int g_cpu_fast;             /* the thread CPU clock from a task-clock mmap page (cap_user_time), validated
+                                    * against CLOCK_THREAD_CPUTIME_ID by calibrate(); 0: clock_gettime */
 
 extern int64_t g_open_frames;      /* frames open in any stack: the node table can only be rebuilt at 0 */
 extern uint64_t g_unmatched, g_out_of_order, g_cross_thread, g_internal, g_folded;

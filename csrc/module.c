@@ -241,6 +241,8 @@ static PyObject *mod_after_fork_child(PyObject *m, PyObject *unused) {
         /* the inherited fds count the parent's threads: close them, reopen lazily */
         if (ts->perf_gen) perf_set_close(&ts->perf);
         ts->perf_gen = 0;
+        if (ts->clk_state == 1) perf_clock_close(&ts->clk);
+        ts->clk_state = 0;
     }
     g_ctr_status_known = 0;
     g_epoch++;

@@ -107,6 +107,37 @@ int perf_mmap_read_self(const volatile struct perf_event_mmap_page *pc,
     return 0;
 }
 
+int perf_mmap_time_self(const volatile struct perf_event_mmap_page *pc, uint64_t now_tsc, uint64_t *ns)
+{
+    uint32_t seq, mult;
+    unsigned shift;
+    uint64_t ena, toff, tcyc = 0, tmask = ~0ULL;
+    int tries = 0;
+
+    if (!pc)
+        return -1;
+    do {
+        if (++tries > SEQ_RETRIES)
+            return -1;
+        seq = pc->lock;
+        barrier();
+        if (!pc->cap_user_time)
+            return -1;
+        ena = pc->time_enabled;
+        mult = pc->time_mult;
+        shift = pc->time_shift;
+        toff = pc->time_offset;
+        if (pc->cap_user_time_short) {
+            tcyc = pc->time_cycles;
+            tmask = pc->time_mask;
+        }
+        barrier();
+    } while (pc->lock != seq);
+    uint64_t cyc = tcyc + ((now_tsc - tcyc) & tmask);
+    *ns = ena + toff + mul_u64_u32_shr(cyc, mult, shift);
+    return 0;
+}
+
 /* ---------------------------------------------------------------- open */
 
 static int event_class(uint32_t type)
@@ -261,6 +292,58 @@ void perf_set_close(perf_set *s)
 }
 
 int perf_set_uses_rdpmc(const perf_set *s) { return s->rdpmc; }
+
+int perf_clock_open(perf_clock *c)
+{
+    c->fd = -1;
+    c->page = NULL;
+#if HAVE_RDPMC
+    perf_event_desc d = {PERF_TYPE_SOFTWARE, PERF_COUNT_SW_TASK_CLOCK};
+    int fd = sys_open(&d, -1, 0);
+    if (fd < 0)
+        fd = sys_open(&d, -1, 1);
+    if (fd < 0)
+        return -1;
+    long pagesz = sysconf(_SC_PAGESIZE);
+    void *p = mmap(NULL, (size_t)pagesz, PROT_READ, MAP_SHARED, fd, 0);
+    if (p == MAP_FAILED || ioctl(fd, PERF_EVENT_IOC_ENABLE, 0) < 0) {   /* opened disabled, as a leader */
+        if (p != MAP_FAILED)
+            munmap(p, (size_t)pagesz);
+        close(fd);
+        return -1;
+    }
+    c->fd = fd;
+    c->page = p;
+    uint64_t ns;
+    if (perf_mmap_time_self(c->page, hw_rdtsc(), &ns) < 0) {
+        perf_clock_close(c);
+        return -1;
+    }
+    return 0;
+#else
+    return -1;
+#endif
+}
+
+int64_t perf_clock_read(perf_clock *c)
+{
+#if HAVE_RDPMC
+    uint64_t ns;
+    if (c->page && perf_mmap_time_self(c->page, hw_rdtsc(), &ns) == 0)
+        return (int64_t)ns;
+#endif
+    return -1;
+}
+
+void perf_clock_close(perf_clock *c)
+{
+    if (c->page)
+        munmap(c->page, (size_t)sysconf(_SC_PAGESIZE));
+    if (c->fd >= 0)
+        close(c->fd);
+    c->page = NULL;
+    c->fd = -1;
+}
 
 /* ---------------------------------------------------------------- read */
 
@@ -535,7 +618,31 @@ static PyObject *perf_mmap_decode(PyObject *mod, PyObject *args)
                          (unsigned long long)r, (unsigned int)f.counter);
 }
 
+static PyObject *perf_mmap_time_decode(PyObject *mod, PyObject *args)
+{
+    const char *data;
+    Py_ssize_t len;
+    unsigned long long tsc;
+    if (!PyArg_ParseTuple(args, "y#K:_perf_mmap_time_decode", &data, &len, &tsc))
+        return NULL;
+    if ((size_t)len < offsetof(struct perf_event_mmap_page, __reserved)) {
+        PyErr_Format(PyExc_ValueError, "page must hold at least %zu bytes",
+                     offsetof(struct perf_event_mmap_page, __reserved));
+        return NULL;
+    }
+    struct perf_event_mmap_page page; /* aligned copy */
+    memset(&page, 0, sizeof page);
+    memcpy(&page, data, (size_t)len < sizeof page ? (size_t)len : sizeof page);
+    uint64_t ns;
+    if (perf_mmap_time_self(&page, tsc, &ns) < 0)
+        Py_RETURN_NONE;
+    return PyLong_FromUnsignedLongLong(ns);
+}
+
 static PyMethodDef perf_functions[] = {
+    {"_perf_mmap_time_decode", perf_mmap_time_decode, METH_VARARGS,
+     "_perf_mmap_time_decode(page: bytes, now_tsc: int) -> int | None\n\nTest hook: perf_mmap_time_self on a "
+     "crafted page (the thread CPU time a task-clock page gives without a system call)."},
     {"_perf_mmap_decode", perf_mmap_decode, METH_VARARGS,
      "_perf_mmap_decode(page: bytes, rdpmc_value: int, now_tsc: int) -> (value, enabled, running, "
      "rdpmc_counter) | None\n\nTest hook: perf_mmap_read_self on a crafted page with rdpmc returning rdpmc_value."},

@@ -65,6 +65,18 @@ int perf_mmap_read_self(const volatile struct perf_event_mmap_page *pc,
                         uint64_t (*rdpmc_fn)(uint32_t counter, void *ctx), void *ctx,
                         uint64_t now_tsc, uint64_t *value, uint64_t *enabled, uint64_t *running);
 
+/* The time of one mmap page without a system call, where the page offers cap_user_time: time_enabled
+ * extrapolated to now_tsc (the protocol of libperf's perf_mmap__read_self).  For a task-clock event of the
+ * calling thread that is the thread's CPU time since the event was enabled.  Returns 0, or -1 when the page
+ * does not offer cap_user_time (or its lock never settles). */
+int perf_mmap_time_self(const volatile struct perf_event_mmap_page *pc, uint64_t now_tsc, uint64_t *ns);
+
+/* The calling thread's CPU time from its own task-clock event's mmap page (no system call per read). */
+typedef struct { int fd; struct perf_event_mmap_page *page; } perf_clock;
+int perf_clock_open(perf_clock *c);      /* 0 when the page offers cap_user_time; -1 (nothing kept open) otherwise */
+int64_t perf_clock_read(perf_clock *c);  /* ns since the open, or -1 */
+void perf_clock_close(perf_clock *c);    /* idempotent */
+
 /* Registers instrument._native.CounterGroup and _perf_mmap_decode; 0 or -1 with an exception. */
 struct _object;
 int perf_add_types(struct _object *module);

@@ -51,7 +51,7 @@ static void take_reading(ThreadState *ts, TaskReading *r) {
         perf_set_read(&ts->perf, &r->c);
         r->ctr_gen = g_ctr_gen;
     }
-    if (g_cpu_clock && !(r->ctr_gen && g_ctr_taskclock >= 0 && r->c.running[g_ctr_taskclock])) r->cpu = thread_cpu_ns();
+    if (g_cpu_clock && !(r->ctr_gen && g_ctr_taskclock >= 0 && r->c.running[g_ctr_taskclock])) r->cpu = thread_cpu(ts);
     r->t = now_ns();
     g_task_reads++;
 }

@@ -16,6 +16,7 @@ static void ThreadState_dealloc(ThreadState *ts) {
     if (stats_array_merge(&g_retired, &ts->stats) < 0) g_internal++;
     stats_array_clear(&ts->stats);
     if (ts->perf_gen) perf_set_close(&ts->perf);
+    if (ts->clk_state == 1) perf_clock_close(&ts->clk);
     if (ts->prev) ts->prev->next = ts->next; else if (g_threads == ts) g_threads = ts->next;
     if (ts->next) ts->next->prev = ts->prev;
     if (tls_ts == ts) tls_ts = NULL;
@@ -44,6 +45,9 @@ ThreadState *ts_create(void) {
     ts->stats.v = NULL;
     ts->stats.n = 0;
     ts->perf_gen = 0;
+    ts->clk_state = 0;
+    ts->clk.fd = -1;
+    ts->clk.page = NULL;
     ts->tasks = NULL;
     static uint64_t next_serial = 0;
     ts->serial = ++next_serial;

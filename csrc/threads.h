@@ -13,6 +13,8 @@ typedef struct ThreadState {
     uint64_t serial;             /* unique per thread state: addresses are reused after a thread ends */
     unsigned long native_id;
     uint64_t rng;                /* xorshift state: which calls of a short stage are read (overhead budget) */
+    perf_clock clk;              /* the thread's CPU time without a system call (g_cpu_fast) */
+    int8_t clk_state;            /* 0 not tried, 1 open, -1 unavailable */
     struct TaskThread *tasks;    /* asyncio attribution (tasks.c), allocated on first use */
     struct ThreadState *prev, *next;
 } ThreadState;
@@ -31,6 +33,16 @@ ThreadState *ts_create(void);            /* ts_get on a thread's first stage; NU
 static inline ThreadState *ts_get(void) {
     ThreadState *ts = tls_ts;
     return __builtin_expect(ts != NULL, 1) ? ts : ts_create();
+}
+
+/* The thread CPU clock: from the thread's task-clock mmap page where calibrate() found it agrees with
+ * CLOCK_THREAD_CPUTIME_ID (no system call), else clock_gettime.  -1 on failure. */
+static inline int64_t thread_cpu(ThreadState *ts) {
+    if (g_cpu_fast && ts && ts->clk_state >= 0) {
+        if (__builtin_expect(ts->clk_state == 0, 0)) ts->clk_state = perf_clock_open(&ts->clk) == 0 ? 1 : -1;
+        if (ts->clk_state == 1) return perf_clock_read(&ts->clk);
+    }
+    return thread_cpu_ns();
 }
 
 /* A uniform double in [0, 1) from the thread's generator. */

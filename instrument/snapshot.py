@@ -140,8 +140,8 @@ class StageStats:
 
     @property
     def cpu_estimated(self) -> bool:
-        """Whether cpu_total/cpu_self are estimates from a sample of the calls."""
-        return self.cpu_reads < self.cpu_calls
+        """Whether cpu_total/cpu_self are estimates from a sample of the calls (cpu_read_calls is set)."""
+        return self.cpu_read_calls is not None
 
     @property
     def cpu_user_total(self) -> Optional[int]:
@@ -160,7 +160,8 @@ class StageStats:
 
     @property
     def cpu_ns(self) -> Dict[str, Any]:
-        d = {"total": self.cpu_total, "self": self.cpu_self, "calls": self.cpu_calls, "read_calls": self.cpu_reads}
+        d = {"total": self.cpu_total, "self": self.cpu_self, "calls": self.cpu_calls, "read_calls": self.cpu_reads,
+             "estimated": self.cpu_estimated}
         if self.cpu_sys_total is not None:
             d["sys"] = {"total": self.cpu_sys_total, "self": self.cpu_sys_self}
             d["user"] = {"total": self.cpu_user_total, "self": self.cpu_user_self}
@@ -271,7 +272,7 @@ class StageStats:
                        cpu_total=None if c.get("total") is None else int(c["total"]),
                        cpu_self=None if c.get("self") is None else int(c["self"]),
                        cpu_calls=int(c.get("calls", calls if c.get("total") is not None else 0)),
-                       cpu_read_calls=None if c.get("read_calls") is None else int(c["read_calls"]),
+                       cpu_read_calls=int(c["read_calls"]) if c.get("estimated") else None,
                        cpu_sys_total=None if (c.get("sys") or {}).get("total") is None else int(c["sys"]["total"]),
                        cpu_sys_self=None if (c.get("sys") or {}).get("self") is None else int(c["sys"]["self"]),
                        hist=_hist.from_pairs(h.get("buckets", [])),
@@ -381,6 +382,8 @@ def merge_counters(a: Mapping[str, Mapping[str, Any]], b: Mapping[str, Mapping[s
             if f in d or f in v:
                 d[f] = _add(d.get(f), v.get(f))
         d["scaled"] = bool(d.get("scaled")) or bool(v.get("scaled"))
+        if d.get("estimated") or v.get("estimated"):
+            d["estimated"] = True
         if d.get("enabled_ns"):
             d["running_fraction"] = (d.get("running_ns") or 0) / d["enabled_ns"]
     return out
@@ -482,13 +485,19 @@ def _sub(a: Optional[float], b: Optional[float]) -> Optional[float]:
     return a if b is None or a is None else a - b
 
 
+def _since(a: Optional[float], b: Optional[float]) -> Optional[float]:
+    """A sum's growth over a window; never negative (estimates under the overhead budget may dip a little)."""
+    d = _sub(a, b)
+    return None if d is None else max(d, 0)
+
+
 def _since_counters(a: Mapping[str, Mapping[str, Any]], b: Mapping[str, Mapping[str, Any]]) -> Dict[str, Dict[str, Any]]:
     out: Dict[str, Dict[str, Any]] = {}
     for k, v in a.items():
         d, e = dict(v), b.get(k) or {}
         for f in ("total", "self", "enabled_ns", "running_ns", "counted_calls", "read_calls"):
             if f in d:
-                d[f] = _sub(d.get(f), e.get(f))
+                d[f] = _since(d.get(f), e.get(f))
         if d.get("counted_calls") == 0:
             d.update(total=None, self=None)
         d["running_fraction"] = (d.get("running_ns") or 0) / d["enabled_ns"] if d.get("enabled_ns") else None
@@ -559,11 +568,11 @@ def since_stage(a: StageStats, b: StageStats) -> StageStats:
     cpu_calls = a.cpu_calls - b.cpu_calls
     return replace(a, calls=calls, errors=a.errors - b.errors, wall_total=a.wall_total - b.wall_total,
                    wall_self=a.wall_self - b.wall_self, wall_min=lo, wall_max=hi,
-                   cpu_total=_sub(a.cpu_total, b.cpu_total) if cpu_calls else None,
-                   cpu_self=_sub(a.cpu_self, b.cpu_self) if cpu_calls else None, cpu_calls=cpu_calls, hist=h,
+                   cpu_total=_since(a.cpu_total, b.cpu_total) if cpu_calls else None,
+                   cpu_self=_since(a.cpu_self, b.cpu_self) if cpu_calls else None, cpu_calls=cpu_calls, hist=h,
                    cpu_read_calls=_reads(a, b, -1),
-                   cpu_sys_total=_sub(a.cpu_sys_total, b.cpu_sys_total) if cpu_calls else None,
-                   cpu_sys_self=_sub(a.cpu_sys_self, b.cpu_sys_self) if cpu_calls else None,
+                   cpu_sys_total=_since(a.cpu_sys_total, b.cpu_sys_total) if cpu_calls else None,
+                   cpu_sys_self=_since(a.cpu_sys_self, b.cpu_sys_self) if cpu_calls else None,
                    counters=_since_counters(a.counters, b.counters), gpu=_since_gpu(a.gpu, b.gpu),
                    ops=_since_ops(a.ops, b.ops), verdict=None,
                    overlapped_calls=a.overlapped_calls - b.overlapped_calls,

@@ -138,6 +138,11 @@ _warned_counters: set = set()
 _calibration: Dict[str, Any] = {}
 
 
+def calibration() -> Dict[str, Any]:
+    """What calibrate() measured for the configuration in force (doctor, meta.overhead)."""
+    return dict(_calibration)
+
+
 def _calibrate() -> None:
     """Measures what the configuration in force costs (the budget's read cost, the reads' bias on CPU time,
     meta.overhead); a stage call's cost is kept from an earlier calibration when a stage is open here now."""
@@ -258,6 +263,8 @@ def reset() -> None:
     """Forget everything recorded so far (stage objects stay valid)."""
     global _start_wall, _start_clock
     backend.reset()
+    with _held_lock:
+        _held.clear()
     for integ in integrations.registered():
         try:
             integ.reset()
@@ -318,8 +325,11 @@ def _counter_dict(names, rows) -> Dict[str, Dict[str, Any]]:
         if not reads or wsum <= 0:
             out[name] = {"total": None, "self": None, "counted_calls": 0, "read_calls": 0}
             continue
-        f = covered / wsum     # the read calls' weighted mean, times the calls it stands for
+        # every call read with weight 1: exact sums; else the read calls' weighted mean, times the calls it stands for
+        est = reads != covered or wsum != reads
+        f = covered / wsum if est else 1.0
         out[name] = {"total": total * f, "self": max(self_ * f, 0.0), "counted_calls": covered, "read_calls": reads,
+                     "estimated": est,
                      "scaled": bool(scaled), "enabled_ns": enabled, "running_ns": running,
                      "running_fraction": running / enabled if enabled else None}
     return out
@@ -329,21 +339,61 @@ def _cpu_fields(s: Dict[str, Any]) -> Dict[str, Any]:
     """CPU time (estimated over cpu_calls under the budget) and its system share, from a collect() stats row."""
     if not s["cpu_calls"] or not s["cpu_reads"] or s["cpu_wsum"] <= 0:
         return {"cpu_total": None, "cpu_self": None, "cpu_calls": s["cpu_calls"] if s["cpu_reads"] else 0}
-    if s["cpu_reads"] == s["cpu_calls"]:
+    est = s["cpu_reads"] != s["cpu_calls"] or s["cpu_wsum"] != s["cpu_reads"]
+    if not est:   # every call read, with weight 1: exact sums
         total, self_ = s["cpu_total"], max(s["cpu_self"], 0)
     else:   # the read calls' weighted mean, times the calls it stands for
         f = s["cpu_calls"] / s["cpu_wsum"]
         total, self_ = round(s["cpu_total"] * f), max(round(s["cpu_self"] * f), 0)
     out = {"cpu_total": total, "cpu_self": self_, "cpu_calls": s["cpu_calls"],
-           "cpu_read_calls": None if s["cpu_reads"] == s["cpu_calls"] else s["cpu_reads"]}
+           "cpu_read_calls": s["cpu_reads"] if est else None}
     if s["sys_reads"]:
-        if s["sys_reads"] == s["cpu_reads"] == s["cpu_calls"]:
+        if not est and s["sys_reads"] == s["cpu_reads"]:
             st, ss = s["sys_total"], s["sys_self"]
         else:   # the system share of the calls whose system time was read stands for the rest
             st = s["sys_total"] * total / s["sys_cpu_total"] if s["sys_cpu_total"] > 0 else 0
             ss = s["sys_self"] * self_ / s["sys_cpu_self"] if s["sys_cpu_self"] > 0 else 0
         out["cpu_sys_total"] = int(min(max(st, 0), total))
         out["cpu_sys_self"] = int(min(max(ss, 0), self_))
+    return out
+
+
+_held: Dict[tuple, Dict[str, Any]] = {}
+_held_lock = threading.Lock()
+
+
+def _hold(stages: List[StageStats]) -> List[StageStats]:
+    """Estimated totals never go down from one snapshot to the next in this process: a new read can lower a
+    ratio estimate a little, and a Prometheus counter that goes down reads as a reset.  Each estimated total
+    keeps its highest value until the stage's calls go down (reset())."""
+    out = []
+    with _held_lock:
+        seen = set()
+        for st in stages:
+            h = _held.get(st.path)
+            if h is None or st.calls < h["calls"]:
+                h = _held[st.path] = {"calls": st.calls, "cpu": None, "sys": None, "ctr": {}}
+            h["calls"] = st.calls
+            seen.add(st.path)
+            fields: Dict[str, Any] = {}
+            if st.cpu_read_calls is not None and st.cpu_total is not None:
+                if h["cpu"] is not None and st.cpu_total < h["cpu"]:
+                    fields["cpu_total"] = h["cpu"]
+                if h["sys"] is not None and st.cpu_sys_total is not None and st.cpu_sys_total < h["sys"]:
+                    fields["cpu_sys_total"] = h["sys"]
+            h["cpu"] = fields.get("cpu_total", st.cpu_total)
+            h["sys"] = fields.get("cpu_sys_total", st.cpu_sys_total)
+            ctr = {}
+            for name, c in st.counters.items():
+                total, prev = c.get("total"), h["ctr"].get(name)
+                if total is not None and c.get("estimated") and prev is not None and total < prev:
+                    ctr[name] = dict(c, total=prev)
+                h["ctr"][name] = prev if name in ctr else total
+            if ctr:
+                fields["counters"] = dict(st.counters, **ctr)
+            out.append(replace(st, **fields) if fields else st)
+        for path in [p for p in _held if p not in seen]:
+            del _held[path]
     return out
 
 
@@ -358,8 +408,7 @@ def _estimated_selves(stages: List[StageStats]) -> List[StageStats]:
     def sampled(x: StageStats, name: Optional[str] = None) -> bool:
         if name is None:
             return x.cpu_read_calls is not None
-        c = x.counters.get(name) or {}
-        return (c.get("read_calls") or 0) < (c.get("counted_calls") or 0)
+        return bool((x.counters.get(name) or {}).get("estimated"))
 
     out = []
     for st in stages:
@@ -393,7 +442,7 @@ def _overhead(raw: Dict[str, Any]) -> Optional[Dict[str, Any]]:
     return {"per_call_ns": base, "per_read_ns": read, "calls": calls,
             "read_calls": reads, "estimated_ns": round(calls * base + reads * read),
             "budget": _config_now.overhead_budget, "cpu_source": c.get("cpu_source"),
-            "cpu_bias_ns": c.get("cpu_bias_ns"), "sys": c.get("sys")}
+            "cpu_bias_ns": c.get("cpu_bias_ns"), "sys": c.get("sys"), "thread_clock": c.get("thread_clock")}
 
 
 def snapshot(finish: bool = True) -> Snapshot:
@@ -432,7 +481,7 @@ def snapshot(finish: bool = True) -> Snapshot:
             other=s["node"] in others, overlapped_calls=overlapped, abandoned_calls=abandoned,
             suspended_total=susp_total, suspended_self=susp_self, items=_items(s.get("items")),
             **extra.pop(path, {})))
-    stages = _estimated_selves(stages)
+    stages = _estimated_selves(_hold(stages))
     for path, fields in extra.items():   # stages only an integration saw (e.g. GPU time of a still-open stage)
         stages.append(StageStats(path, 0, 0, 0, 0, None, None, None, None, 0, {}, **fields))
     events = [{"path": list(paths[e[0]]), "tid": e[1], "ts_ns": e[2] - _start_clock, "dur_ns": e[3],
@@ -481,6 +530,7 @@ def _after_fork_child() -> None:
     global _start_wall, _start_clock
     try:
         backend.after_fork_child()
+        _held.clear()
         _start_wall, _start_clock = time.time(), backend.now_ns()
         for integ in integrations.registered():
             integ.after_fork_child()

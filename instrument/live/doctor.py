@@ -94,6 +94,9 @@ def _integrations():
     out["nvtx"] = {"emitter": nvtx.backend(), "enabled": bool(cfg.nvtx), "domain": cfg.nvtx_domain,
                    "tool": os.environ.get("NVTX_INJECTION64_PATH") or None}
     out["tasks"] = tasks.status()
+    cal = dict(collector.calibration())
+    cal["budget"] = cfg.overhead_budget
+    out["overhead"] = cal
     if importlib.util.find_spec("torch") is None:
         out["torch"] = {"installed": False, "reason": "torch is not installed: profiler and GPU integration are off"}
         out["cuda"] = {"available": False, "reason": "needs torch"}
@@ -142,6 +145,18 @@ def format_text(d):
         lines.append("NVTX              %s, emitter %s, domain %r, tool %s" % (
             "on" if nv.get("enabled") else "off (the nvtx option)", nv.get("emitter"), nv.get("domain"),
             nv.get("tool") or "none attached (ranges cost a null check; run under nsys to record them)"))
+    ov = d.get("overhead") or {}
+    if ov.get("read_ns") is not None:
+        budget = ov.get("budget")
+        lines.append("CPU time          from %s; thread clock: %s; system time: %s" % (
+            ov.get("cpu_source"), ov.get("thread_clock", "clock_gettime"),
+            "the thread's rusage" if ov.get("sys") else "off (cpu_split) or unavailable"))
+        lines.append("overhead          a stage call %.0f ns; one call's reads %.0f ns (%.0f ns of them taken out of its "
+                     "CPU time); %s" % (
+                         ov.get("base_ns") or 0, ov["read_ns"], ov.get("cpu_bias_ns") or 0,
+                         "every call read (overhead_budget none)" if not budget else
+                         "budget %g %%: stages shorter than %.0f µs on average are read on a sample of calls" % (
+                             budget * 100, ov["read_ns"] / budget / 1000)))
     tk = d.get("tasks") or {}
     if tk:
         lines.append("asyncio           %s" % (

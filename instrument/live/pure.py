@@ -1233,7 +1233,8 @@ def calibrate(n: int = 200) -> Dict[str, Any]:
             (_enabled, _nvtx, _ctr_events, _cpu_clock, _cpu_split, _xm_k, _ring, _hook_enter, _hook_exit,
              _root_exit_hook, slots.stats) = saved
     return {"read_ns": float(read_ns), "base_ns": base, "cpu_bias_ns": bias,
-            "cpu_source": ("none", "thread-clock", "task-clock")[src], "sys": split}
+            "cpu_source": ("none", "thread-clock", "task-clock")[src], "sys": split,
+            "thread_clock": "clock_gettime (the pure-Python backend)"}
 
 
 def set_counters(events, exclude_kernel, taskclock_index) -> None:

@@ -158,3 +158,52 @@ def test_real_software_page_is_not_rdpmc_readable():
     pg = perf_event_mmap_page.from_buffer_copy(raw)
     assert pg.cap_user_rdpmc == 0 and pg.index == 0
     assert decode(raw, pmc=1, tsc=1) is None
+
+
+# ------------------------------------------- thread CPU time from the page's clock (cap_user_time)
+def time_decode(pg, tsc):
+    return _native._perf_mmap_time_decode(pg, tsc)
+
+
+def test_time_is_none_without_cap_user_time():
+    assert time_decode(page(cap_user_time=0, time_enabled=5_000), 10**9) is None
+
+
+@pytest.mark.parametrize("tsc,mult,shift,offset", [
+    (10**9, 1 << 31, 31, 0),                      # 1 ns per cycle
+    (3_000_000_123, 2_863_311_531, 33, 7_777),    # a 3 GHz TSC: mult/2^shift = 1/3
+    (2**62 + 12345, 1_431_655_765, 32, U64 - 10**6),   # a large TSC; a negative offset (two's complement)
+])
+def test_time_is_enabled_time_extrapolated_from_the_tsc(tsc, mult, shift, offset):
+    ena = 123_456_789
+    got = time_decode(page(cap_user_time=1, time_enabled=ena, time_mult=mult, time_shift=shift,
+                           time_offset=offset), tsc)
+    assert got == (ena + offset + ((tsc * mult) >> shift)) & U64
+
+
+def test_time_short_counter_wraps_from_time_cycles():
+    # cap_user_time_short: the TSC is narrower than 64 bits; cycles count from time_cycles within time_mask
+    cyc, mask, tsc = 0x1_0000_0000, (1 << 32) - 1, 0x2_0000_0010
+    got = time_decode(page(cap_user_time=1, cap_user_time_short=1, time_enabled=0, time_mult=1 << 20,
+                           time_shift=20, time_offset=0, time_cycles=cyc, time_mask=mask), tsc)
+    assert got == cyc + ((tsc - cyc) & mask)
+
+
+def test_the_fast_thread_clock_agrees_with_clock_thread_cputime():
+    """Where the kernel offers cap_user_time, calibrate() validates the page's clock against the thread CPU
+    clock and stages read it without a system call; on this machine it says why not."""
+    import instrument
+    import time
+    instrument.configure(counters="none")
+    c = _native.calibrate()
+    if not c["thread_clock"].startswith("perf mmap page"):
+        pytest.skip(f"thread CPU clock here: {c['thread_clock']}")
+    st = instrument.stage("spin")
+    t = time.thread_time_ns()
+    for _ in range(50):
+        with st:
+            end = time.thread_time_ns() + 200_000
+            while time.thread_time_ns() < end:
+                pass
+    truth = time.thread_time_ns() - t
+    assert instrument.snapshot()["spin"].cpu_total == pytest.approx(truth, rel=0.05)
