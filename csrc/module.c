@@ -162,8 +162,8 @@ static PyObject *mod_collect(PyObject *m, PyObject *unused) {
             "cpu_calls", (unsigned long long)s->cpu_calls, "cpu_total", (long long)s->cpu_total,
             "cpu_self", (long long)s->cpu_self, "hist", h);
         if (t && PyDict_SetItemString(t, "counters", ctr) < 0) Py_CLEAR(t);
-        PyObject *cr = t ? Py_BuildValue("{s:K,s:d,s:K,s:L,s:L,s:L,s:L}", "cpu_reads", (unsigned long long)s->cpu_reads,
-            "cpu_wsum", s->cpu_wsum,
+        PyObject *cr = t ? Py_BuildValue("{s:K,s:d,s:d,s:L,s:K,s:L,s:L,s:L,s:L}", "cpu_reads", (unsigned long long)s->cpu_reads,
+            "cpu_wsum", s->cpu_wsum, "cpu_wall_w", s->cpu_wall_w, "cpu_cov_wall", (long long)s->cpu_cov_wall,
             "sys_reads", (unsigned long long)s->sys_reads, "sys_total", (long long)s->sys_total,
             "sys_self", (long long)s->sys_self, "sys_cpu_total", (long long)s->sys_cpu_total,
             "sys_cpu_self", (long long)s->sys_cpu_self) : NULL;

@@ -43,6 +43,8 @@ static int stats_merge(NodeStats *d, const NodeStats *s) {
     d->cpu_self += s->cpu_self;
     d->cpu_reads += s->cpu_reads;
     d->cpu_wsum += s->cpu_wsum;
+    d->cpu_wall_w += s->cpu_wall_w;
+    d->cpu_cov_wall += s->cpu_cov_wall;
     d->sys_reads += s->sys_reads;
     d->sys_total += s->sys_total;
     d->sys_self += s->sys_self;

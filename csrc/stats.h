@@ -21,7 +21,9 @@ typedef struct {
     int64_t wall_total, wall_self, wall_min, wall_max;
     int64_t cpu_total, cpu_self;  /* over cpu_calls: read calls weighted by 1 / their chance of being read */
     uint64_t cpu_reads;           /* calls whose CPU time was read */
-    double cpu_wsum;              /* their summed weights (the ratio estimate: cpu_total * cpu_calls / cpu_wsum) */
+    double cpu_wsum;              /* their summed weights */
+    double cpu_wall_w;            /* their weighted wall time: CPU is estimated as cpu_total / cpu_wall_w of ... */
+    int64_t cpu_cov_wall;         /* ... the wall time of all cpu_calls (read or stood in for) */
     uint64_t sys_reads;           /* of those, calls whose system time was read too (not while suspended) */
     int64_t sys_total, sys_self, sys_cpu_total, sys_cpu_self;   /* system time and CPU time of those calls */
     hist h;

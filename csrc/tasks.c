@@ -260,12 +260,15 @@ void tasks_stack_free(Stack *st) {
                 s->cpu_calls++;
                 s->cpu_reads++;
                 s->cpu_wsum += w;
+                s->cpu_wall_w += (double)wall * w;
+                s->cpu_cov_wall += wall;
                 s->cpu_total += (int64_t)((double)cpu * w + 0.5);
                 int64_t self_cpu = cpu - f->child_cpu;
                 if (self_cpu < 0 && !f->child_est) self_cpu = 0;
                 s->cpu_self += (int64_t)((double)self_cpu * w + (self_cpu < 0 ? -0.5 : 0.5));
             } else if (attributable && f->skipped) {
                 s->cpu_calls++;   /* left unread by the budget: the read calls stand for it */
+                s->cpu_cov_wall += wall;
             }
             if (hist_add(&s->h, (uint64_t)wall) < 0) g_internal++;
             tasks_record(s, f, susp, !attributable && known);

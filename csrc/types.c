@@ -325,6 +325,8 @@ static void stage_exit(Stage *self, int error) {
                 s->cpu_calls++;
                 s->cpu_reads++;
                 s->cpu_wsum += w;
+                s->cpu_wall_w += (double)wall * w;
+                s->cpu_cov_wall += wall;
                 s->cpu_total += (int64_t)((double)cpu * w + 0.5);
                 int64_t self_cpu = cpu - f.child_cpu;
                 if (self_cpu < 0 && !f.child_est) self_cpu = 0;   /* estimates of children may exceed it */
@@ -341,6 +343,7 @@ static void stage_exit(Stage *self, int error) {
             } else if (stand_in && ((g_ctr_taskclock >= 0 && ts->perf_gen == g_ctr_gen && ts->perf.fd[g_ctr_taskclock] >= 0)
                                     || g_cpu_clock)) {
                 s->cpu_calls++;
+                s->cpu_cov_wall += wall;
             }
             if (hist_add(&s->h, wall > 0 ? (uint64_t)wall : 0) < 0) g_internal++;
             tasks_record(s, &f, susp, overlapped);

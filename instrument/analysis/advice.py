@@ -20,6 +20,9 @@ NEXT_STEP = {
                 "remove .item()/.cpu()/synchronize() calls from the hot path",
     "waiting": "find what it waits on: context switches and CPU/wall are in the table; for host waits on the "
                "GPU, `instrument nsys --capture {name} -- python ...` shows them",
+    "kernel-bound": ("its time goes to the kernel: page faults of fresh memory (reuse or preallocate buffers, keep "
+                     "tensors and arrays alive across calls, huge pages for large allocations) or system calls "
+                     "(batch them, buffer I/O); compare page-faults and sys% before/after with `instrument diff`"),
     "mixed": "split it into smaller stages to separate the computing from the waiting",
     "unknown": "turn on the CPU clock or task-clock counter (configure(cpu_clock=True)) so it can be judged",
 }

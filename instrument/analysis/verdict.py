@@ -10,6 +10,8 @@ thresholds passed in, else those recorded in the snapshot's `meta.verdict_thresh
               (awaiting) for at least 1 - verdict_wait_cpu of the stage's own time
 - memory-bound  cache-miss ratio > verdict_miss_ratio or MPKI > verdict_mpki, with IPC < verdict_low_ipc
               ("memory-bound?" when the misses are high but IPC is unknown)
+- kernel-bound  on the CPU (CPU / wall >= verdict_wait_cpu) with system (kernel) time >= verdict_kernel_share
+              of its CPU time: page faults of fresh memory, system calls
 - compute-bound CPU / wall >= verdict_compute_cpu (and IPC >= verdict_low_ipc where measured)
 - mixed       CPU / wall in between
 - unknown     no CPU time and no GPU time were measured (also when every call overlapped other tasks on its
@@ -81,6 +83,16 @@ def judge(s: StageStats, th: Mapping[str, float]) -> Dict[str, Any]:
     cs = _self_counter(s, "context-switches")
     if cs is not None and s.calls:
         ev["context_switches_per_call"] = round(cs / s.calls, 2)
+    sys_share = s.sys_share
+    if sys_share is not None:
+        ev["sys_share"] = round(sys_share, 3)
+        if s.calls and s.cpu_sys_self is not None:
+            ev["sys_ms_per_call"] = round(s.cpu_sys_self / s.calls / 1e6, 4)
+    faults = _self_counter(s, "page-faults")
+    if faults is None:
+        faults = _self_counter(s, "minor-faults")
+    if faults is not None and s.calls:
+        ev["page_faults_per_call"] = round(faults / s.calls, 1)
     limited = [n for n in HARDWARE if sel[n] is None]
 
     def out(verdict: str, reason: str) -> Dict[str, Any]:
@@ -110,6 +122,11 @@ def judge(s: StageStats, th: Mapping[str, float]) -> Dict[str, Any]:
         if gpu_share is not None:
             why += f"; GPU time covers only {gpu_share:.0%}"
         return out("waiting", why)
+    if sys_share is not None and sys_share >= th["kernel_share"] and cpu_ratio is not None:
+        why = f"{sys_share:.0%} of its CPU time is in the kernel (CPU/wall {cpu_ratio:.2f})"
+        if "page_faults_per_call" in ev:
+            why += f"; {ev['page_faults_per_call']:g} page faults per call"
+        return out("kernel-bound", why)
     high_miss = (miss is not None and miss > th["miss_ratio"]) or (mpki is not None and mpki > th["mpki"])
     if high_miss:
         if ipc is None:

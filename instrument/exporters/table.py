@@ -39,6 +39,19 @@ class Column:
     base: bool = False     # shown whenever it wants to be, before the optional columns
 
 
+def _est(text: str, estimated: bool) -> str:
+    """A figure estimated from a sample of the calls (overhead budget) is marked with ESTIMATE."""
+    return ESTIMATE + text if estimated and text not in ("", "n/a") else text
+
+
+def _ctr_est(s: StageStats, name: str) -> bool:
+    return bool((s.counters.get(name) or {}).get("estimated"))
+
+
+def _has_sys(snap: Snapshot) -> bool:
+    return any(s.cpu_sys_total is not None for s in snap)
+
+
 def _counter_derived(s: StageStats, key: str):
     totals = {k: v.get("total") for k, v in s.counters.items()}
     return counters.derived(totals, s.attributed_wall(), s.cpu_total).get(key)   # overlapped calls left out
@@ -82,8 +95,12 @@ COLUMNS: List[Column] = [
     Column("p50 ms", 6, lambda n, s: ms(s.quantile(0.5)), lambda n, s: s.quantile(0.5), field="p50_ns", base=True),
     Column("p99 ms", 6, lambda n, s: ms(s.quantile(0.99)), lambda n, s: s.quantile(0.99), field="p99_ns", base=True),
     Column("self ms", 7, lambda n, s: ms(s.wall_self), lambda n, s: s.wall_self, field="self_ns", base=True),
-    Column("CPU ms", 6, lambda n, s: ms(s.cpu_total), lambda n, s: s.cpu_total, field="cpu_ns", base=True),
-    Column("C/W", 4, lambda n, s: ratio(s.cpu_ratio), lambda n, s: s.cpu_ratio, field="cpu_per_wall", base=True),
+    Column("CPU ms", 6, lambda n, s: _est(ms(s.cpu_total), s.cpu_estimated), lambda n, s: s.cpu_total,
+           field="cpu_ns", base=True),
+    Column("C/W", 4, lambda n, s: _est(ratio(s.cpu_ratio), s.cpu_estimated), lambda n, s: s.cpu_ratio,
+           field="cpu_per_wall", base=True),
+    Column("sys%", 5, lambda n, s: _est(pct(s.sys_share), s.cpu_estimated), lambda n, s: _percent(s.sys_share),
+           _has_sys, field="sys_pct"),
     Column("IPC", 5, lambda n, s: ratio(_counter_derived(s, "ipc")), lambda n, s: _counter_derived(s, "ipc"),
            _has_counter("instructions"), field="ipc"),
     Column("miss%", 6, lambda n, s: pct(_counter_derived(s, "cache_miss_ratio")),
@@ -94,20 +111,28 @@ COLUMNS: List[Column] = [
     Column("brmiss%", 7, lambda n, s: pct(_counter_derived(s, "branch_miss_ratio")),
            lambda n, s: _percent(_counter_derived(s, "branch_miss_ratio")), _has_counter("branch-misses"),
            field="branch_miss_pct"),
-    Column("faults", 7, lambda n, s: "n/a" if s.counter("page-faults") is None else f"{s.counter('page-faults'):.0f}",
+    Column("faults", 7, lambda n, s: "n/a" if s.counter("page-faults") is None else
+           _est(f"{s.counter('page-faults'):.0f}", _ctr_est(s, "page-faults")),
            lambda n, s: s.counter("page-faults"), _has_counter("page-faults"), field="page_faults"),
     Column("ctxsw", 6, lambda n, s: "n/a" if s.counter("context-switches") is None else
-           f"{s.counter('context-switches'):.0f}", lambda n, s: s.counter("context-switches"),
+           _est(f"{s.counter('context-switches'):.0f}", _ctr_est(s, "context-switches")),
+           lambda n, s: s.counter("context-switches"),
            _has_counter("context-switches"), field="context_switches"),
     Column("GPU ms", 7, lambda n, s: ms((s.gpu or {}).get("total_ns")), lambda n, s: (s.gpu or {}).get("total_ns"),
            lambda snap: any(s.gpu for s in snap), field="gpu_ns"),
     Column("verdict", 14, lambda n, s: (s.verdict or {}).get("verdict", ""), lambda n, s: (s.verdict or {}).get("verdict"),
            lambda snap: any(s.verdict for s in snap), field="verdict"),
+    Column("user ms", 7, lambda n, s: _est(ms(s.cpu_user_total), s.cpu_estimated), lambda n, s: s.cpu_user_total,
+           _has_sys, field="cpu_user_ns"),
+    Column("sys ms", 6, lambda n, s: _est(ms(s.cpu_sys_total), s.cpu_estimated), lambda n, s: s.cpu_sys_total,
+           _has_sys, field="cpu_sys_ns"),
 ]
+ESTIMATE = "~"   # marks a figure estimated from the calls read under the overhead budget
 NAME_MIN = 14          # the stage name column narrows to this before a base column is left out
 DROPPABLE = ("C/W",)  # base columns left out, in this order, when the terminal is too narrow
 UNITS = ("ms: milliseconds of wall time (CPU ms: thread CPU time); %root: percent of the top-level stage's "
-         "total; tail%: percent of the slow calls' excess over a typical call; C/W: CPU time / wall time")
+         "total; tail%: percent of the slow calls' excess over a typical call; C/W: CPU time / wall time; sys%: "
+         "percent of the stage's own CPU time spent in the kernel")
 
 
 def _sort_key(sort: str):
@@ -184,6 +209,17 @@ def item_lines(s: StageStats, indent: str) -> List[str]:
     return out
 
 
+def overhead_line(snap: Snapshot) -> Optional[str]:
+    """The SDK's own estimated cost (meta.overhead) as a share of the wall time the snapshot recorded."""
+    o = snap.meta.get("overhead")
+    if not isinstance(o, dict) or o.get("estimated_ns") is None:
+        return None
+    total = snap.total_ns
+    share = f"{100 * o['estimated_ns'] / total:.2g} % of the recorded wall time; " if total else ""
+    return (f"instrument's own cost: ~{ms(o['estimated_ns'])} ms ({share}{o.get('read_calls', 0):,} of "
+            f"{o.get('calls', 0):,} calls read)")
+
+
 def _json_row(snap: Snapshot, s: StageStats) -> Dict[str, Any]:
     d = dict(s.to_dict(), root_pct=_percent(snap.share_of_root(s)))
     if snap.exemplars:
@@ -253,6 +289,17 @@ def render(snap: Snapshot, sort: str = "tree", depth: Optional[int] = None, fold
     if overlapped:
         lines.append(f"{overlapped} calls overlapped other asyncio tasks on their thread with no task-switch hook: "
                      "their CPU time and counters are left out (n/a), never summed")
+    sampled = [s for s in rows if s.cpu_estimated or any(c.get("estimated") for c in s.counters.values())]
+    if sampled:
+        reads = sum(s.cpu_reads for s in sampled)
+        calls = sum(s.cpu_calls for s in sampled)
+        lines += textwrap.wrap(f"{ESTIMATE} estimated: {len(sampled)} stage{'s' if len(sampled) != 1 else ''} too short "
+                               "for a read on every call within "
+                               f"the overhead budget had {reads:,} of {calls:,} calls read (overhead_budget=None reads "
+                               "every call)", width or 80)
+    own = overhead_line(snap)
+    if own:
+        lines.append(own)
     if dropped:
         lines += textwrap.wrap(f"not shown at {width} columns: {', '.join(c.header for c in dropped)} (a wider "
                                "terminal, COLUMNS=160, or --format csv/json shows them)", width)

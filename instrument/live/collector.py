@@ -342,8 +342,8 @@ def _cpu_fields(s: Dict[str, Any]) -> Dict[str, Any]:
     est = s["cpu_reads"] != s["cpu_calls"] or s["cpu_wsum"] != s["cpu_reads"]
     if not est:   # every call read, with weight 1: exact sums
         total, self_ = s["cpu_total"], max(s["cpu_self"], 0)
-    else:   # the read calls' weighted mean, times the calls it stands for
-        f = s["cpu_calls"] / s["cpu_wsum"]
+    else:   # the read calls' CPU per wall time, times the wall time of the calls they stand for (exact)
+        f = s["cpu_cov_wall"] / s["cpu_wall_w"] if s["cpu_wall_w"] > 0 else s["cpu_calls"] / s["cpu_wsum"]
         total, self_ = round(s["cpu_total"] * f), max(round(s["cpu_self"] * f), 0)
     out = {"cpu_total": total, "cpu_self": self_, "cpu_calls": s["cpu_calls"],
            "cpu_read_calls": s["cpu_reads"] if est else None}

@@ -148,15 +148,15 @@ def _node_child(parent: int, name: str) -> int:
 # ----------------------------------------------------------- per-thread slots
 # slot: [calls, errors, cpu_calls, wall_total, wall_self, wall_min, wall_max, cpu_total, cpu_self, hist, counters,
 #        overlapped, abandoned, suspended_total, suspended_self, items,
-#        cpu_reads, sys_reads, sys_total, sys_self, sys_cpu_total, sys_cpu_self, cpu_wsum]
+#        cpu_reads, sys_reads, sys_total, sys_self, sys_cpu_total, sys_cpu_self, cpu_wsum, cpu_wall_w, cpu_cov_wall]
 # counters: None or a list per event of [total, self, enabled, running, counted, scaled, covered, wsum]
 # items: {name: [int_total, float_total, calls, float_calls]}
 def _new_slot() -> list:
-    return [0, 0, 0, 0, 0, sys.maxsize, 0, 0, 0, {}, None, 0, 0, 0, 0, {}, 0, 0, 0, 0, 0, 0, 0.0]
+    return [0, 0, 0, 0, 0, sys.maxsize, 0, 0, 0, {}, None, 0, 0, 0, 0, {}, 0, 0, 0, 0, 0, 0, 0.0, 0.0, 0]
 
 
 def _merge_slot(d: list, s: list) -> None:
-    for k in (0, 1, 2, 3, 4, 7, 8, 11, 12, 13, 14, 16, 17, 18, 19, 20, 21, 22):
+    for k in (0, 1, 2, 3, 4, 7, 8, 11, 12, 13, 14, 16, 17, 18, 19, 20, 21, 22, 23, 24):
         d[k] += s[k]
     d[5] = min(d[5], s[5])
     d[6] = max(d[6], s[6])
@@ -554,6 +554,8 @@ def _record(slots: "_ThreadSlots", st: _Stack, f: _Frame, p: Optional[_Frame], w
         s[2] += 1
         s[16] += 1
         s[22] += w
+        s[23] += wall * w
+        s[24] += wall
         s[7] += int(cpu * w + 0.5)
         self_cpu = cpu - f.child_cpu
         if self_cpu < 0 and not f.child_est:
@@ -571,6 +573,7 @@ def _record(slots: "_ThreadSlots", st: _Stack, f: _Frame, p: Optional[_Frame], w
     elif stand_in and ((_ctr_taskclock >= 0 and slots.perf is not None and slots.perf_gen == _ctr_gen
                         and slots.perf.status[_ctr_taskclock] == 0) or _cpu_clock):
         s[2] += 1
+        s[24] += wall
     i = _hist.index(wall)
     h = s[9]
     h[i] = h.get(i, 0) + 1
@@ -1277,7 +1280,7 @@ def collect() -> Dict[str, Any]:
                     d = merged[nid] = _new_slot()
                 _merge_slot(d, [s[0], s[1], s[2], s[3], s[4], s[5], s[6], s[7], s[8], dict(s[9]),
                                 None if s[10] is None else [list(c) for c in s[10]], s[11], s[12], s[13], s[14],
-                                {k: list(v) for k, v in s[15].items()}] + s[16:23])
+                                {k: list(v) for k, v in s[15].items()}] + s[16:25])
         nodes = [(i, p, n, o) for i, (p, n, o) in enumerate(_nodes) if i > 0]
         threads = len(_threads)
     stats = [{"node": nid, "calls": s[0], "errors": s[1], "wall_total": s[3], "wall_self": s[4], "wall_min": s[5],
@@ -1285,7 +1288,7 @@ def collect() -> Dict[str, Any]:
               "counters": [tuple(c) for c in s[10]] if s[10] is not None else [],
               "tasks": (s[11], s[12], s[13], s[14]), "items": [(k, v[0], v[1], v[2], v[3]) for k, v in s[15].items()],
               "cpu_reads": s[16], "sys_reads": s[17], "sys_total": s[18], "sys_self": s[19], "sys_cpu_total": s[20],
-              "sys_cpu_self": s[21], "cpu_wsum": s[22]}
+              "sys_cpu_self": s[21], "cpu_wsum": s[22], "cpu_wall_w": s[23], "cpu_cov_wall": s[24]}
              for nid, s in sorted(merged.items()) if s[0] or s[15]]
     n = min(_ring_total, len(_ring))
     start = 0 if _ring_total < len(_ring) else _ring_next
