@@ -59,6 +59,9 @@ METRICS = {
     "instrument_stage_self_seconds": ("counter", [], "seconds", "Wall time of a stage outside its child stages"),
     "instrument_stage_errors": ("counter", [], "calls", "Calls of a stage that exited by an exception"),
     "instrument_stage_cpu_seconds": ("counter", [], "seconds", "Thread CPU time spent in a stage"),
+    "instrument_stage_cpu_mode_seconds": ("counter", ["mode"], "seconds",
+                                          "Thread CPU time of a stage in user space and in the kernel (mode "
+                                          "user or system, from the thread's rusage)"),
     "instrument_stage_gpu_seconds": ("counter", [], "seconds", "GPU time of a stage, from CUDA events"),
     "instrument_stage_gpu_samples": ("counter", [], "calls", "Calls of a stage whose GPU time was measured"),
     "instrument_stage_perf_events": ("counter", ["event"], "events",
@@ -123,6 +126,9 @@ def families(snap: Snapshot) -> List[Metric]:
         fam["instrument_stage_errors"].add_metric(lab, s.errors)
         if s.cpu_total is not None:
             fam["instrument_stage_cpu_seconds"].add_metric(lab, s.cpu_total / 1e9)
+        if s.cpu_sys_total is not None and s.cpu_user_total is not None:
+            fam["instrument_stage_cpu_mode_seconds"].add_metric(lab + ["user"], s.cpu_user_total / 1e9)
+            fam["instrument_stage_cpu_mode_seconds"].add_metric(lab + ["system"], s.cpu_sys_total / 1e9)
         if s.gpu and s.gpu.get("total_ns") is not None:
             fam["instrument_stage_gpu_seconds"].add_metric(lab, s.gpu["total_ns"] / 1e9)
             fam["instrument_stage_gpu_samples"].add_metric(lab, int(s.gpu.get("samples") or 0))

@@ -377,10 +377,15 @@ def _hold(stages: List[StageStats]) -> List[StageStats]:
             seen.add(st.path)
             fields: Dict[str, Any] = {}
             if st.cpu_read_calls is not None and st.cpu_total is not None:
-                if h["cpu"] is not None and st.cpu_total < h["cpu"]:
+                # system and user time each held, CPU time their sum: all three never go down
+                sys_now = st.cpu_sys_total
+                if sys_now is not None and h["sys"] is not None:
+                    user = max(st.cpu_total - sys_now, h["cpu"] - h["sys"] if h["cpu"] is not None else 0)
+                    sys_now = max(sys_now, h["sys"])
+                    if sys_now + user != st.cpu_total:
+                        fields.update(cpu_total=sys_now + user, cpu_sys_total=sys_now)
+                elif h["cpu"] is not None and st.cpu_total < h["cpu"]:
                     fields["cpu_total"] = h["cpu"]
-                if h["sys"] is not None and st.cpu_sys_total is not None and st.cpu_sys_total < h["sys"]:
-                    fields["cpu_sys_total"] = h["sys"]
             h["cpu"] = fields.get("cpu_total", st.cpu_total)
             h["sys"] = fields.get("cpu_sys_total", st.cpu_sys_total)
             ctr = {}

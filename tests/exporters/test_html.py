@@ -159,3 +159,17 @@ def test_tail_card_and_items_in_headless_chromium(chromium, tmp_path):
     assert "10.0 ms more" in tails
     stages_text = htmllib.unescape(re.sub(r"<[^>]+>", " ", dom.split('<table id="table">', 1)[1]))
     assert "tail %" in stages_text and "5.00 µs/token · 200k tokens/s" in stages_text
+
+
+def test_system_share_and_estimates_shown_in_chromium(chromium, tmp_path):
+    from dataclasses import replace
+    alloc = replace(st("alloc", 40, 10 * MS, cpu_ns=400 * MS), cpu_sys_total=300 * MS, cpu_sys_self=300 * MS)
+    tiny = replace(st("tiny", 1000, 2000, cpu_ns=1_900_000), cpu_read_calls=12, cpu_sys_total=0, cpu_sys_self=0)
+    page = tmp_path / "r.html"
+    text = html.render(snap(alloc, tiny))
+    page.write_text(text)
+    dom = browse(chromium, page, tmp_path, "dom")
+    assert "sys %" in dom and "75.0%" in dom         # 300 of 400 ms in the kernel, as a column
+    raw = re.search(r'<script type="application/json" id="data">(.*?)</script>', text, re.S).group(1)
+    stages = [x for x in re.findall(r'\{"path":\["(\w+)"\][^{}]*?"estimated":(true|false)', raw)]
+    assert dict(stages) == {"alloc": "false", "tiny": "true"}

@@ -429,3 +429,20 @@ def test_a_busy_port_is_a_warning_not_an_exception(backend):
         with pytest.warns(RuntimeWarning, match="cannot serve /metrics and /snapshot"):
             instrument.configure(serve=f"127.0.0.1:{s.getsockname()[1]}")
     instrument.configure(serve=None)
+
+
+@needs_promtool
+def test_cpu_time_by_mode_adds_up_and_lints(tmp_path):
+    from dataclasses import replace
+    ms = 1_000_000
+    s = snap(replace(st("alloc", 40, 10 * ms, cpu_ns=400 * ms), cpu_sys_total=300 * ms, cpu_sys_self=300 * ms),
+             st("plain", 10, ms, cpu_ns=9 * ms))          # no system time measured: no mode series
+    text = P.render(s)
+    assert promtool_check(text) == (0, "")
+    got = {(smp.name, smp.labels["path"], smp.labels.get("mode")): smp.value
+           for f in text_string_to_metric_families(text) for smp in f.samples
+           if f.name in ("instrument_stage_cpu_mode_seconds", "instrument_stage_cpu_seconds")}
+    assert got[("instrument_stage_cpu_mode_seconds_total", "alloc", "system")] == pytest.approx(0.3)
+    assert got[("instrument_stage_cpu_mode_seconds_total", "alloc", "user")] == pytest.approx(0.1)
+    assert got[("instrument_stage_cpu_seconds_total", "alloc", None)] == pytest.approx(0.4)
+    assert not any(k[1] == "plain" and k[2] for k in got)

@@ -45,7 +45,8 @@ def _stage(snap: Snapshot, s: StageStats) -> Dict[str, Any]:
     v = s.verdict or {}
     return {"path": list(s.path), "calls": s.calls, "errors": s.errors, "total": s.wall_total, "self": s.wall_self,
             "mean": s.wall_mean, "p50": s.quantile(0.5), "p99": s.quantile(0.99), "cpu": s.cpu_total,
-            "ratio": s.cpu_ratio, "root": snap.share_of_root(s), "parent": snap.share_of_parent(s),
+            "ratio": s.cpu_ratio, "sys": s.sys_share, "estimated": s.cpu_estimated,
+            "root": snap.share_of_root(s), "parent": snap.share_of_parent(s),
             "gpu": (s.gpu or {}).get("total_ns"), "tail": tail_share(snap, s) if snap.exemplars else None,
             "items": [{"name": n, "unit": unit(n), "total": it["total"], "calls": it["calls"],
                        "per_ns": s.per_item_ns(n), "rate": s.item_rate(n)} for n, it in s.items.items()],

@@ -82,7 +82,9 @@
     var t = el("table"), other = B ? (side === A ? BI : AI)[key(s.path)] : null;
     var rows = [["calls", s.calls + (s.errors ? " (" + s.errors + " errors)" : "")], ["total", human(s.total)], ["self", human(s.self)],
       ["mean", human(s.mean)], ["p50", human(s.p50)], ["p99", human(s.p99)],
-      ["CPU", human(s.cpu) + (s.ratio === null ? "" : " (CPU/wall " + s.ratio.toFixed(2) + ")")],
+      ["CPU", (s.estimated ? "~" : "") + human(s.cpu) + (s.ratio === null ? "" : " (CPU/wall " + s.ratio.toFixed(2) + ")") +
+        (s.sys === null || s.sys === undefined ? "" : ", " + pct(s.sys) + " in the kernel") +
+        (s.estimated ? " \u2014 estimated from the calls read under the overhead budget" : "")],
       ["share of parent", pct(s.parent)], ["share of root", pct(s.root)]];
     if (s.gpu !== null && s.gpu !== undefined) rows.push(["GPU", human(s.gpu)]);
     if (s.tail !== null && s.tail !== undefined) rows.push(["share of p99 excess", pct(s.tail)]);
@@ -182,6 +184,8 @@
     ["CPU ms", function (s) { return s.cpu; }, ms],
     ["CPU/wall", function (s) { return s.ratio; }, function (v) { return v === null ? "n/a" : v.toFixed(2); }]
   ];
+  if ([A].concat(B ? [B] : []).some(function (side) { return side.stages.some(function (s) { return s.sys !== null && s.sys !== undefined; }); }))
+    cols.push(["sys %", function (s) { return s.sys === undefined ? null : s.sys; }, pct]);
   counterNames.forEach(function (c) { cols.push([c, function (s) { var v = (s.counters || {})[c]; return v === undefined ? null : v; }, count]); });
   if ([A].concat(B ? [B] : []).some(function (side) { return side.stages.some(function (s) { return s.gpu !== null && s.gpu !== undefined; }); }))
     cols.push(["GPU ms", function (s) { return s.gpu === undefined ? null : s.gpu; }, ms]);
