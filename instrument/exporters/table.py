@@ -215,7 +215,9 @@ def overhead_line(snap: Snapshot) -> Optional[str]:
     if not isinstance(o, dict) or o.get("estimated_ns") is None:
         return None
     total = snap.total_ns
-    share = f"{100 * o['estimated_ns'] / total:.2g} % of the recorded wall time; " if total else ""
+    p = 100 * o["estimated_ns"] / total if total else None
+    share = "" if p is None else f"{p:.0f} % of the recorded wall time; " if p >= 10 else \
+        f"{p:.2g} % of the recorded wall time; "
     return (f"instrument's own cost: ~{ms(o['estimated_ns'])} ms ({share}{o.get('read_calls', 0):,} of "
             f"{o.get('calls', 0):,} calls read)")
 
@@ -299,7 +301,7 @@ def render(snap: Snapshot, sort: str = "tree", depth: Optional[int] = None, fold
                                "every call)", width or 80)
     own = overhead_line(snap)
     if own:
-        lines.append(own)
+        lines += textwrap.wrap(own, width or 80)
     if dropped:
         lines += textwrap.wrap(f"not shown at {width} columns: {', '.join(c.header for c in dropped)} (a wider "
                                "terminal, COLUMNS=160, or --format csv/json shows them)", width)

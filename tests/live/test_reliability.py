@@ -378,7 +378,8 @@ def test_hostile_names_round_trip_and_print_safely(name, backend, tmp_path):
     if name.isprintable():
         assert name.replace("/", "\\/") in text   # a '/' inside a name shown escaped, as in every path
     else:
-        assert name not in text and len(text.splitlines()) == 4   # no row broken by a control character
+        rows = [x for x in text.splitlines() if not x.startswith("instrument's own cost")]
+        assert name not in text and len(rows) == 4   # no row broken by a control character
 
 
 def test_integration_hook_that_enters_stages_itself(backend):
