@@ -167,8 +167,9 @@ def format_text(d):
             if tk.get("reason") != "asyncio not imported yet" else
             "CPU time and counters per task once asyncio is imported (%s; Python %s)" % (MECHANISM_SHORT, tk.get("python"))))
     if tc:
-        lines.append("torch             %s" % (("%s" % tc.get("version")) if tc.get("installed") and tc.get("version")
-                                               else tc.get("reason")))
+        version = tc.get("version") if tc.get("installed") else None
+        ranges = "; stage ranges: %s" % tc["range"] if tc.get("range") else ""
+        lines.append("torch             %s" % ("%s%s" % (version, ranges) if version else tc.get("reason")))
     if cu:
         lines.append("CUDA              %s" % (", ".join(cu.get("devices") or []) if cu.get("available")
                                                else "unavailable: %s" % cu.get("reason")))

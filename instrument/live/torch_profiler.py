@@ -1,11 +1,17 @@
 """Stages as torch.profiler ranges, and profiler events attributed to stages.
 
 Ranges.  While a torch profiler session records, every stage entered also
-opens a profiler range named after the stage (the op `record_function` uses),
-so stages show in `prof.key_averages()`, `export_chrome_trace()` and
-TensorBoard.  Sessions are those of `torch.profiler.profile` (context manager
-or start/stop; with a schedule, from the step recording starts to the step it
-stops) and of `torch.autograd.profiler.profile`; both pass through
+opens a profiler range named after the stage, so stages show in
+`prof.key_averages()`, `export_chrome_trace()` and TensorBoard.  The range is
+a `torch._C._profiler._RecordFunctionFast` (one at::RecordFunction, entered and
+exited from C: a stage under a profiler costs ~0.15x a `record_function`
+block), recorded as a `cpu_op` event (as torch.compile's ranges are), not a
+`user_annotation`; on a torch without it, the ops `record_function` uses
+(`profiler::_record_function_enter_new` / `_record_function_exit`).
+`status()["range"]` names the one in force.  Sessions are those of
+`torch.profiler.profile` (context manager or start/stop; with a schedule, from
+the step recording starts to the step it stops) and of
+`torch.autograd.profiler.profile`; both pass through
 `torch.autograd.profiler.profile._start_trace` and `__exit__`, which are
 wrapped to flip a flag.  The rule: stages entered while a session records that
 started once both torch and instrument were imported (in either order, see
@@ -20,7 +26,8 @@ device kernels go with the op that launched them (torch's correlation ids), and
 `snapshot()[path].ops` holds the top operators of that stage (docs/torch.md).
 
 Limits: stages of asyncio tasks interleaving on one thread do not nest as
-ranges; a user `record_function` with a stage's name counts as that stage;
+ranges; a user `record_function` (or an operator) with a stage's name counts as
+that stage;
 `emit_nvtx`/`emit_itt` sessions do not open stage ranges.
 """
 from __future__ import annotations
@@ -40,9 +47,13 @@ _enabled = True          # the `torch` option is not off
 _option = "auto"         # the `torch` option in force
 _sessions = 0            # sessions recording now
 _foreign = False         # a session was already recording when the wrappers went in
+_range: Optional[str] = None   # the range mechanism in force (FAST or OPS), once torch is seen
 _exit_op: Any = None
-_Handle: Any = None
+_Handle: Any = None            # the class of an OPS range handle (torch.ScriptObject)
+_Fast: Any = None              # the class of a FAST range handle (torch._C._profiler._RecordFunctionFast)
 _no_torch_function: Any = None
+FAST = "RecordFunctionFast"    # torch._C._profiler._RecordFunctionFast
+OPS = "record_function ops"    # torch.ops.profiler._record_function_enter_new / _record_function_exit
 _ops: Dict[Tuple[str, ...], Dict[str, list]] = {}    # path -> op name -> [calls, self_cpu, cpu_total, device] ns
 _profiled: Dict[Tuple[str, ...], int] = {}           # path -> stage ranges seen in profiles
 _counts = {"profiles": 0, "events": 0, "unattributed_ranges": 0}
@@ -108,6 +119,22 @@ def _session(delta: int) -> None:
         _update()
 
 
+def _enter_fast(name):
+    r = _Fast(name)
+    r.__enter__()
+    return r
+
+
+def _exit_fast(h) -> None:
+    if h.__class__ is _Fast:
+        try:
+            h.__exit__()
+        except RuntimeError:
+            pass   # entered where torch had no profiler state (nothing opened), exited where it has one
+    elif h is not None:
+        hooks.close(h)
+
+
 def _exit(h) -> None:
     if h.__class__ is _Handle:
         with _no_torch_function():   # as record_function does: probing a ScriptObject for __torch_function__ is slow
@@ -116,12 +143,24 @@ def _exit(h) -> None:
         hooks.close(h)
 
 
+def _mechanism(torch) -> Tuple[str, Any]:
+    fast = getattr(getattr(getattr(torch, "_C", None), "_profiler", None), "_RecordFunctionFast", None)
+    if fast is not None and hasattr(fast, "__enter__") and hasattr(fast, "__exit__"):
+        return FAST, fast
+    return OPS, None
+
+
 def _update() -> None:
-    global _exit_op, _Handle, _no_torch_function
+    global _exit_op, _Handle, _Fast, _no_torch_function, _range
     if not (_enabled and _patched and _sessions > 0):
         hooks.deactivate("torch")
         return
     import torch
+    _range, fast = _mechanism(torch)
+    if fast is not None:
+        _Fast = fast
+        hooks.activate("torch", _enter_fast, _exit_fast, fast)
+        return
     ops = torch.ops.profiler
     enter, exit_ = ops._record_function_enter_new, ops._record_function_exit
     if isinstance(enter, torch._ops.OpOverloadPacket):   # the C function itself: no Python frame per stage
@@ -192,8 +231,8 @@ def attribute(events: Iterable[Any], prefix: Tuple[str, ...] = ()) -> None:
     by_chain: Dict[tuple, Optional[tuple]] = {}
     by_range: Dict[int, Optional[tuple]] = {}
 
-    def is_stage(e) -> bool:
-        return e.name in names and getattr(e, "is_user_annotation", True)
+    def is_stage(e) -> bool:   # fast ranges are cpu_op events, the ops' ones user annotations
+        return e.name in names
 
     def resolve(chain: tuple) -> Optional[tuple]:
         if chain not in by_chain:
@@ -296,6 +335,7 @@ def status() -> Dict[str, Any]:
         state = "recording: stages open profiler ranges" if _sessions else "ready: no profiler session recording"
     return {"option": _option, "torch": str(version) if version else None, "state": state, "error": _error,
             "patched": _patched, "recording_sessions": _sessions, "ranges": "torch" in hooks.active(),
+            "range": (_range if "torch" in hooks.active() else _mechanism(torch)[0]) if version else None,
             **{k: v for k, v in _counts.items()}}
 
 

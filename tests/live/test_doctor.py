@@ -112,6 +112,8 @@ def test_doctor_collect_and_text(backend):
         assert f[1] == ("ok" if d["events"][f[0]]["available"] else "unavailable")
     if not HAS_CORE_PMU:
         assert "no core PMU" in text and "fix: -cpu host for KVM, or run on bare metal" in text
+    if d["torch"].get("version"):   # the stage range mechanism in force, from torch_profiler.status()
+        assert d["torch"]["range"] and "stage ranges: %s" % d["torch"]["range"] in text
 
 
 def test_capabilities_parse(tmp_path):

@@ -82,27 +82,105 @@ def test_stage_names_in_chrome_trace(data, tmp_path):
     assert {"step", "forward", "preprocess", "loss"} <= names
 
 
-def test_no_record_function_without_a_profiler(data, monkeypatch):
-    step, x, t = data
-    real = torch.ops.profiler._record_function_enter_new
-    calls = []
+@pytest.fixture(params=[torch_profiler.FAST, torch_profiler.OPS])
+def mechanism(request, monkeypatch):
+    """The range mechanism: torch's _RecordFunctionFast, or the record_function ops a torch without it gets."""
+    if request.param == torch_profiler.OPS:
+        monkeypatch.delattr(torch._C._profiler, "_RecordFunctionFast", raising=False)
+    elif not hasattr(torch._C._profiler, "_RecordFunctionFast"):
+        pytest.skip("this torch has no _RecordFunctionFast")
+    return request.param
 
-    def counting(name, *args):
-        if name in ("step", "forward", "preprocess", "loss"):
-            calls.append(name)
-        return real(name, *args)
-    monkeypatch.setattr(torch.ops.profiler, "_record_function_enter_new", counting)
+
+def test_no_record_function_without_a_profiler(data, monkeypatch, mechanism):
+    step, x, t = data
+    calls = []
+    if mechanism == torch_profiler.OPS:   # the torch op the stage calls
+        real = torch.ops.profiler._record_function_enter_new
+
+        def counting(name, *args):
+            if name in ("step", "forward", "preprocess", "loss"):
+                calls.append(name)
+            return real(name, *args)
+        monkeypatch.setattr(torch.ops.profiler, "_record_function_enter_new", counting)
+    else:                                 # the enter hook: _RecordFunctionFast(name).__enter__()
+        real_enter = torch_profiler._enter_fast
+
+        def counting(name):
+            if name in ("step", "forward", "preprocess", "loss"):
+                calls.append(name)
+            return real_enter(name)
+        monkeypatch.setattr(torch_profiler, "_enter_fast", counting)
     for _ in range(5):
         step(x, t)
     assert calls == [] and _hooks.active() == ()
     with torch.profiler.profile(activities=CPU) as prof:
         for _ in range(2):
             step(x, t)
+        assert torch_profiler.status()["range"] == mechanism
     assert sorted(calls) == sorted(["step", "preprocess", "forward", "loss"] * 2)
     assert next(e for e in prof.key_averages() if e.key == "forward").count == 2   # none from before it started
     del calls[:]
     step(x, t)
     assert calls == [] and _hooks.active() == ()
+
+
+def test_stage_range_in_key_averages_and_chrome_trace(backend, mechanism, tmp_path):
+    a = torch.randn(32, 32)
+    with instrument.profile(activities=CPU) as prof:
+        assert torch_profiler.status()["range"] == mechanism and torch_profiler.status()["ranges"]
+        for _ in range(3):
+            with instrument.stage("matmul"):
+                torch.mm(a, a)
+    assert next(e for e in prof.key_averages() if e.key == "matmul").count == 3
+    out = tmp_path / "trace.json"
+    prof.export_chrome_trace(str(out))
+    events = [e for e in json.loads(out.read_text())["traceEvents"] if e.get("ph") == "X"]
+    ranges = [e for e in events if e["name"] == "matmul"]
+    mms = [e for e in events if e["name"] == "aten::mm"]
+    assert len(ranges) == len(mms) == 3
+
+    def encloses(r, e):
+        return (r["pid"], r["tid"]) == (e["pid"], e["tid"]) and r["ts"] <= e["ts"] and \
+            e["ts"] + e["dur"] <= r["ts"] + r["dur"]
+    assert all(sum(encloses(r, m) for r in ranges) == 1 for m in mms)
+    ops = instrument.snapshot()["matmul"].ops   # attribution reads the same events
+    assert ops["profiled_calls"] == 3 and next(r for r in ops["by_self_cpu"] if r["name"] == "aten::mm")["calls"] == 3
+    assert torch_profiler.status()["range"] == mechanism and not torch_profiler.status()["ranges"]
+
+
+def test_fast_range_entered_without_profiler_state_closes_quietly(backend):
+    if not hasattr(torch._C._profiler, "_RecordFunctionFast"):
+        pytest.skip("this torch has no _RecordFunctionFast")
+    h = torch._C._profiler._RecordFunctionFast("early")
+    h.__enter__()   # no profiler state on this thread yet: nothing is opened
+    with torch.profiler.profile(activities=CPU) as prof:
+        torch_profiler._exit_fast(h)   # torch would raise: a profiler records now, and h holds no range
+        with instrument.stage("later"):
+            pass
+    assert {e.key for e in prof.key_averages()} >= {"later"} and instrument.snapshot().meta["internal_failures"] == 0
+
+
+def test_interleaved_asyncio_stages_close_their_own_ranges(backend, mechanism):
+    import asyncio
+    a = torch.randn(16, 16)
+
+    async def task(name):
+        for _ in range(3):
+            with instrument.stage(name):
+                torch.mm(a, a)
+                await asyncio.sleep(0)   # the other task enters and exits its stage meanwhile: ranges end out of order
+
+    async def main():
+        await asyncio.gather(task("ta"), task("tb"))
+    with instrument.profile(activities=CPU) as prof:
+        asyncio.run(main())
+        assert torch_profiler.status()["range"] == mechanism
+    counts = {e.key: e.count for e in prof.key_averages()}
+    assert counts["ta"] == counts["tb"] == 3 and counts["aten::mm"] == 6
+    snap = instrument.snapshot()
+    assert snap["ta"].calls == snap["tb"].calls == 3 and snap.meta["internal_failures"] == 0
+    assert _hooks.active() == ()
 
 
 @pytest.mark.parametrize("kind", ["torch.profiler", "autograd", "start/stop"])
