@@ -595,21 +595,28 @@ static uint64_t fake_rdpmc(uint32_t counter, void *ctx)
     return f->value;
 }
 
+/* The test hooks' page: an aligned copy of crafted bytes; 0, or -1 with ValueError when too short. */
+static int page_from_bytes(const char *data, Py_ssize_t len, struct perf_event_mmap_page *page)
+{
+    if ((size_t)len < offsetof(struct perf_event_mmap_page, __reserved)) {
+        PyErr_Format(PyExc_ValueError, "page must hold at least %zu bytes",
+                     offsetof(struct perf_event_mmap_page, __reserved));
+        return -1;
+    }
+    memset(page, 0, sizeof *page);
+    memcpy(page, data, (size_t)len < sizeof *page ? (size_t)len : sizeof *page);
+    return 0;
+}
+
 static PyObject *perf_mmap_decode(PyObject *mod, PyObject *args)
 {
     const char *data;
     Py_ssize_t len;
     unsigned long long pmc, tsc;
-    if (!PyArg_ParseTuple(args, "y#KK:_perf_mmap_decode", &data, &len, &pmc, &tsc))
+    struct perf_event_mmap_page page;
+    if (!PyArg_ParseTuple(args, "y#KK:_perf_mmap_decode", &data, &len, &pmc, &tsc) ||
+        page_from_bytes(data, len, &page) < 0)
         return NULL;
-    if ((size_t)len < offsetof(struct perf_event_mmap_page, __reserved)) {
-        PyErr_Format(PyExc_ValueError, "page must hold at least %zu bytes",
-                     offsetof(struct perf_event_mmap_page, __reserved));
-        return NULL;
-    }
-    struct perf_event_mmap_page page; /* aligned copy */
-    memset(&page, 0, sizeof page);
-    memcpy(&page, data, (size_t)len < sizeof page ? (size_t)len : sizeof page);
     fake_pmc f = {.value = pmc};
     uint64_t v, e, r;
     if (perf_mmap_read_self(&page, fake_rdpmc, &f, tsc, &v, &e, &r) < 0)
@@ -623,16 +630,10 @@ static PyObject *perf_mmap_time_decode(PyObject *mod, PyObject *args)
     const char *data;
     Py_ssize_t len;
     unsigned long long tsc;
-    if (!PyArg_ParseTuple(args, "y#K:_perf_mmap_time_decode", &data, &len, &tsc))
+    struct perf_event_mmap_page page;
+    if (!PyArg_ParseTuple(args, "y#K:_perf_mmap_time_decode", &data, &len, &tsc) ||
+        page_from_bytes(data, len, &page) < 0)
         return NULL;
-    if ((size_t)len < offsetof(struct perf_event_mmap_page, __reserved)) {
-        PyErr_Format(PyExc_ValueError, "page must hold at least %zu bytes",
-                     offsetof(struct perf_event_mmap_page, __reserved));
-        return NULL;
-    }
-    struct perf_event_mmap_page page; /* aligned copy */
-    memset(&page, 0, sizeof page);
-    memcpy(&page, data, (size_t)len < sizeof page ? (size_t)len : sizeof page);
     uint64_t ns;
     if (perf_mmap_time_self(&page, tsc, &ns) < 0)
         Py_RETURN_NONE;

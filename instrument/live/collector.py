@@ -116,6 +116,7 @@ def _apply_counters(names: tuple, explicit: bool = False) -> None:
     specs = [counters.resolve(n) for n in names]
     tc = list(names).index("task-clock") if "task-clock" in names else -1
     backend.set_counters([(t, c) for t, c, _ in specs], False, tc)   # kernel counted where allowed, as perf does
+    _forget_held()   # the counters' sums start again
     _applied_counters[backend.__name__] = _counter_names = tuple(names)
     _counter_probe = None
     if names:
@@ -263,8 +264,7 @@ def reset() -> None:
     """Forget everything recorded so far (stage objects stay valid)."""
     global _start_wall, _start_clock
     backend.reset()
-    with _held_lock:
-        _held.clear()
+    _forget_held()
     for integ in integrations.registered():
         try:
             integ.reset()
@@ -365,16 +365,11 @@ _held_lock = threading.Lock()
 def _hold(stages: List[StageStats]) -> List[StageStats]:
     """Estimated totals never go down from one snapshot to the next in this process: a new read can lower a
     ratio estimate a little, and a Prometheus counter that goes down reads as a reset.  Each estimated total
-    keeps its highest value until the stage's calls go down (reset())."""
+    keeps its highest value until reset(), a fork or a change of the counters forgets them."""
     out = []
     with _held_lock:
-        seen = set()
         for st in stages:
-            h = _held.get(st.path)
-            if h is None or st.calls < h["calls"]:
-                h = _held[st.path] = {"calls": st.calls, "cpu": None, "sys": None, "ctr": {}}
-            h["calls"] = st.calls
-            seen.add(st.path)
+            h = _held.setdefault(st.path, {"cpu": None, "sys": None, "ctr": {}})
             fields: Dict[str, Any] = {}
             if st.cpu_read_calls is not None and st.cpu_total is not None:
                 # system and user time each held, CPU time their sum: all three never go down
@@ -397,9 +392,12 @@ def _hold(stages: List[StageStats]) -> List[StageStats]:
             if ctr:
                 fields["counters"] = dict(st.counters, **ctr)
             out.append(replace(st, **fields) if fields else st)
-        for path in [p for p in _held if p not in seen]:
-            del _held[path]
     return out
+
+
+def _forget_held() -> None:
+    with _held_lock:
+        _held.clear()
 
 
 def _estimated_selves(stages: List[StageStats]) -> List[StageStats]:
@@ -532,9 +530,10 @@ def _save_at_exit() -> None:
 
 
 def _after_fork_child() -> None:
-    global _start_wall, _start_clock
+    global _start_wall, _start_clock, _held_lock
     try:
         backend.after_fork_child()
+        _held_lock = threading.Lock()   # another thread may have held it at the fork
         _held.clear()
         _start_wall, _start_clock = time.time(), backend.now_ns()
         for integ in integrations.registered():
