@@ -5,7 +5,6 @@
 #include <string.h>
 
 #include "items.h"
-#include "tasks.h"
 
 TraceEvent *g_ring = NULL;
 size_t g_ring_cap = 0, g_ring_next = 0;
@@ -52,7 +51,10 @@ static int stats_merge(NodeStats *d, const NodeStats *s) {
     d->sys_cpu_self += s->sys_cpu_self;
     if (s->wall_min < d->wall_min) d->wall_min = s->wall_min;
     if (s->wall_max > d->wall_max) d->wall_max = s->wall_max;
-    tasks_merge(d, s);
+    d->overlapped += s->overlapped;
+    d->abandoned += s->abandoned;
+    d->susp_total += s->susp_total;
+    d->susp_self += s->susp_self;
     if (s->ctr) {
         if (!d->ctr && !(d->ctr = calloc(PERF_MAX_EVENTS, sizeof(CounterStat)))) return -1;
         for (int k = 0; k < PERF_MAX_EVENTS; k++) {

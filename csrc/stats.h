@@ -27,7 +27,7 @@ typedef struct {
     uint64_t sys_reads;           /* of those, calls whose system time was read too (not while suspended) */
     int64_t sys_total, sys_self, sys_cpu_total, sys_cpu_self;   /* system time and CPU time of those calls */
     hist h;
-    uint64_t overlapped, abandoned;   /* asyncio attribution (tasks.c) */
+    uint64_t overlapped, abandoned;   /* asyncio attribution (taskclock.c) */
     int64_t susp_total, susp_self;
     CounterStat *ctr;          /* PERF_MAX_EVENTS entries (g_ctr_n used), allocated on the first counted call */
     ItemStat *items;           /* instrument.add() totals by item name (items.c); NULL until the first add */

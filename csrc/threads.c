@@ -2,7 +2,7 @@
  * ending thread's slots are folded into g_retired. */
 #include "threads.h"
 
-#include "tasks.h"
+#include <stdlib.h>
 
 ThreadState *g_threads = NULL;
 _Thread_local ThreadState *tls_ts = NULL;
@@ -12,7 +12,8 @@ static PyObject *g_ts_key = NULL;        /* the thread dict entry that owns the 
 
 static void ThreadState_dealloc(ThreadState *ts) {
     /* Runs on the ending thread when its thread dict is cleared: fold its slots. */
-    tasks_thread_free(ts);
+    free(ts->tasks);   /* asyncio attribution's state (taskclock.h): plain memory */
+    ts->tasks = NULL;
     if (stats_array_merge(&g_retired, &ts->stats) < 0) g_internal++;
     stats_array_clear(&ts->stats);
     if (ts->perf_gen) perf_set_close(&ts->perf);

@@ -15,7 +15,7 @@ typedef struct ThreadState {
     uint64_t rng;                /* xorshift state: which calls of a short stage are read (overhead budget) */
     perf_clock clk;              /* the thread's CPU time without a system call (g_cpu_fast) */
     int8_t clk_state;            /* 0 not tried, 1 open, -1 unavailable */
-    struct TaskThread *tasks;    /* asyncio attribution (tasks.c), allocated on first use */
+    struct TaskThread *tasks;    /* asyncio attribution (taskclock.c), allocated on first use */
     struct ThreadState *prev, *next;
 } ThreadState;
 

@@ -1,10 +1,11 @@
 """Typed interface of the compiled hot path (csrc/).
 
-instrument._pure implements the same stage interface (everything here but
+instrument.live.pure implements the same stage interface (everything here but
 CounterGroup, the nvtx_* functions and _perf_mmap_decode).
-tests/test_native_interface.py checks that this file names what the module exports.
+tests/test_native_interface.py checks that this file names what the module exports,
+and that collect() of both backends gives exactly the rows declared here.
 """
-from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, TypedDict, Union
 
 MAX_NAME_LEN: int
 HIST_SUB_BITS: int
@@ -47,13 +48,90 @@ class CounterGroup:
     def __enter__(self) -> "CounterGroup": ...
     def __exit__(self, *exc: Any) -> bool: ...
 
+class _Configuration(TypedDict):
+    """The hot-path options (config.OPTIONS marked hot), as configure() takes them and configuration() gives them."""
+    enabled: bool
+    cpu_clock: bool
+    cpu_split: bool
+    nvtx: bool
+    max_stages: int
+    trace_events: int
+    exemplars: int
+    overhead_budget: Optional[float]       # None: every call read
+
+class _Calibration(TypedDict):
+    read_ns: float                         # one call's reads, both boundaries: the overhead budget's unit
+    base_ns: Optional[float]               # a stage call without reads; None while a stage is open on the thread
+    cpu_bias_ns: int                       # the reads' own share of a read call's CPU window, taken out of it
+    wall_bias_ns: int                      # the reads' own share of a read call's wall window, taken out of it
+    cpu_source: str                        # none, thread-clock or task-clock
+    sys: bool                              # system time read with the CPU time
+    thread_clock: str                      # how the thread CPU clock is read
+
+class _CounterRow(TypedDict):
+    total: float          # weighted sum of the read calls' scaled deltas
+    self: float
+    enabled: int          # summed time enabled / running of the read calls (multiplexing)
+    running: int
+    counted: int          # read calls whose counter ran
+    scaled: int           # of those, calls whose value was scaled
+    covered: int          # calls the estimate stands for: read, and left unread by the budget
+    wsum: float           # summed weights (1 / chance of being read) of the read calls
+
+class _StatsRow(TypedDict):
+    node: int
+    calls: int
+    errors: int
+    wall_total: int
+    wall_self: int
+    wall_min: int
+    wall_max: int
+    cpu_calls: int        # calls CPU time stands for: read, and left unread by the budget
+    cpu_total: int        # weighted sums over the read calls
+    cpu_self: int
+    cpu_reads: int
+    cpu_wsum: float
+    cpu_wall_w: float     # weighted wall time of the read calls
+    cpu_cov_wall: int     # wall time of all cpu_calls
+    sys_reads: int
+    sys_total: int
+    sys_self: int
+    sys_cpu_total: int
+    sys_cpu_self: int
+    overlapped: int       # asyncio: calls that overlapped other tasks with no hook to tell them apart
+    abandoned: int        # calls whose context died with the stage open
+    susp_total: int       # wall time the call's task was suspended
+    susp_self: int
+    hist: List[Tuple[int, int]]                        # (bucket, count)
+    counters: List[_CounterRow]                         # one per event given to set_counters, or none
+    items: List[Tuple[str, int, float, int, int]]       # (name, int total, float total, adds, float adds)
+
+class _CollectResult(TypedDict, total=False):
+    counter_errno: List[Optional[int]]                  # per event: 0 open, an errno, None not opened yet
+    counter_open: Dict[str, bool]                       # exclude_kernel, rdpmc (once a thread opened them)
+    nodes: List[Tuple[int, int, str, int]]              # (id, parent, name, is the "(other)" node)
+    stats: List[_StatsRow]
+    events: List[Tuple[int, int, int, int, int, int]]   # trace ring: (node, tid, t0, dur, cpu0, cpu)
+    events_dropped: int
+    unmatched_exits: int
+    out_of_order_exits: int
+    cross_thread_exits: int
+    internal_failures: int
+    folded_calls: int
+    max_stages: int
+    threads: int
+    clock_ns: int
+    exemplars: List[Tuple[int, int, bool, bool, int, int, int, List[Tuple[int, int]]]]
+    exemplar_bytes: Tuple[int, int]                     # stores, open or pooled calls
+    tasks: Dict[str, int]                               # steps, switch_reads, unhooked_changes, overlapped, abandoned
+
 def stage(name: str, /) -> Stage: ...
-def configure(*, enabled: bool = ..., cpu_clock: bool = ..., max_stages: int = ..., trace_events: int = ...,
-              nvtx: bool = ..., exemplars: int = ..., budget: float = ..., cpu_split: bool = ...) -> None: ...
-def calibrate(n: int = ..., /) -> Dict[str, Any]: ...
+def configure(**options: Any) -> None: ...             # the keys of _Configuration; unknown ones are refused
+def configuration() -> _Configuration: ...
+def calibrate(n: int = ..., /) -> _Calibration: ...
 def set_counters(events: Sequence[Tuple[int, int]], exclude_kernel: bool, taskclock_index: int, /) -> None: ...
 def set_hooks(enter: Optional[Callable[[str], Any]], exit: Optional[Callable[[Any], Any]], /) -> None: ...
-def collect() -> Dict[str, Any]: ...
+def collect() -> _CollectResult: ...
 def reset() -> None: ...
 def after_fork_child() -> None: ...
 def now_ns() -> int: ...
@@ -62,7 +140,7 @@ def current_path() -> Tuple[str, ...]: ...
 def add(name: str, value: Union[int, float] = ...) -> None: ...   # items of the innermost open stage of this context
 def set_root_exit_hook(hook: Optional[Callable[[], Any]], /) -> None: ...   # after every outermost stage exit
 
-# asyncio attribution (csrc/tasks.c): stand-ins that instrument.live.tasks installs as
+# asyncio attribution (csrc/steps.c): stand-ins that instrument.live.tasks installs as
 # asyncio.events.Handle._run and asyncio.base_events.BaseEventLoop._run_once
 def step_runner(run: Callable[[Any], Any], /) -> Callable[[Any], Any]: ...
 def iteration_runner(run: Callable[[Any], Any], /) -> Callable[[Any], Any]: ...

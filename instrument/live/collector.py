@@ -58,9 +58,7 @@ def configure(**options: Any) -> _config.Config:
 def _apply(cfg: _config.Config, explicit_counters: bool = False) -> None:
     if cfg.nvtx:
         nvtx.init(cfg.nvtx_domain)
-    backend.configure(enabled=cfg.enabled, cpu_clock=cfg.cpu_clock, max_stages=cfg.max_stages,
-                      trace_events=cfg.trace_events, nvtx=cfg.nvtx, exemplars=cfg.exemplars,
-                      budget=cfg.overhead_budget or 0.0, cpu_split=cfg.cpu_split)
+    backend.configure(**_config.hot_values(cfg))
     _apply_counters(cfg.counters, explicit_counters)
     _calibrate()
     try:
@@ -321,7 +319,9 @@ def _counter_meta(raw: Dict[str, Any]) -> Dict[str, Any]:
 def _counter_dict(names, rows) -> Dict[str, Dict[str, Any]]:
     """counted_calls: the calls the estimate stands for; read_calls: those read (fewer under the overhead budget)."""
     out = {}
-    for name, (total, self_, enabled, running, reads, scaled, covered, wsum) in zip(names, rows):
+    for name, row in zip(names, rows):
+        total, self_, reads, covered, wsum = row["total"], row["self"], row["counted"], row["covered"], row["wsum"]
+        enabled, running, scaled = row["enabled"], row["running"], row["scaled"]
         if not reads or wsum <= 0:
             out[name] = {"total": None, "self": None, "counted_calls": 0, "read_calls": 0}
             continue
@@ -440,7 +440,7 @@ def _overhead(raw: Dict[str, Any]) -> Optional[Dict[str, Any]]:
     calls = reads = 0
     for s in raw["stats"]:
         calls += s["calls"]
-        reads += max([s.get("cpu_reads", 0)] + [r[4] for r in s.get("counters") or ()])
+        reads += max([s["cpu_reads"]] + [r["counted"] for r in s["counters"]])
     base, read = round(c["base_ns"], 1), round(c["read_ns"], 1)
     return {"per_call_ns": base, "per_read_ns": read, "calls": calls,
             "read_calls": reads, "estimated_ns": round(calls * base + reads * read),
@@ -475,14 +475,13 @@ def snapshot(finish: bool = True) -> Snapshot:
             outside = _items(s.get("items"))
             continue
         path = paths[s["node"]]
-        overlapped, abandoned, susp_total, susp_self = s.get("tasks") or (0, 0, 0, 0)
         stages.append(StageStats(
             path=path, calls=s["calls"], errors=s["errors"], wall_total=s["wall_total"], wall_self=s["wall_self"],
             wall_min=s["wall_min"] if s["calls"] else None, wall_max=s["wall_max"] if s["calls"] else None,
             hist=dict(s["hist"]), **_cpu_fields(s),
             counters=_counter_dict(_counter_names, s.get("counters") or []),
-            other=s["node"] in others, overlapped_calls=overlapped, abandoned_calls=abandoned,
-            suspended_total=susp_total, suspended_self=susp_self, items=_items(s.get("items")),
+            other=s["node"] in others, overlapped_calls=s["overlapped"], abandoned_calls=s["abandoned"],
+            suspended_total=s["susp_total"], suspended_self=s["susp_self"], items=_items(s.get("items")),
             **extra.pop(path, {})))
     stages = _estimated_selves(_hold(stages))
     for path, fields in extra.items():   # stages only an integration saw (e.g. GPU time of a still-open stage)

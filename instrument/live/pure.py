@@ -47,10 +47,11 @@ _ctr_excl = False
 _ctr_taskclock = -1
 _ctr_gen = 1
 _ctr_first: Optional[dict] = None   # what the first thread's open gave: errno per event, exclude_kernel
-# the overhead budget, as csrc/types.c: short stages are read on a random subset of calls, weighted by 1 / chance
+# the overhead budget, as csrc/enter_exit.c: short stages are read on a random subset of calls, weighted by 1 / chance
 _budget = 0.0                   # share of a stage's time its reads may cost; 0: every call is read
 _read_cost = 0.0                # ns one call's reads cost, from calibrate()
 _cpu_bias = [0, 0, 0]           # ns of the reads' own cost inside a CPU window, per cpu_src
+_wall_bias = 0                  # ns of the reads' own cost inside a read call's wall window
 _cpu_split = False              # read the thread's rusage with the CPU time (system share)
 _clamp = True                   # a call's CPU time is bounded by its wall time (off only while calibrating)
 MIN_READ_CHANCE = 1.0 / 65536
@@ -146,47 +147,75 @@ def _node_child(parent: int, name: str) -> int:
 
 
 # ----------------------------------------------------------- per-thread slots
-# slot: [calls, errors, cpu_calls, wall_total, wall_self, wall_min, wall_max, cpu_total, cpu_self, hist, counters,
-#        overlapped, abandoned, suspended_total, suspended_self, items,
-#        cpu_reads, sys_reads, sys_total, sys_self, sys_cpu_total, sys_cpu_self, cpu_wsum, cpu_wall_w, cpu_cov_wall]
-# counters: None or a list per event of [total, self, enabled, running, counted, scaled, covered, wsum]
-# items: {name: [int_total, float_total, calls, float_calls]}
-def _new_slot() -> list:
-    return [0, 0, 0, 0, 0, sys.maxsize, 0, 0, 0, {}, None, 0, 0, 0, 0, {}, 0, 0, 0, 0, 0, 0, 0.0, 0.0, 0]
+# One slot per node and thread, with csrc/stats.h NodeStats' fields and names.
+_SUMS = ("calls", "errors", "cpu_calls", "wall_total", "wall_self", "cpu_total", "cpu_self", "cpu_reads",
+         "cpu_wsum", "cpu_wall_w", "cpu_cov_wall", "sys_reads", "sys_total", "sys_self", "sys_cpu_total",
+         "sys_cpu_self", "overlapped", "abandoned", "susp_total", "susp_self")
 
 
-def _merge_slot(d: list, s: list) -> None:
-    for k in (0, 1, 2, 3, 4, 7, 8, 11, 12, 13, 14, 16, 17, 18, 19, 20, 21, 22, 23, 24):
-        d[k] += s[k]
-    d[5] = min(d[5], s[5])
-    d[6] = max(d[6], s[6])
-    h = d[9]
-    for i, c in s[9].items():
+class _Slot:
+    __slots__ = _SUMS + ("wall_min", "wall_max", "hist", "ctr", "items")
+
+    def __init__(self) -> None:
+        for k in _SUMS:
+            setattr(self, k, 0)
+        self.cpu_wsum = self.cpu_wall_w = 0.0
+        self.wall_min, self.wall_max = sys.maxsize, 0
+        self.hist: Dict[int, int] = {}
+        self.ctr: Optional[List[_CounterSum]] = None   # one per event, made on the first counted call
+        self.items: Dict[str, _ItemSum] = {}
+
+
+_CTR_SUMS = ("total", "self", "enabled", "running", "counted", "scaled", "covered", "wsum")
+
+
+class _CounterSum:
+    """A counter's sums over a node's calls, as csrc/stats.h CounterStat."""
+    __slots__ = _CTR_SUMS
+
+    def __init__(self) -> None:
+        self.total = self.self = self.wsum = 0.0
+        self.enabled = self.running = self.counted = self.scaled = self.covered = 0
+
+
+class _ItemSum:
+    __slots__ = ("n", "x", "calls", "floats")   # sum of int values, sum of float values, add() calls, float ones
+
+    def __init__(self) -> None:
+        self.n, self.x, self.calls, self.floats = 0, 0.0, 0, 0
+
+
+def _merge_slot(d: _Slot, s: _Slot) -> None:
+    for k in _SUMS:
+        setattr(d, k, getattr(d, k) + getattr(s, k))
+    d.wall_min = min(d.wall_min, s.wall_min)
+    d.wall_max = max(d.wall_max, s.wall_max)
+    h = d.hist
+    for i, c in s.hist.items():
         h[i] = h.get(i, 0) + c
-    if s[10] is not None:
-        if d[10] is None:
-            d[10] = [[0.0, 0.0, 0, 0, 0, 0, 0, 0.0] for _ in s[10]]
-        for dc, sc in zip(d[10], s[10]):
-            for k in range(8):
-                dc[k] += sc[k]
-    for name, v in s[15].items():
-        it = _item_slot(d[15], name)
-        for k in range(4):
-            it[k] += v[k]
+    if s.ctr is not None:
+        if d.ctr is None:
+            d.ctr = [_CounterSum() for _ in s.ctr]
+        for dc, sc in zip(d.ctr, s.ctr):
+            for k in _CTR_SUMS:
+                setattr(dc, k, getattr(dc, k) + getattr(sc, k))
+    for name, v in s.items.items():
+        it = _item_slot(d.items, name)
+        it.n, it.x, it.calls, it.floats = it.n + v.n, it.x + v.x, it.calls + v.calls, it.floats + v.floats
 
 
-def _item_slot(items: dict, name: str) -> list:
+def _item_slot(items: Dict[str, "_ItemSum"], name: str) -> "_ItemSum":
     it = items.get(name)
     if it is None:
         if len(items) >= ITEMS_MAX and name != OTHER_NAME:
             _warn_once("items", f"instrument: more than {ITEMS_MAX} distinct item names in one stage; the others are "
                        f"added up as '{OTHER_NAME}'")
             return _item_slot(items, OTHER_NAME)
-        it = items[name] = [0, 0.0, 0, 0]
+        it = items[name] = _ItemSum()
     return it
 
 
-_retired: Dict[int, list] = {}
+_retired: Dict[int, _Slot] = {}
 _threads: "weakref.WeakValueDictionary[int, _ThreadSlots]" = weakref.WeakValueDictionary()  # live threads' slots
 
 
@@ -196,10 +225,10 @@ class _ThreadSlots:
                  "step_outer", "step_ctx", "rng", "__weakref__")
 
     def __init__(self) -> None:
-        self.stats: Dict[int, list] = {}
+        self.stats: Dict[int, _Slot] = {}
         self.perf = None
         self.perf_gen = 0
-        # asyncio attribution (as csrc/tasks.c): token of the last boundary's context, unhooked context changes,
+        # asyncio attribution (as csrc/taskclock.c): token of the last boundary's context, unhooked context changes,
         # the context the step hook runs, open loop iterations, and whether `last` may serve the next switch
         self.tok = None
         self.htok = None         # a token made in the context the step hook runs: tells that context from others
@@ -250,7 +279,7 @@ class _Frame:
 
 
 class _Stack:
-    """A context's open stages and task clock, as csrc/types.c's Stack and csrc/tasks.c keep them.
+    """A context's open stages and task clock, as csrc/stack.c's Stack and csrc/taskclock.c keep them.
 
     The clock sums what the thread's readings advanced while the context was suspended by the step hook, so
     readings taken in it are task-relative.  A context owns the stack it made (checked with the token of the
@@ -372,14 +401,23 @@ def _fold(slots: "_ThreadSlots", st: _Stack) -> None:
         st.chg_mark = slots.changes
 
 
-def _take_reading(slots: "_ThreadSlots") -> tuple:
+class _Reading:
+    """A task switch's readings, as csrc/taskclock.h TaskReading: the time, the thread CPU clock (-1: task-clock
+    gives CPU time, or none), the counters' generation (0: not read), the fork epoch, the counter group's values."""
+    __slots__ = ("t", "cpu", "gen", "epoch", "ctr")
+
+    def __init__(self, t: int, cpu: int, gen: int, epoch: int, ctr) -> None:
+        self.t, self.cpu, self.gen, self.epoch, self.ctr = t, cpu, gen, epoch, ctr
+
+
+def _take_reading(slots: "_ThreadSlots") -> _Reading:
     ctr, gen, cpu = None, 0, -1
     if _ctr_events and slots.perf is not None and slots.perf_gen == _ctr_gen:
         ctr, gen = slots.perf.read(), _ctr_gen
     if _cpu_clock and not (gen and _ctr_taskclock >= 0 and ctr[_ctr_taskclock][2]):
         cpu = _thread_ns()
     _tasks["switch_reads"] += 1
-    return (_perf_ns(), cpu, gen, _epoch, ctr)
+    return _Reading(_perf_ns(), cpu, gen, _epoch, ctr)
 
 
 def _clock_reset(st: _Stack, slots: "_ThreadSlots") -> None:
@@ -397,7 +435,7 @@ def _clock_for(st: _Stack, slots: "_ThreadSlots") -> bool:
     return True
 
 
-def _suspend(slots: "_ThreadSlots", st: _Stack, r: tuple) -> None:
+def _suspend(slots: "_ThreadSlots", st: _Stack, r: _Reading) -> None:
     _fold(slots, st)
     if st.clk is None or st.clk[0] is not slots or st.clk[1] != _epoch:
         _clock_reset(st, slots)
@@ -405,26 +443,26 @@ def _suspend(slots: "_ThreadSlots", st: _Stack, r: tuple) -> None:
     st.suspended = True
 
 
-def _resume(slots: "_ThreadSlots", st: _Stack, r: tuple) -> None:
+def _resume(slots: "_ThreadSlots", st: _Stack, r: _Reading) -> None:
     clk, out = st.clk, st.out
-    if not st.suspended or clk is None or clk[0] is not slots or clk[1] != _epoch or out is None or out[3] != r[3]:
+    if not st.suspended or clk is None or clk[0] is not slots or clk[1] != _epoch or out is None or out.epoch != r.epoch:
         st.taint += 1             # it ran where no hook saw it leave, or elsewhere
         if clk is not None and (clk[0] is not slots or clk[1] != _epoch):
             _clock_reset(st, slots)
     else:
-        st.s_wall += r[0] - out[0]
-        if out[1] >= 0 and r[1] >= 0:
-            st.s_cpu += r[1] - out[1]
-        elif (out[1] >= 0) != (r[1] >= 0):
+        st.s_wall += r.t - out.t
+        if out.cpu >= 0 and r.cpu >= 0:
+            st.s_cpu += r.cpu - out.cpu
+        elif (out.cpu >= 0) != (r.cpu >= 0):
             st.taint += 1
-        if out[2] and out[2] == r[2]:
-            if st.s_gen != r[2] or st.s is None:
-                st.s, st.s_gen = [[0, 0, 0] for _ in r[4]], r[2]
-            for acc, (v0, e0, n0), (v1, e1, n1) in zip(st.s, out[4], r[4]):
+        if out.gen and out.gen == r.gen:
+            if st.s_gen != r.gen or st.s is None:
+                st.s, st.s_gen = [[0, 0, 0] for _ in r.ctr], r.gen
+            for acc, (v0, e0, n0), (v1, e1, n1) in zip(st.s, out.ctr, r.ctr):
                 acc[0] += v1 - v0
                 acc[1] += e1 - e0
                 acc[2] += n1 - n0
-        elif out[2] != r[2]:
+        elif out.gen != r.gen:
             st.taint += 1
     st.suspended = False
     st.chg_mark = slots.changes
@@ -434,9 +472,9 @@ def _less(reading: list, s: list) -> list:
     return [(v - a[0], e - a[1], n - a[2]) for (v, e, n), a in zip(reading, s)]
 
 
-def _frame_reading(f: _Frame, c, cpu: int) -> tuple:
+def _frame_reading(f: _Frame, c, cpu: int) -> _Reading:
     """A frame's own raw readings as a switch reading."""
-    return (_perf_ns(), cpu if f.cpu_src == 1 else -1, f.c0[0] if c is not None else 0, _epoch, c)
+    return _Reading(_perf_ns(), cpu if f.cpu_src == 1 else -1, f.c0[0] if c is not None else 0, _epoch, c)
 
 
 def _task_enter(slots: "_ThreadSlots", st: _Stack, f: _Frame) -> None:
@@ -501,139 +539,202 @@ def _budget_read(slots: "_ThreadSlots", node: int) -> float:
     if _budget <= 0 or _read_cost <= 0:
         return 1.0
     s = slots.stats.get(node)
-    if s is None or not s[0]:
+    if s is None or not s.calls:
         return 1.0                     # the first call on this thread: read
-    p = _budget * (s[3] / s[0]) / _read_cost
+    p = _budget * (s.wall_total / s.calls) / _read_cost
     if p >= 1.0:
         return 1.0                     # long enough for a read on every call
     p = max(p, MIN_READ_CHANCE)
     return 1.0 / p if slots.rng.random() < p else 0.0
 
 
-def _record(slots: "_ThreadSlots", st: _Stack, f: _Frame, p: Optional[_Frame], wall: int, cpu: int, cvals,
-            susp: int, over: bool, error: bool, abandoned: bool, sys_ns: int = -1) -> None:
-    """One finished call of f (p: the frame below it in its stack) into the thread's slots."""
-    global _ring_next, _ring_total
+# ------------------------------------------------------- recording a call
+class _Measure:
+    """A finished call as csrc/record.h CallMeasure describes it: the one thing _record takes, from a normal exit
+    and from a call whose context died with it open."""
+    __slots__ = ("wall", "cpu", "sys", "susp", "read", "cvals", "overlapped", "stand_in", "abandoned", "error")
+
+    def __init__(self, wall: int, cpu: int = -1, sys_ns: int = -1, susp: int = 0, read: bool = False, cvals=None,
+                 overlapped: bool = False, stand_in: bool = False, abandoned: bool = False,
+                 error: bool = False) -> None:
+        self.wall, self.cpu, self.sys, self.susp, self.read, self.cvals = wall, cpu, sys_ns, susp, read, cvals
+        self.overlapped, self.stand_in, self.abandoned, self.error = overlapped, stand_in, abandoned, error
+
+
+def _correct(f: _Frame, m: _Measure) -> None:
+    """The reads' own cost (calibrate()) taken out of a read call's wall and CPU time; CPU bounded by wall; no
+    system time across a suspension (other tasks' kernel time would be in it)."""
+    m.wall = max(m.wall - (_wall_bias if m.read else 0), 0)
+    if m.cpu >= 0:
+        m.cpu -= _cpu_bias[f.cpu_src]
+        if _clamp:
+            m.cpu = min(max(m.cpu, 0), m.wall)
+        if f.cpu_src == 2 and m.cvals is not None and m.cvals[_ctr_taskclock][0] is not None:
+            m.cvals = list(m.cvals)
+            m.cvals[_ctr_taskclock] = (float(m.cpu),) + tuple(m.cvals[_ctr_taskclock][1:])
+    else:
+        m.cpu = -1
+    m.sys = min(m.sys, m.cpu) if m.sys >= 0 and m.cpu >= 0 and m.susp == 0 else -1
+
+
+def _charge_parent(p: _Frame, f: _Frame, m: _Measure) -> None:
     w = f.w
-    if cpu >= 0:
-        # the reads' own cost inside the CPU window is not the stage's; one thread cannot use more than its wall
-        cpu = min(max(cpu - _cpu_bias[f.cpu_src], 0), wall) if _clamp else cpu - _cpu_bias[f.cpu_src]
-        if f.cpu_src == 2 and cvals is not None and cvals[_ctr_taskclock][0] is not None:
-            cvals = list(cvals)
-            cvals[_ctr_taskclock] = (float(cpu),) + tuple(cvals[_ctr_taskclock][1:])
-    sys_ns = min(sys_ns, cpu) if sys_ns >= 0 and cpu >= 0 and susp == 0 else -1
+    p.child_wall += m.wall
+    p.child_susp += m.susp
+    if w != 1.0:
+        p.child_est = True
+    if m.cpu >= 0:
+        p.child_cpu += int(m.cpu * w + 0.5)
+    if m.sys >= 0:
+        p.child_sys += int(m.sys * w + 0.5)
+    if m.cvals is not None and p.c0 is not None and p.c0[0] == f.c0[0]:
+        for k, (v, _, _) in enumerate(m.cvals):
+            if v is not None:
+                p.child_c[k] += v * w
+
+
+def _record_wall(s: _Slot, f: _Frame, m: _Measure) -> None:
+    s.calls += 1
+    s.errors += bool(m.error)
+    s.abandoned += bool(m.abandoned)
+    s.wall_total += m.wall
+    s.wall_self += max(m.wall - f.child_wall, 0)
+    s.wall_min = min(s.wall_min, m.wall)
+    s.wall_max = max(s.wall_max, m.wall)
+    i = _hist.index(m.wall)
+    s.hist[i] = s.hist.get(i, 0) + 1
+    s.overlapped += bool(m.overlapped)
+    s.susp_total += m.susp
+    s.susp_self += max(m.susp - f.child_susp, 0)
+
+
+def _cpu_source_open(slots: "_ThreadSlots") -> bool:
+    """Whether the thread has a CPU source an unread call's CPU time could have come from."""
+    return (_ctr_taskclock >= 0 and slots.perf is not None and slots.perf_gen == _ctr_gen
+            and slots.perf.status[_ctr_taskclock] == 0) or _cpu_clock
+
+
+def _record_cpu(s: _Slot, f: _Frame, m: _Measure, slots: "_ThreadSlots") -> None:
+    if m.cpu < 0:
+        if m.stand_in and _cpu_source_open(slots):   # the read calls stand for it
+            s.cpu_calls += 1
+            s.cpu_cov_wall += m.wall
+        return
+    w = f.w
+    s.cpu_calls += 1
+    s.cpu_reads += 1
+    s.cpu_wsum += w
+    s.cpu_wall_w += m.wall * w
+    s.cpu_cov_wall += m.wall
+    s.cpu_total += int(m.cpu * w + 0.5)
+    self_cpu = m.cpu - f.child_cpu
+    if self_cpu < 0 and not f.child_est:
+        self_cpu = 0                   # estimates of children may exceed it
+    s.cpu_self += int(round(self_cpu * w))
+    if m.sys >= 0:
+        self_sys = m.sys - f.child_sys
+        if self_sys < 0 and not f.child_est:
+            self_sys = 0
+        s.sys_reads += 1
+        s.sys_total += int(m.sys * w + 0.5)
+        s.sys_self += int(round(self_sys * w))
+        s.sys_cpu_total += int(m.cpu * w + 0.5)
+        s.sys_cpu_self += int(round(self_cpu * w))
+
+
+def _record_counters(s: _Slot, f: _Frame, m: _Measure, slots: "_ThreadSlots") -> None:
+    if m.cvals is None:
+        if m.stand_in and _ctr_events and slots.perf is not None and slots.perf_gen == _ctr_gen:
+            if s.ctr is None:
+                s.ctr = [_CounterSum() for _ in _ctr_events]
+            for k, c in enumerate(s.ctr):   # the read calls stand for it, for every counter that is open
+                if slots.perf.status[k] == 0:
+                    c.covered += 1
+        return
+    if s.ctr is None:
+        s.ctr = [_CounterSum() for _ in m.cvals]
+    w = f.w
+    for k, (v, de, dr) in enumerate(m.cvals):
+        if v is None:
+            continue
+        c = s.ctr[k]
+        c.total += v * w
+        self_c = v - f.child_c[k]
+        c.self += (self_c if self_c >= 0 or f.child_est else 0.0) * w
+        c.enabled += de
+        c.running += dr
+        c.counted += 1
+        c.scaled += dr != de
+        c.covered += 1
+        c.wsum += w
+
+
+def _record(slots: Optional["_ThreadSlots"], f: _Frame, p: Optional[_Frame], m: _Measure) -> None:
+    """One finished call of f (p: the frame below it in its stack) into the thread's slots, as csrc/record.c."""
+    global _ring_next, _ring_total
+    _correct(f, m)
     if p is not None:
-        p.child_wall += wall
-        p.child_susp += susp
-        if w != 1.0:
-            p.child_est = True
-        if cpu >= 0:
-            p.child_cpu += int(cpu * w + 0.5)
-        if sys_ns >= 0:
-            p.child_sys += int(sys_ns * w + 0.5)
-        if cvals is not None and p.c0 is not None and p.c0[0] == f.c0[0]:
-            for k, (v, _, _) in enumerate(cvals):
-                if v is not None:
-                    p.child_c[k] += v * w
-    if f.epoch != _epoch:
+        _charge_parent(p, f, m)
+    if slots is None or f.epoch != _epoch:
         return
     s = slots.stats.get(f.node)
     if s is None:
-        s = slots.stats[f.node] = _new_slot()
-    s[0] += 1
-    if error:
-        s[1] += 1
-    s[3] += wall
-    s[4] += max(wall - f.child_wall, 0)
-    if wall < s[5]:
-        s[5] = wall
-    if wall > s[6]:
-        s[6] = wall
-    stand_in = f.skipped and f.slots is slots and not over   # left unread: stands for what a read would give
-    if cpu >= 0:
-        s[2] += 1
-        s[16] += 1
-        s[22] += w
-        s[23] += wall * w
-        s[24] += wall
-        s[7] += int(cpu * w + 0.5)
-        self_cpu = cpu - f.child_cpu
-        if self_cpu < 0 and not f.child_est:
-            self_cpu = 0                   # estimates of children may exceed it
-        s[8] += int(round(self_cpu * w))
-        if sys_ns >= 0:
-            self_sys = sys_ns - f.child_sys
-            if self_sys < 0 and not f.child_est:
-                self_sys = 0
-            s[17] += 1
-            s[18] += int(sys_ns * w + 0.5)
-            s[19] += int(round(self_sys * w))
-            s[20] += int(cpu * w + 0.5)
-            s[21] += int(round(self_cpu * w))
-    elif stand_in and ((_ctr_taskclock >= 0 and slots.perf is not None and slots.perf_gen == _ctr_gen
-                        and slots.perf.status[_ctr_taskclock] == 0) or _cpu_clock):
-        s[2] += 1
-        s[24] += wall
-    i = _hist.index(wall)
-    h = s[9]
-    h[i] = h.get(i, 0) + 1
-    s[11] += over
-    s[12] += abandoned
-    s[13] += susp
-    s[14] += max(susp - f.child_susp, 0)
-    if cvals is not None:
-        if s[10] is None:
-            s[10] = [[0.0, 0.0, 0, 0, 0, 0, 0, 0.0] for _ in cvals]
-        for k, (v, de, dr) in enumerate(cvals):
-            if v is None:
-                continue
-            c = s[10][k]
-            c[0] += v * w
-            self_c = v - f.child_c[k]
-            c[1] += (self_c if self_c >= 0 or f.child_est else 0.0) * w
-            c[2] += de
-            c[3] += dr
-            c[4] += 1
-            c[5] += dr != de
-            c[6] += 1
-            c[7] += w
-    elif stand_in and _ctr_events and slots.perf is not None and slots.perf_gen == _ctr_gen:
-        if s[10] is None:
-            s[10] = [[0.0, 0.0, 0, 0, 0, 0, 0, 0.0] for _ in _ctr_events]
-        for k, c in enumerate(s[10]):
-            if slots.perf.status[k] == 0:
-                c[6] += 1
-    if _ring and not abandoned:
-        _ring[_ring_next] = (f.node, slots.native_id, f.t0, wall, f.cpu0 if cpu >= 0 else -1, cpu)
+        s = slots.stats[f.node] = _Slot()
+    _record_wall(s, f, m)
+    _record_cpu(s, f, m, slots)
+    _record_counters(s, f, m, slots)
+    if _ring and not m.abandoned:
+        _ring[_ring_next] = (f.node, slots.native_id, f.t0, m.wall, f.cpu0 if m.cpu >= 0 else -1, m.cpu)
         _ring_next = (_ring_next + 1) % len(_ring)
         _ring_total += 1
 
 
+def _abandoned(st: _Stack, f: _Frame) -> _Measure:
+    """f, a frame of a stack whose context died, as a call that ended at the context's last task switch."""
+    out = st.out
+    known = st.suspended and st.clk is not None and st.clk[1] == _epoch and out is not None
+    attributable = known and st.taint == f.taint0 and f.slots is st.clk[0]
+    m = _Measure((out.t if known else _perf_ns()) - f.t0, susp=max(st.s_wall - f.susp0, 0) if known else 0,
+                 overlapped=known and not attributable, stand_in=attributable and f.skipped, abandoned=True)
+    _tasks["abandoned_calls"] += 1
+    if not attributable:
+        return m
+    if f.c0 is not None and f.c0[0] == _ctr_gen and out.gen == f.c0[0]:
+        c1 = _less(out.ctr, st.s) if st.s is not None and st.s_gen == f.c0[0] else out.ctr
+        m.cvals = _deltas(f.c0[1], c1)
+        if f.cpu_src == 2:
+            m.cpu = c1[_ctr_taskclock][0] - f.cpu0
+    if f.cpu_src == 1 and out.cpu >= 0 and f.cpu0 >= 0:
+        m.cpu = out.cpu - st.s_cpu - f.cpu0
+    m.read = m.cpu >= 0 or m.cvals is not None
+    return m
+
+
 def _abandon(st: _Stack, frames: List[_Frame], i: int) -> None:
-    """frames[i] of a stack whose context died: a call that ended at the context's last task switch."""
+    """frames[i] of a stack whose context died, recorded through the one record path."""
     slots = getattr(_local, "slots", None)   # never made here: this may run during finalisation
     f = frames[i]
     if slots is None or f.epoch != _epoch:
         return
-    out = st.out
-    known = st.suspended and st.clk is not None and st.clk[1] == _epoch and out is not None
-    wall = max((out[0] if known else _perf_ns()) - f.t0, 0)
-    susp = max(st.s_wall - f.susp0, 0) if known else 0
-    attributable = known and st.taint == f.taint0 and f.slots is st.clk[0]
-    cpu, cvals = -1, None
-    if attributable and f.c0 is not None and f.c0[0] == _ctr_gen and out[2] == f.c0[0]:
-        c1 = _less(out[4], st.s) if st.s is not None and st.s_gen == f.c0[0] else out[4]
-        cvals = _deltas(f.c0[1], c1)
-        if f.cpu_src == 2:
-            cpu = c1[_ctr_taskclock][0] - f.cpu0
-    if attributable and f.cpu_src == 1 and out[1] >= 0 and f.cpu0 >= 0:
-        cpu = out[1] - st.s_cpu - f.cpu0
-    _tasks["abandoned_calls"] += 1
-    _record(slots, st, f, frames[i - 1] if i > 0 else None, wall, max(cpu, -1), cvals, susp,
-            known and not attributable, False, True)
+    _record(slots, f, frames[i - 1] if i > 0 else None, _abandoned(st, f))
+
+
+def _read_enter(f: _Frame, w: float) -> None:
+    if _ctr_events:
+        f.c0 = (_ctr_gen, _counters(f.slots).read())
+        f.child_c = [0.0] * len(_ctr_events)
+        if _ctr_taskclock >= 0 and f.c0[1][_ctr_taskclock][2]:
+            f.cpu0, f.cpu_src = f.c0[1][_ctr_taskclock][0], 2
+    if f.cpu_src == 0 and _cpu_clock:
+        f.cpu0, f.cpu_src = _thread_ns(), 1
+    if f.cpu_src and _cpu_split:
+        f.sys0 = _sys_ns()
+    if f.cpu_src or f.c0 is not None:
+        f.w = w
 
 
 def _enter(stage: "Stage") -> None:
+    global _open
     if not _enabled:
         return
     try:
@@ -655,7 +756,6 @@ def _enter(stage: "Stage") -> None:
         f.w, f.skipped, f.child_est, f.sys0, f.child_sys = 0.0, False, False, -1, 0
         _stack.set(f)   # before the hook, as in the C backend: current_path() includes this stage
         st.frames.append(f)
-        global _open
         _open += 1
         if _hook_enter is not None:
             try:
@@ -669,29 +769,57 @@ def _enter(stage: "Stage") -> None:
                 f.nvtx = 1
                 _nvtx.push(stage.name, stage.color, stage.category)
         w = _budget_read(slots, f.node)
-        if not w:
+        f.t0 = _perf_ns()   # the wall window holds the reads: a thread preempted in one loses that time in the call
+        if w:
+            _read_enter(f, w)
+        else:
             f.skipped = True
-        elif _ctr_events:
-            f.c0 = (_ctr_gen, _counters(f.slots).read())
-            f.child_c = [0.0] * len(_ctr_events)
-            if _ctr_taskclock >= 0 and f.c0[1][_ctr_taskclock][2]:
-                f.cpu0, f.cpu_src = f.c0[1][_ctr_taskclock][0], 2
-        if not f.skipped and f.cpu_src == 0 and _cpu_clock:
-            f.cpu0, f.cpu_src = _thread_ns(), 1
-        if f.cpu_src and _cpu_split:
-            f.sys0 = _sys_ns()
-        if f.cpu_src or f.c0 is not None:
-            f.w = w
         _task_enter(slots, st, f)   # readings relative to this context's task
         if _xm_k:
             _xm_enter(f, parent)
-        f.t0 = _perf_ns()
     except Exception:
         _internal_failure("stage enter")
 
 
+def _read_exit(slots: "_ThreadSlots", st: _Stack, f: _Frame) -> _Measure:
+    """The readings at exit, in the reverse order of enter's, then the wall clock."""
+    cvals, cpu, c1 = None, -1, None
+    sys1 = _sys_ns() if f.sys0 >= 0 and f.slots is slots else -1   # inside the counters' window
+    if f.c0 is not None and f.c0[0] == _ctr_gen and f.slots is slots and slots.perf_gen == _ctr_gen:
+        c1 = slots.perf.read()
+        if f.cpu_src == 2 and c1[_ctr_taskclock][2]:
+            cpu = c1[_ctr_taskclock][0]
+    if f.cpu_src == 1 and f.slots is slots:   # CPU time only from the clock cpu0 came from
+        cpu = _thread_ns()
+    c1, cpu, susp, over = _task_exit(slots, st, f, c1, cpu)
+    wall = _perf_ns() - f.t0
+    if over:
+        c1, cpu = None, -1
+    if c1 is not None:
+        cvals = _deltas(f.c0[1], c1)
+    return _Measure(wall, cpu - f.cpu0 if cpu >= 0 and f.cpu0 >= 0 else -1,
+                    sys1 - f.sys0 if sys1 >= 0 and f.sys0 >= 0 else -1, susp, f.w > 0 and f.slots is slots, cvals,
+                    over, f.skipped and f.slots is slots and not over)
+
+
+def _pop(stage: "Stage", frames: List[_Frame], i: int, top: Optional[_Frame]) -> None:
+    f = frames[i]
+    del frames[i]
+    if i == len(frames):
+        _stack.set(f.parent)
+        return
+    _counts["out_of_order_exits"] += 1
+    _warn_once("order", f"instrument: stage {stage.name!r} exited while an inner stage was still open; both "
+               "are kept and recorded as they close")
+    above = top
+    while above is not None and above.parent is not f:
+        above = above.parent
+    if above is not None:
+        above.parent = f.parent
+
+
 def _exit(stage: "Stage", error: bool) -> None:
-    t1 = _perf_ns()
+    global _open
     top = _stack.get()
     st = _owned.get()
     i = -1
@@ -706,49 +834,20 @@ def _exit(stage: "Stage", error: bool) -> None:
             _warn_once("unmatched", f"instrument: stage {stage.name!r} exited on a different thread or task than it was "
                        "entered on (or exited twice); that call is not recorded")
         return
-    global _open
     _open -= 1
     f = frames[i]
     try:
         slots = _slots()
-        cvals, cpu, c1 = None, -1, None
-        sys1 = _sys_ns() if f.sys0 >= 0 and f.slots is slots else -1   # inside the counters' window
-        if f.c0 is not None and f.c0[0] == _ctr_gen and f.slots is slots and slots.perf_gen == _ctr_gen:
-            c1 = slots.perf.read()
-            if f.cpu_src == 2 and c1[_ctr_taskclock][2]:
-                cpu = c1[_ctr_taskclock][0]
-        if f.cpu_src == 1 and f.slots is slots:   # CPU time only from the clock cpu0 came from
-            cpu = _thread_ns()
-        c1, cpu, susp, over = _task_exit(slots, st, f, c1, cpu)
-        if over:
-            c1, cpu = None, -1
-        if c1 is not None:
-            cvals = _deltas(f.c0[1], c1)
-        if cpu >= 0 and f.cpu0 >= 0:
-            cpu -= f.cpu0
-        else:
-            cpu = -1
-        del frames[i]
-        if i == len(frames):
-            _stack.set(f.parent)
-        else:
-            _counts["out_of_order_exits"] += 1
-            _warn_once("order", f"instrument: stage {stage.name!r} exited while an inner stage was still open; both "
-                       "are kept and recorded as they close")
-            above = top
-            while above is not None and above.parent is not f:
-                above = above.parent
-            if above is not None:
-                above.parent = f.parent
+        m = _read_exit(slots, st, f)
+        m.error = error
+        _pop(stage, frames, i, top)
         if f.slots is not slots:
             _counts["cross_thread_exits"] += 1
             _warn_once("thread", f"instrument: stage {stage.name!r} was exited on another thread than it was entered "
                        "on; its CPU time is not recorded for that call")
-        wall = t1 - f.t0
-        _record(slots, st, f, frames[i - 1] if i > 0 else None, wall, cpu, cvals, susp, over, error, False,
-                sys1 - f.sys0 if sys1 >= 0 and f.sys0 >= 0 else -1)
+        _record(slots, f, frames[i - 1] if i > 0 else None, m)
         if f.xm is not None and f.xm.open:
-            _xm_exit(f, wall, slots)
+            _xm_exit(f, m.wall, slots)
         if f.hook is not None and _hook_exit is not None:
             try:
                 _hook_exit(f.hook)
@@ -933,18 +1032,18 @@ def add(name: str, value: Any = 1) -> None:
         stats = _slots().stats
         s = stats.get(node)
         if s is None:
-            s = stats[node] = _new_slot()
-        it = _item_slot(s[15], str(name))
-        it[0] += n
-        it[1] += x
-        it[2] += 1
-        it[3] += fl
+            s = stats[node] = _Slot()
+        it = _item_slot(s.items, str(name))
+        it.n += n
+        it.x += x
+        it.calls += 1
+        it.floats += fl
     except Exception:
         _internal_failure("add")
 
 
 
-# the asyncio step hooks (live/tasks.py installs them), as csrc/tasks.c's Runner
+# the asyncio step hooks (live/tasks.py installs them), as csrc/steps.c's Runner
 def _inner_of(ctx) -> Optional[_Stack]:
     """The stack the handle's context owns, with stages open."""
     st = ctx.get(_owned)
@@ -987,8 +1086,8 @@ def step_runner(run):
         inner = _inner_of(ctx) if _open else None
         if inner is not None:
             last = slots.last
-            r = (last if slots.chain and slots.batch > 0 and last is not None and last[3] == _epoch and
-                 last[2] == (_ctr_gen if slots.perf_gen == _ctr_gen and _ctr_events else 0) else _take_reading(slots))
+            r = (last if slots.chain and slots.batch > 0 and last is not None and last.epoch == _epoch and
+                 last.gen == (_ctr_gen if slots.perf_gen == _ctr_gen and _ctr_events else 0) else _take_reading(slots))
             if outer is not None:
                 _suspend(slots, outer, r)
             if inner is not None:
@@ -1120,42 +1219,161 @@ class Region:
         return f"<instrument.region {self.stage.name!r} of {self.__wrapped__!r}>"
 
 
-def configure(*, enabled=None, cpu_clock=None, max_stages=None, trace_events=None, nvtx=None, exemplars=None,
-              budget=None, cpu_split=None) -> None:
-    global _enabled, _cpu_clock, _max_nodes, _ring, _ring_next, _ring_total, _nvtx, _xm_k, _budget, _cpu_split
-    if budget is not None and not (isinstance(budget, (int, float)) and 0 <= budget <= 1):
-        raise ValueError("budget must be a number from 0 (read every call) to 1")
-    if nvtx is not None:
-        from . import nvtx as nvtx_module
-        _nvtx = nvtx_module if nvtx and nvtx_module.backend() != "none" else None
-    if max_stages is not None and max_stages < 1:
-        raise ValueError(f"max_stages must be at least 1, got {max_stages}")
-    if trace_events is not None and trace_events < 0:
-        raise ValueError(f"trace_events must be 0 or more, got {trace_events}")
-    if exemplars is not None and not 0 <= exemplars <= XM_MAX_K:
-        raise ValueError(f"exemplars must be from 0 to {XM_MAX_K}, got {exemplars}")
-    if exemplars is not None and exemplars != _xm_k:
-        _xm_stores.clear()
-        _xm_k = int(exemplars)
-    if enabled is not None:
-        _enabled = bool(enabled)
-    if cpu_clock is not None:
-        _cpu_clock = bool(cpu_clock)
-    if budget is not None:
-        _budget = float(budget)
-    if cpu_split is not None:
-        _cpu_split = bool(cpu_split)
-    if max_stages is not None:
-        _max_nodes = int(max_stages)
-    if trace_events is not None and trace_events != len(_ring):
-        _ring = [None] * int(trace_events)
+def _opt_flag(name: str):
+    def apply(v: Any) -> None:
+        globals()[name] = bool(v)
+    return apply
+
+
+def _opt_int(name: str, lo: int, hi: int, apply):
+    def check(v: Any) -> None:
+        if isinstance(v, bool) or not isinstance(v, int) or not lo <= v <= hi:
+            raise ValueError(f"{name} must be an integer from {lo} to {hi}, got {v!r}")
+    return check, apply
+
+
+def _set_nvtx(v: Any) -> None:
+    global _nvtx
+    from . import nvtx as nvtx_module
+    _nvtx = nvtx_module if v and nvtx_module.backend() != "none" else None
+
+
+def _set_max_stages(v: int) -> None:
+    global _max_nodes
+    _max_nodes = int(v)
+
+
+def _set_trace_events(v: int) -> None:
+    global _ring, _ring_next, _ring_total
+    if v != len(_ring):
+        _ring = [None] * int(v)
         _ring_next = _ring_total = 0
 
 
+def _set_exemplars(v: int) -> None:
+    global _xm_k
+    if v != _xm_k:
+        _xm_stores.clear()
+        _xm_k = int(v)
+
+
+def _check_budget(v: Any) -> None:
+    if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 <= v <= 1):
+        raise ValueError(f"overhead_budget must be None (read every call) or a number from 0 to 1, got {v!r}")
+
+
+def _set_budget(v: Any) -> None:
+    global _budget
+    _budget = float(v or 0.0)
+
+
+def _no_check(v: Any) -> None:
+    pass
+
+
+# the hot-path options (config.py marks them `hot`): name -> (check, apply), as csrc/module.c's table
+_OPTIONS = {
+    "enabled": (_no_check, _opt_flag("_enabled")),
+    "cpu_clock": (_no_check, _opt_flag("_cpu_clock")),
+    "cpu_split": (_no_check, _opt_flag("_cpu_split")),
+    "nvtx": (_no_check, _set_nvtx),
+    "max_stages": _opt_int("max_stages", 1, 10_000_000, _set_max_stages),
+    "trace_events": _opt_int("trace_events", 0, 100_000_000, _set_trace_events),
+    "exemplars": _opt_int("exemplars", 0, XM_MAX_K, _set_exemplars),
+    "overhead_budget": (_check_budget, _set_budget),
+}
+
+
+def configure(**options: Any) -> None:
+    """The hot-path options (those config.py marks hot); every value checked before any is applied."""
+    for k, v in options.items():
+        if k not in _OPTIONS:
+            raise TypeError(f"configure() got an unknown option {k!r}; the hot-path options are: {', '.join(_OPTIONS)}")
+        _OPTIONS[k][0](v)
+    for k, v in options.items():
+        _OPTIONS[k][1](v)
+
+
+def configuration() -> Dict[str, Any]:
+    """The hot-path options in force, as configure() takes them."""
+    return {"enabled": _enabled, "cpu_clock": _cpu_clock, "cpu_split": _cpu_split, "nvtx": _nvtx is not None,
+            "max_stages": _max_nodes, "trace_events": len(_ring), "exemplars": _xm_k,
+            "overhead_budget": _budget or None}
+
+
+def _time_reads(slots: "_ThreadSlots", ctr, src: int, split: bool, n: int) -> int:
+    """The reads of one call, in _enter/_exit's order, timed bare: their cost (median), for the budget."""
+    costs = []
+    for _ in range(n):
+        a = _perf_ns()
+        if ctr is not None:
+            ctr.read()
+        if src == 1:
+            _thread_ns()
+        if split:
+            _sys_ns()
+            _sys_ns()
+        if ctr is not None:
+            ctr.read()
+        if src == 1:
+            _thread_ns()
+        costs.append(_perf_ns() - a)
+    return sorted(costs)[n // 2]
+
+
+def _calibration_stage() -> "Stage":
+    cal = Stage("(instrument calibration)")
+    with _lock:   # a node outside the cardinality cap: not one of the user's max_stages
+        if (0, cal.name) not in _node_ids:
+            _node_ids[(0, cal.name)] = len(_nodes)
+            _nodes.append((0, cal.name, 0))
+    return cal
+
+
+def _time_bare_calls(cal: "Stage", slots: "_ThreadSlots", n: int) -> tuple:
+    """A stage call without reads: ns per enter+exit, and the wall time such a call records."""
+    global _ctr_events, _cpu_clock, _cpu_split
+    saved = (_ctr_events, _cpu_clock, _cpu_split)
+    _ctr_events, _cpu_clock, _cpu_split = [], False, False
+    try:
+        times, walls = [], []
+        for _ in range(n):
+            slots.stats = {}
+            a = _perf_ns()
+            for _ in range(32):
+                _enter(cal)
+                _exit(cal, False)
+            times.append(_perf_ns() - a)
+            walls.append(sum(sl.wall_total for sl in slots.stats.values()) // 32)
+        return sorted(times)[n // 2] / 32, sorted(walls)[n // 2]
+    finally:
+        _ctr_events, _cpu_clock, _cpu_split = saved
+
+
+def _measure_biases(cal: "Stage", slots: "_ThreadSlots", src: int, n: int, bare_wall: int) -> Optional[tuple]:
+    """Empty calls read on every call, on the real path: the reads' share of the wall and CPU windows beyond what
+    an unread empty call records; None when fewer than 5 calls were read."""
+    global _cpu_bias, _wall_bias, _clamp, _budget
+    _cpu_bias, _wall_bias, _clamp, _budget = [0, 0, 0], 0, False, 0.0
+    cpus, walls = [], []
+    for _ in range(n):
+        slots.stats = {}
+        _enter(cal)
+        _exit(cal, False)
+        for sl in slots.stats.values():
+            if sl.cpu_reads or not src:
+                cpus.append(sl.cpu_total - bare_wall)
+                walls.append(sl.wall_total - bare_wall)
+    if len(walls) < 5:
+        return None
+    return (max(sorted(cpus)[len(cpus) // 2], 0) if src else 0), max(sorted(walls)[len(walls) // 2], 0)
+
+
 def calibrate(n: int = 200) -> Dict[str, Any]:
-    """What the configuration in force costs on this thread, the way _enter/_exit spend it (as csrc/types.c):
-    one call's reads, the part of them inside the CPU window, and a stage call without reads."""
-    global _read_cost, _cpu_bias, _enabled, _nvtx, _ctr_events, _cpu_clock, _cpu_split, _xm_k, _ring
+    """What the configuration in force costs on this thread, the way _enter/_exit spend it (as csrc/calibrate.c):
+    one call's reads (the budget's unit), the reads' share of a read call's wall and CPU windows (taken out of
+    every read call), and a stage call without reads (None while a stage is open here)."""
+    global _read_cost, _cpu_bias, _wall_bias, _enabled, _nvtx, _xm_k, _ring, _clamp, _budget
     global _hook_enter, _hook_exit, _root_exit_hook
     if not 1 <= n <= 1_000_000:
         raise ValueError(f"calibrate needs 1 to 1000000 rounds, got {n}")
@@ -1168,74 +1386,28 @@ def calibrate(n: int = 200) -> Dict[str, Any]:
     elif _cpu_clock:
         src = 1
     split = bool(src and _cpu_split and _sys_ns() >= 0)
-    tc = _ctr_taskclock
-    read_ns = bias = 0
-    if ctr is not None or src:
-        costs, biases = [], []
-        for _ in range(n):
-            a = _perf_ns()
-            c0 = ctr.read() if ctr is not None else None
-            x0 = c0[tc][0] if src == 2 else _thread_ns() if src == 1 else 0
-            if split:
-                _sys_ns()
-            t0 = _perf_ns()
-            t1 = _perf_ns()
-            if split:
-                _sys_ns()
-            c1 = ctr.read() if ctr is not None else None
-            x1 = c1[tc][0] if src == 2 else _thread_ns() if src == 1 else 0
-            b = _perf_ns()
-            costs.append((b - a) - (t1 - t0))
-            biases.append((x1 - x0) - (t1 - t0) if src else 0)
-        read_ns, bias = sorted(costs)[n // 2], max(sorted(biases)[n // 2], 0)
+    read_ns = _time_reads(slots, ctr, src, split, n) if ctr is not None or src else 0
     _read_cost = float(read_ns)
-    _cpu_bias = [0, bias if src == 1 else 0, bias if src == 2 else 0]
     base = None
     if _stack.get() is None:
-        # the bias as the real enter/exit spend it: Python code between the reads and the clock is in the CPU
-        # window and not in the wall time
-        global _clamp, _budget
-        saved = (_nvtx, _xm_k, _ring, _hook_enter, _hook_exit, _root_exit_hook, slots.stats, _budget)
-        _nvtx, _xm_k, _ring, _hook_enter, _hook_exit, _root_exit_hook, _budget = None, 0, [], None, None, None, 0.0
-        _cpu_bias, _clamp = [0, 0, 0], False
-        try:
-            cal, diffs = Stage("(instrument calibration)"), []
-            with _lock:   # a node outside the cardinality cap: not one of the user's max_stages
-                if (0, cal.name) not in _node_ids:
-                    _node_ids[(0, cal.name)] = len(_nodes)
-                    _nodes.append((0, cal.name, 0))
-            for _ in range(n):
-                slots.stats = {}
-                _enter(cal)
-                _exit(cal, False)
-                for sl in slots.stats.values():
-                    if sl[16]:
-                        diffs.append(sl[7] - sl[3])
-            if diffs:
-                bias = max(sorted(diffs)[len(diffs) // 2], 0)
-        finally:
-            _clamp = True
-            _cpu_bias = [0, bias if src == 1 else 0, bias if src == 2 else 0]
-            _nvtx, _xm_k, _ring, _hook_enter, _hook_exit, _root_exit_hook, slots.stats, _budget = saved
-        saved = (_enabled, _nvtx, _ctr_events, _cpu_clock, _cpu_split, _xm_k, _ring, _hook_enter, _hook_exit,
-                 _root_exit_hook, slots.stats)
-        _enabled, _nvtx, _ctr_events, _cpu_clock, _cpu_split, _xm_k, _ring = True, None, [], False, False, 0, []
+        saved = (_enabled, _nvtx, _xm_k, _ring, _hook_enter, _hook_exit, _root_exit_hook, slots.stats, _budget,
+                 _cpu_bias, _wall_bias)
+        _enabled, _nvtx, _xm_k, _ring = True, None, 0, []
         _hook_enter = _hook_exit = _root_exit_hook = None
-        slots.stats = {}
+        biases = None
         try:
-            cal = Stage("(instrument calibration)")
-            times = []
-            for _ in range(n):
-                a = _perf_ns()
-                for _ in range(32):
-                    _enter(cal)
-                    _exit(cal, False)
-                times.append(_perf_ns() - a)
-            base = sorted(times)[n // 2] / 32
+            cal = _calibration_stage()
+            base, bare_wall = _time_bare_calls(cal, slots, n)
+            if ctr is not None or src:
+                biases = _measure_biases(cal, slots, src, n, bare_wall)
         finally:
-            (_enabled, _nvtx, _ctr_events, _cpu_clock, _cpu_split, _xm_k, _ring, _hook_enter, _hook_exit,
-             _root_exit_hook, slots.stats) = saved
-    return {"read_ns": float(read_ns), "base_ns": base, "cpu_bias_ns": bias,
+            (_enabled, _nvtx, _xm_k, _ring, _hook_enter, _hook_exit, _root_exit_hook, slots.stats, _budget,
+             _cpu_bias, _wall_bias) = saved
+            _clamp = True
+        if biases is not None:
+            _cpu_bias = [0, biases[0] if src == 1 else 0, biases[0] if src == 2 else 0]
+            _wall_bias = biases[1]
+    return {"read_ns": float(read_ns), "base_ns": base, "cpu_bias_ns": _cpu_bias[src], "wall_bias_ns": _wall_bias,
             "cpu_source": ("none", "thread-clock", "task-clock")[src], "sys": split,
             "thread_clock": "clock_gettime (the pure-Python backend)"}
 
@@ -1248,7 +1420,7 @@ def set_counters(events, exclude_kernel, taskclock_index) -> None:
     with _lock:
         for src in [_retired] + [t.stats for t in _threads.values()]:
             for slot in src.values():
-                slot[10] = None      # counter slots of the old events would be misread under the new ones
+                slot.ctr = None      # counter slots of the old events would be misread under the new ones
     _ctr_events, _ctr_excl = events, bool(exclude_kernel)
     _ctr_taskclock = taskclock_index if taskclock_index < len(events) else -1
     _ctr_gen += 1
@@ -1269,27 +1441,27 @@ def set_root_exit_hook(hook) -> None:
     _root_exit_hook = hook
 
 
+def _row(nid: int, s: _Slot) -> Dict[str, Any]:
+    """One collect() stats row (a StatsRow in instrument/_native.pyi)."""
+    row: Dict[str, Any] = {k: getattr(s, k) for k in _SUMS}
+    row.update(node=nid, wall_min=s.wall_min, wall_max=s.wall_max, hist=sorted(s.hist.items()),
+               counters=[{k: getattr(c, k) for k in _CTR_SUMS} for c in s.ctr] if s.ctr is not None else [],
+               items=[(k, v.n, v.x, v.calls, v.floats) for k, v in s.items.items()])
+    return row
+
+
 def collect() -> Dict[str, Any]:
     with _lock:
-        merged: Dict[int, list] = {}
-        sources = [_retired] + [t.stats for t in list(_threads.values())]
-        for src in sources:
+        merged: Dict[int, _Slot] = {}
+        for src in [_retired] + [t.stats for t in list(_threads.values())]:
             for nid, s in list(src.items()):
                 d = merged.get(nid)
                 if d is None:
-                    d = merged[nid] = _new_slot()
-                _merge_slot(d, [s[0], s[1], s[2], s[3], s[4], s[5], s[6], s[7], s[8], dict(s[9]),
-                                None if s[10] is None else [list(c) for c in s[10]], s[11], s[12], s[13], s[14],
-                                {k: list(v) for k, v in s[15].items()}] + s[16:25])
+                    d = merged[nid] = _Slot()
+                _merge_slot(d, s)
         nodes = [(i, p, n, o) for i, (p, n, o) in enumerate(_nodes) if i > 0]
         threads = len(_threads)
-    stats = [{"node": nid, "calls": s[0], "errors": s[1], "wall_total": s[3], "wall_self": s[4], "wall_min": s[5],
-              "wall_max": s[6], "cpu_calls": s[2], "cpu_total": s[7], "cpu_self": s[8], "hist": sorted(s[9].items()),
-              "counters": [tuple(c) for c in s[10]] if s[10] is not None else [],
-              "tasks": (s[11], s[12], s[13], s[14]), "items": [(k, v[0], v[1], v[2], v[3]) for k, v in s[15].items()],
-              "cpu_reads": s[16], "sys_reads": s[17], "sys_total": s[18], "sys_self": s[19], "sys_cpu_total": s[20],
-              "sys_cpu_self": s[21], "cpu_wsum": s[22], "cpu_wall_w": s[23], "cpu_cov_wall": s[24]}
-             for nid, s in sorted(merged.items()) if s[0] or s[15]]
+    stats = [_row(nid, s) for nid, s in sorted(merged.items()) if s.calls or s.items]
     n = min(_ring_total, len(_ring))
     start = 0 if _ring_total < len(_ring) else _ring_next
     events = [_ring[(start + k) % len(_ring)] for k in range(n)]

@@ -519,3 +519,49 @@ def test_eager_first_steps_are_marked_not_summed(backend):
     asyncio.run(main())
     j = instrument.snapshot()["job"]
     assert j.calls == 10 and j.overlapped_calls == 10 and j.cpu_total is None
+
+
+def test_abandoned_calls_are_recorded_through_the_same_path_as_closed_ones(backend):
+    """A call whose task is destroyed while it is open goes through the one record path a closed call takes: the
+    reads' own cost (cpu_bias_ns, calibrated) is taken out of it as out of every other read call.  Checked by
+    conservation: on the loop's thread every CPU nanosecond goes to exactly one stage's self CPU, except the
+    reads' own cost taken out of each read call, so the stages' self CPU plus bias x read calls equals the
+    thread's CPU.  Most calls here are abandoned: without the correction on their path the sum would exceed the
+    thread's CPU by about a bias per abandoned call, several times the tolerance."""
+    instrument.configure(counters="none", overhead_budget=None)   # CPU from the thread clock, the test's clock too
+    n = 1500
+
+    async def hang():
+        instrument.stage("hang").__enter__()    # never exited: its task is destroyed with it open
+        await asyncio.sleep(0)                  # its wall time then holds a suspension: CPU stays well under it
+        await asyncio.Event().wait()
+
+    async def main():
+        with instrument.stage("main"):
+            hangs = [asyncio.ensure_future(hang()) for _ in range(n)]
+            for _ in range(3):
+                await asyncio.sleep(0)
+            del hangs
+
+    logging.getLogger("asyncio").disabled = True   # "Task was destroyed but it is pending!" is the point here
+    try:
+        loop = asyncio.new_event_loop()
+        t0 = time.thread_time_ns()
+        with instrument.stage("loop"):
+            loop.run_until_complete(main())
+        thread = time.thread_time_ns() - t0
+        loop.close()
+        del loop
+        gc.collect()
+    finally:
+        logging.getLogger("asyncio").disabled = False
+    snap = instrument.snapshot()
+    h = snap["loop/main/hang"]
+    assert h.calls == h.abandoned_calls == n and h.cpu_reads == n
+    bias = snap.meta["overhead"]["cpu_bias_ns"]
+    assert bias > 0, "the reads cost something inside their window"
+    reads = sum(s.cpu_reads for s in snap if s.cpu_total is not None)
+    accounted = cpu_sum(snap) + bias * reads
+    # the calibrated bias is the reads' median cost: the mean differs by a fraction of it on a loaded machine
+    assert abs(accounted - thread) <= 0.01 * thread + 0.25 * bias * reads, (accounted, thread, bias, reads)
+    assert n * bias > 0.01 * thread + 0.25 * bias * reads, "a bias missed on the abandoned calls would show"

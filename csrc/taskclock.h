@@ -1,10 +1,9 @@
 /* asyncio attribution: CPU time and counters of a thread charged to the context
  * (the asyncio task) that runs on it, not to every stage open on the thread.
  *
- * Each stack (one per context, types.c) has a virtual clock: the thread's
+ * Each stack (one per context, stack.c) has a virtual clock: the thread's
  * readings (CPU clock, counter group, monotonic time) less what they advanced
- * while the context was suspended.  The switch hook (the Runner installed as
- * asyncio.events.Handle._run, which runs every task step) suspends the
+ * while the context was suspended.  The switch hook (steps.c) suspends the
  * context that is left and resumes the one entered, with one reading per
  * switch; a frame's readings are made task-relative at enter and exit, so
  * enter/exit deltas and self/total follow the task's own stage tree.  A step
@@ -18,13 +17,12 @@
  * counts a change; a frame whose stack was running while a change happened is
  * "overlapped": its CPU time and counters are left out, never summed.
  */
-#ifndef INSTRUMENT_TASKS_H
-#define INSTRUMENT_TASKS_H
+#ifndef INSTRUMENT_TASKCLOCK_H
+#define INSTRUMENT_TASKCLOCK_H
 
-#include "core.h"
-#include "stats.h"
+#include "frame.h"
+#include "record.h"
 #include "threads.h"
-#include "types.h"
 
 typedef struct {
     int64_t t, cpu;      /* now_ns(); thread CPU clock or -1 when task-clock gives CPU time */
@@ -57,19 +55,26 @@ typedef struct TaskThread {
 
 extern uint64_t g_task_steps, g_task_reads, g_task_changes, g_task_overlapped, g_task_abandoned;
 
-int tasks_add_functions(PyObject *module);   /* step_runner, iteration_runner; 0 or -1 with an exception */
+static inline TaskThread *tt_get(ThreadState *ts) {
+    if (__builtin_expect(ts->tasks != NULL, 1)) return ts->tasks;
+    return ts->tasks = calloc(1, sizeof(TaskThread));
+}
 
-/* Frame enter/exit (types.c): readings made task-relative.  exit returns 1 when
- * the call overlapped other contexts' work on its thread (then no CPU time or
- * counters are recorded for it) and sets *susp to the wall time it was suspended. */
-void tasks_frame_enter(ThreadState *ts, Stack *st, Frame *f);
-int tasks_frame_exit(ThreadState *ts, Stack *st, const Frame *f, perf_reading *c1, int64_t *cpu1, int64_t *susp);
-void tasks_record(NodeStats *s, const Frame *f, int64_t susp, int overlapped);
-void tasks_stack_free(Stack *st);             /* Stack dealloc: open frames recorded as abandoned */
-void tasks_thread_free(ThreadState *ts);
-void tasks_merge(NodeStats *d, const NodeStats *s);
-int tasks_collect_stats(PyObject *d, const NodeStats *s);   /* adds its fields to a collect() stats dict */
-int tasks_collect(PyObject *res);             /* adds collect()["tasks"] */
+/* Frame enter/exit (enter_exit.c): readings made task-relative.  exit returns 1 when the call overlapped other
+ * contexts' work on its thread (then no CPU time or counters are recorded for it) and sets *susp to the wall
+ * time it was suspended. */
+void taskclock_frame_enter(ThreadState *ts, Stack *st, Frame *f);
+int taskclock_frame_exit(ThreadState *ts, Stack *st, const Frame *f, perf_reading *c1, int64_t *cpu1, int64_t *susp);
+/* A frame of a dying stack as a call that ended at the stack's last task switch (stack.c records it). */
+void taskclock_abandoned(Stack *st, const Frame *f, CallMeasure *m);
+void taskclock_free(Stack *st);
+
+/* The switch hook's primitives (steps.c). */
+void take_reading(ThreadState *ts, TaskReading *r);
+void suspend(ThreadState *ts, TaskThread *tt, Stack *st, const TaskReading *r);
+void resume(ThreadState *ts, TaskThread *tt, Stack *st, const TaskReading *r);
+
+int taskclock_collect(PyObject *res);         /* adds collect()["tasks"] */
 
 #pragma GCC visibility pop
 

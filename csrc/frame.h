@@ -1,22 +1,19 @@
-/* The Python types of the hot path (Stage, Region, the per-context stack) and
- * what module.c needs of them. */
-#ifndef INSTRUMENT_TYPES_H
-#define INSTRUMENT_TYPES_H
+/* What an open stage call keeps (Frame) and the per-context stack of open calls
+ * (Stack).  Data only: stack.c owns the Stack type, enter_exit.c fills frames,
+ * record.c turns a closed one into statistics, taskclock.c makes its readings
+ * relative to its asyncio task, exemplars.c keeps a root call's breakdown. */
+#ifndef INSTRUMENT_FRAME_H
+#define INSTRUMENT_FRAME_H
 
 #include "core.h"
 #include "nodes.h"
 
-typedef struct {
-    PyObject_HEAD
-    PyObject *name;
-    PyObject *bound[2];   /* cached __enter__/__exit__ callables, so `with` allocates nothing */
-    void *nvtx_message;   /* registered string in the current NVTX domain */
-    uint32_t nvtx_gen;    /* domain generation the message was registered in */
-    uint32_t color, category;
-} Stage;
+struct Stage;          /* stage.h */
+struct TaskClock;      /* taskclock.h */
+struct ExemplarCall;   /* exemplars.h */
 
 typedef struct {
-    Stage *stage;
+    struct Stage *stage;
     uint64_t ts_serial;  /* thread that entered it: CPU times and counters are only comparable on it */
     uint8_t cpu_src;     /* where cpu0 came from: 0 nowhere, 1 the thread CPU clock, 2 task-clock */
     PyObject *hook;      /* what the enter hook returned */
@@ -30,7 +27,7 @@ typedef struct {
     perf_reading c0;
     double child_c[PERF_MAX_EVENTS];
     int64_t child_wall, child_cpu;
-    uint64_t taint0;     /* the stack's taint at entry (tasks.c): changed at exit = overlapped */
+    uint64_t taint0;     /* the stack's taint at entry (taskclock.c): changed at exit = overlapped */
     int64_t susp0, child_susp;   /* the stack's suspended time at entry; that of closed children */
     double w;            /* weight of this call's readings: 1 / its chance of being read; 0: not read */
     uint8_t skipped;     /* left unread by the overhead budget (its CPU time and counters are estimated) */
@@ -46,26 +43,17 @@ typedef struct {
     uint32_t base_gen;   /* g_node_gen when base was taken */
     int32_t depth, cap;
     Frame *frames;
-    int suspended;       /* asyncio attribution (tasks.c): left by a task switch, not resumed yet */
+    int suspended;       /* asyncio attribution (taskclock.c): left by a task switch, not resumed yet */
     uint64_t taint, chg_mark;
     struct TaskClock *clk;
-    struct XmCall *xm;   /* the root call open in this stack, for its exemplar (exemplars.c) */
+    struct ExemplarCall *exemplar;   /* the root call open in this stack, for its exemplar (exemplars.c) */
 } Stack;
 
-#pragma GCC visibility push(hidden)
-
-extern PyTypeObject Stage_Type, Region_Type;
-extern PyObject *g_stack_var;               /* context variable holding the Stack */
-
-int types_init(void);                       /* readies the types; 0, or -1 with an exception */
-int check_name(PyObject *name);             /* 0, or -1 with the exception a bad stage name raises */
-PyObject *stage_new_named(PyObject *name);
-Stack *stack_current(int create);           /* NULL: none yet (create=0), or failure */
-PyObject *stage_calibrate(int n);           /* module calibrate(): the configuration's costs; sets g_read_cost, g_cpu_bias */
-int32_t current_node(void);                 /* the innermost open stage of this context (a copied one: its parent's); 0 */
-
-#pragma GCC visibility pop
-
 static inline int32_t stack_base(const Stack *st) { return st->base_gen == g_node_gen ? st->base : 0; }
+
+/* The innermost open stage of a stack, or the node its outermost stages nest under. */
+static inline int32_t stack_top_node(const Stack *st) {
+    return st->depth ? st->frames[st->depth - 1].node : stack_base(st);
+}
 
 #endif

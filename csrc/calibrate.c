@@ -1,0 +1,199 @@
+/* calibrate(): what the configuration in force costs on the calling thread, the
+ * way stage_enter/exit spend it.  It sets g_read_cost (one call's reads, both
+ * boundaries: the overhead budget's unit) and the reads' own share of a read
+ * call's wall and CPU windows (g_wall_bias, g_cpu_bias), taken out of every read
+ * call; and it times a stage call without reads, for meta.overhead.  The
+ * calibration stage runs with integrations, NVTX, exemplars and the trace ring
+ * off, into slots of its own that are freed; it is only timed when no stage is
+ * open in the calling context (else base_ns is None). */
+#include "enter_exit.h"   /* first: Python.h sets the feature macros */
+
+#include <stdlib.h>
+
+#include "exemplars.h"
+#include "nodes.h"
+#include "rootexit.h"
+#include "stack.h"
+#include "stats.h"
+
+static int cmp_i64(const void *a, const void *b) {
+    int64_t x = *(const int64_t *)a, y = *(const int64_t *)b;
+    return (x > y) - (x < y);
+}
+
+static int64_t median_i64(int64_t *v, int n) {
+    qsort(v, (size_t)n, sizeof(int64_t), cmp_i64);
+    return v[n / 2];
+}
+
+/* The thread CPU clock without a system call, where the kernel offers it and it agrees with the clock. */
+static void calibrate_fast_clock(ThreadState *ts) {
+    g_cpu_fast = 0;
+    if (ts->clk_state == 0) ts->clk_state = perf_clock_open(&ts->clk) == 0 ? 1 : -1;
+    if (ts->clk_state != 1) return;
+    int64_t a = perf_clock_read(&ts->clk), b = thread_cpu_ns(), x = 0;
+    for (int64_t end = b + 2000000; thread_cpu_ns() < end;) x++;   /* 2 ms of this thread's CPU */
+    int64_t da = perf_clock_read(&ts->clk) - a, db = thread_cpu_ns() - b;
+    g_cpu_fast = a >= 0 && da > 0 && db > 0 && (double)llabs(da - db) <= 0.02 * (double)db;
+    (void)x;
+}
+
+typedef struct {
+    int ctr, src, split;   /* counters read; CPU source (0 none, 1 thread clock, 2 task-clock); rusage read */
+} ReadPlan;
+
+/* The reads of one call, in stage_enter/exit's order, timed bare: their cost (median), for the budget. */
+static int64_t time_reads(ThreadState *ts, const ReadPlan *p, int n, int64_t *v) {
+    perf_reading r0, r1;
+    for (int k = 0; k < n; k++) {
+        int64_t a = now_ns();
+        if (p->ctr) perf_set_read(&ts->perf, &r0);
+        if (p->src == 1) (void)thread_cpu(ts);
+        if (p->split) (void)thread_sys_ns();
+        if (p->split) (void)thread_sys_ns();
+        if (p->ctr) perf_set_read(&ts->perf, &r1);
+        if (p->src == 1) (void)thread_cpu(ts);
+        v[k] = now_ns() - a;
+    }
+    return median_i64(v, n);
+}
+
+/* The globals a calibration run changes, to put back afterwards. */
+typedef struct {
+    int enabled, nvtx, ctr_n, cpu_clock, cpu_split, clamp;
+    int32_t exemplar_k;
+    size_t ring;
+    double budget;
+    int64_t wall_bias, cpu_bias[3];
+    PyObject *he, *hx, *re;
+    StatsArray stats;
+} Saved;
+
+static void quiet(ThreadState *ts, Saved *s) {
+    *s = (Saved){g_enabled, g_nvtx, g_ctr_n, g_cpu_clock, g_cpu_split, g_cpu_clamp, g_exemplar_k, g_ring_cap,
+                 g_budget, g_wall_bias, {g_cpu_bias[0], g_cpu_bias[1], g_cpu_bias[2]}, g_hook_enter, g_hook_exit,
+                 g_root_exit_hook, ts->stats};
+    ts->stats.v = NULL;
+    ts->stats.n = 0;
+    g_enabled = 1, g_nvtx = 0, g_exemplar_k = 0, g_ring_cap = 0;
+    g_hook_enter = g_hook_exit = g_root_exit_hook = NULL;
+}
+
+static void restore(ThreadState *ts, const Saved *s) {
+    g_enabled = s->enabled, g_nvtx = s->nvtx, g_ctr_n = s->ctr_n, g_cpu_clock = s->cpu_clock;
+    g_cpu_split = s->cpu_split, g_cpu_clamp = s->clamp, g_exemplar_k = s->exemplar_k, g_ring_cap = s->ring;
+    g_budget = s->budget, g_wall_bias = s->wall_bias;
+    for (int k = 0; k < 3; k++) g_cpu_bias[k] = s->cpu_bias[k];
+    g_hook_enter = s->he, g_hook_exit = s->hx, g_root_exit_hook = s->re;
+    stats_array_clear(&ts->stats);
+    ts->stats = s->stats;
+}
+
+/* A stage call without reads: ns per enter+exit (*cost), and the wall time such a call records (*wall). */
+static void time_bare_calls(Stage *cal, int32_t node, ThreadState *ts, int n, int64_t *v, double *cost,
+                            int64_t *wall) {
+    const int batch = 32;
+    g_ctr_n = 0, g_cpu_clock = 0, g_cpu_split = 0;
+    int64_t *w = v + n;
+    for (int k = 0; k < n; k++) {
+        NodeStats *cs = stats_get(&ts->stats, node);
+        int64_t w0 = cs ? cs->wall_total : 0, a = now_ns();
+        for (int j = 0; j < batch; j++) {
+            stage_enter(cal);
+            stage_exit(cal, 0);
+        }
+        v[k] = now_ns() - a;
+        cs = stats_get(&ts->stats, node);
+        w[k] = cs ? (cs->wall_total - w0) / batch : 0;
+    }
+    int64_t empty = now_ns();
+    empty = now_ns() - empty;   /* the clock read that closes each batch */
+    *cost = (double)(median_i64(v, n) - empty) / batch;
+    *wall = median_i64(w, n);
+}
+
+/* Empty calls read on every call, on the real enter/exit path: the reads' share of the wall and CPU windows,
+ * beyond what an unread empty call records (`bare_wall`).  0 when fewer than 5 calls were read. */
+static int measure_biases(Stage *cal, int32_t node, ThreadState *ts, int p_src, int n, int64_t *v,
+                          int64_t bare_wall, int64_t *wall_bias, int64_t *cpu_bias) {
+    g_budget = 0, g_wall_bias = 0, g_cpu_bias[1] = g_cpu_bias[2] = 0, g_cpu_clamp = 0;
+    int64_t *w = v + n;
+    int m = 0;
+    for (int k = 0; k < n; k++) {
+        NodeStats *cs = stats_get(&ts->stats, node);
+        int64_t c0 = cs ? cs->cpu_total : 0, w0 = cs ? cs->wall_total : 0;
+        uint64_t r0 = cs ? cs->cpu_reads : 0;
+        stage_enter(cal);
+        stage_exit(cal, 0);
+        if (!(cs = stats_get(&ts->stats, node)) || (p_src && cs->cpu_reads != r0 + 1)) continue;
+        v[m] = cs->cpu_total - c0 - bare_wall;
+        w[m++] = cs->wall_total - w0 - bare_wall;
+    }
+    if (m < 5) return 0;
+    int64_t b = p_src ? median_i64(v, m) : 0, bw = median_i64(w, m);
+    *cpu_bias = b > 0 ? b : 0;
+    *wall_bias = bw > 0 ? bw : 0;
+    return 1;
+}
+
+/* Times a stage call and measures the biases with a stage of its own; the cost per call, or NULL with an
+ * exception. */
+static PyObject *calibrate_stage(ThreadState *ts, Stack *st, const ReadPlan *p, int n, int64_t *v) {
+    PyObject *name = PyUnicode_FromString("(instrument calibration)");
+    Stage *cal = name ? (Stage *)stage_new(name, NULL, 0) : NULL;
+    Py_XDECREF(name);
+    int32_t node = cal ? node_uncounted(stack_base(st), cal->name) : -1;   /* not one of the user's max_stages */
+    if (node < 0) {
+        Py_XDECREF(cal);
+        return cal ? PyErr_NoMemory() : NULL;
+    }
+    Saved saved;
+    quiet(ts, &saved);
+    double cost;
+    int64_t bare_wall, wall_bias = 0, cpu_bias = 0;
+    time_bare_calls(cal, node, ts, n, v, &cost, &bare_wall);
+    g_ctr_n = saved.ctr_n, g_cpu_clock = saved.cpu_clock, g_cpu_split = saved.cpu_split;
+    int measured = p->src || p->ctr ? measure_biases(cal, node, ts, p->src, n, v, bare_wall, &wall_bias, &cpu_bias) : 0;
+    restore(ts, &saved);
+    if (measured) {
+        g_wall_bias = wall_bias;
+        g_cpu_bias[1] = p->src == 1 ? cpu_bias : 0;
+        g_cpu_bias[2] = p->src == 2 ? cpu_bias : 0;
+    }
+    Py_DECREF(cal);
+    return PyFloat_FromDouble(cost);
+}
+
+PyObject *stage_calibrate(int n) {
+    if (n < 9) n = 9;
+    ThreadState *ts = ts_get();
+    if (!ts) return NULL;
+    int64_t *v = malloc(2 * sizeof(int64_t) * (size_t)n);
+    if (!v) return PyErr_NoMemory();
+    if (g_ctr_n) counters_ready(ts);
+    ReadPlan p = {g_ctr_n && ts->perf_gen == g_ctr_gen, 0, 0};
+    if (p.ctr && g_ctr_taskclock >= 0) {
+        perf_reading r;
+        perf_set_read(&ts->perf, &r);
+        if (r.running[g_ctr_taskclock]) p.src = 2;
+    }
+    calibrate_fast_clock(ts);
+    if (!p.src && g_cpu_clock && thread_cpu(ts) >= 0) p.src = 1;
+    p.split = p.src && g_cpu_split && thread_sys_ns() >= 0;
+    int64_t read_ns = p.ctr || p.src ? time_reads(ts, &p, n, v) : 0;
+    g_read_cost = (double)read_ns;
+    PyObject *base = Py_NewRef(Py_None);
+    Stack *st = stack_current(1);
+    if (st && st->depth == 0 && !st->exemplar) {
+        Py_DECREF(base);
+        base = calibrate_stage(ts, st, &p, n, v);
+    }
+    free(v);
+    if (!st || !base) { Py_XDECREF(base); return NULL; }
+    static const char *names[3] = {"none", "thread-clock", "task-clock"};
+    return Py_BuildValue("{s:d,s:N,s:L,s:L,s:s,s:O,s:s}", "read_ns", (double)read_ns, "base_ns", base,
+                         "cpu_bias_ns", (long long)g_cpu_bias[p.src], "wall_bias_ns", (long long)g_wall_bias,
+                         "cpu_source", names[p.src], "sys", p.split ? Py_True : Py_False, "thread_clock",
+                         g_cpu_fast ? "perf mmap page (cap_user_time)" : ts->clk_state == 1 ?
+                         "clock_gettime (the mmap page disagreed with it)" : "clock_gettime (no cap_user_time)");
+}

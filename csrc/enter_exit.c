@@ -1,0 +1,258 @@
+/* Stage enter and exit: the frame pushed and popped on the context's stack, the
+ * counter and CPU-clock reads (on the calls the overhead budget reads), the
+ * integrations' hooks and NVTX ranges; a closed call goes to record.c. */
+#include "enter_exit.h"   /* first: Python.h sets the feature macros */
+
+#include <string.h>
+
+#include "exemplars.h"
+#include "nvtx_emit.h"
+#include "record.h"
+#include "rootexit.h"
+#include "stack.h"
+#include "stats.h"
+#include "taskclock.h"
+
+#define MIN_READ_CHANCE (1.0 / 65536)
+
+static PyObject *g_get_running_loop = NULL;  /* asyncio.events._get_running_loop, once asyncio is imported */
+static PyObject *g_asyncio_events = NULL;    /* "asyncio.events", interned: a dict lookup without a new string */
+static uint64_t g_frame_seq = 0;
+
+/* Inside a running asyncio loop a stage may be closed after other tasks have
+ * opened theirs on the same thread: a start/end range survives that, a push/pop
+ * one would corrupt the thread's range stack. */
+static int in_event_loop(void) {
+    if (!g_get_running_loop) {
+        if (!g_asyncio_events && !(g_asyncio_events = PyUnicode_InternFromString("asyncio.events"))) {
+            PyErr_Clear();
+            return 0;
+        }
+        PyObject *ev = PyDict_GetItemWithError(PyImport_GetModuleDict(), g_asyncio_events);   /* borrowed */
+        if (!ev) { PyErr_Clear(); return 0; }
+        g_get_running_loop = PyObject_GetAttrString(ev, "_get_running_loop");
+        if (!g_get_running_loop) { PyErr_Clear(); return 0; }
+    }
+    PyObject *loop = PyObject_CallNoArgs(g_get_running_loop);
+    if (!loop) { PyErr_Clear(); return 0; }
+    int r = loop != Py_None;
+    Py_DECREF(loop);
+    return r;
+}
+
+static void nvtx_open(Stage *self, Frame *f, int in_loop) {
+    uint32_t gen = nvtx_emit_generation();
+    if (self->nvtx_gen != gen || !self->nvtx_message) {
+        const char *utf8 = PyUnicode_AsUTF8(self->name);
+        if (!utf8) { internal_failure("NVTX"); return; }
+        self->nvtx_message = nvtx_emit_register(utf8);
+        self->nvtx_gen = gen;
+    }
+    if (in_loop) {
+        f->nvtx = 2;
+        f->nvtx_id = nvtx_emit_start(self->nvtx_message, self->color, self->category);
+    } else {
+        f->nvtx = 1;
+        nvtx_emit_push(self->nvtx_message, self->color, self->category);
+    }
+}
+
+int counters_ready(ThreadState *ts) {
+    if (__builtin_expect(ts->perf_gen == g_ctr_gen, 1)) return 1;
+    if (ts->perf_gen) perf_set_close(&ts->perf);
+    perf_set_open(&ts->perf, g_ctr_desc, g_ctr_n, g_ctr_exclude_kernel);
+    ts->perf_gen = g_ctr_gen;
+    if (!g_ctr_status_known) {
+        memcpy(g_ctr_status, ts->perf.status, sizeof(int) * (size_t)g_ctr_n);
+        g_ctr_excl_used = ts->perf.exclude_kernel;
+        g_ctr_rdpmc = perf_set_uses_rdpmc(&ts->perf);
+        g_ctr_status_known = 1;
+    }
+    return 1;
+}
+
+/* Whether this call of `node` is read under the overhead budget; *w: the weight of its readings. */
+static inline int budget_read(ThreadState *ts, int32_t node, double *w) {
+    *w = 1.0;
+    if (g_budget <= 0 || g_read_cost <= 0) return 1;
+    NodeStats *s = stats_get(&ts->stats, node);
+    if (!s || !s->calls) return 1;                        /* the first call on this thread: read */
+    double p = g_budget * ((double)s->wall_total / (double)s->calls) / g_read_cost;
+    if (p >= 1.0) return 1;                               /* long enough for a read on every call */
+    if (p < MIN_READ_CHANCE) p = MIN_READ_CHANCE;
+    if (ts_uniform(ts) >= p) return 0;
+    *w = 1.0 / p;
+    return 1;
+}
+
+/* ------------------------------------------------------------------ enter */
+
+static Frame *frame_push(Stack *st, ThreadState *ts, Stage *self, int32_t node) {
+    if (st->depth == st->cap) {
+        int32_t ncap = st->cap ? st->cap * 2 : 8;
+        Frame *nf = realloc(st->frames, (size_t)ncap * sizeof(Frame));
+        if (!nf) return NULL;
+        st->frames = nf;
+        st->cap = ncap;
+    }
+    Frame *f = &st->frames[st->depth++];
+    g_open_frames++;
+    Py_INCREF(self);
+    f->stage = self;
+    f->ts_serial = ts->serial;
+    f->node = node;
+    f->epoch = g_epoch;
+    f->seq = ++g_frame_seq;
+    f->child_wall = f->child_cpu = f->child_sys = 0;
+    f->hook = NULL;
+    f->nvtx = 0;
+    f->ctr_gen = 0;
+    f->cpu0 = f->sys0 = -1;
+    f->cpu_src = 0;
+    f->child_est = f->skipped = 0;
+    f->w = 0;
+    return f;
+}
+
+/* Our frame after Python code ran (a hook may enter, exit or grow the stack). */
+static Frame *frame_by_seq(Stack *st, uint64_t seq) {
+    for (int32_t j = st->depth - 1; j >= 0; j--)
+        if (st->frames[j].seq == seq) return &st->frames[j];
+    return NULL;
+}
+
+/* The integrations' enter hook (Python); our frame afterwards, NULL when the hook closed it. */
+static Frame *call_enter_hook(Stack *st, Frame *f, Stage *self) {
+    uint64_t seq = f->seq;
+    f->t0 = now_ns();   /* a call the hook itself closes has this start */
+    PyObject *h = PyObject_CallOneArg(g_hook_enter, self->name);
+    if (!h) internal_failure("integration enter hook");
+    if (!(f = frame_by_seq(st, seq))) { Py_XDECREF(h); return NULL; }
+    f->hook = h;
+    return f;
+}
+
+static void read_enter(ThreadState *ts, Frame *f, double w) {
+    if (g_ctr_n && counters_ready(ts)) {
+        perf_set_read(&ts->perf, &f->c0);
+        f->ctr_gen = g_ctr_gen;
+        memset(f->child_c, 0, sizeof(double) * (size_t)g_ctr_n);
+        if (g_ctr_taskclock >= 0 && f->c0.running[g_ctr_taskclock]) {
+            f->cpu0 = (int64_t)f->c0.value[g_ctr_taskclock];
+            f->cpu_src = 2;
+        }
+    }
+    if (f->cpu_src == 0 && g_cpu_clock && (f->cpu0 = thread_cpu(ts)) >= 0) f->cpu_src = 1;
+    if (f->cpu_src && g_cpu_split) f->sys0 = thread_sys_ns();
+    if (f->cpu_src || f->ctr_gen) f->w = w;
+}
+
+void stage_enter(Stage *self) {
+    if (!g_enabled) return;
+    ThreadState *ts = ts_get();
+    Stack *st = ts ? stack_current(1) : NULL;
+    if (!st) { internal_failure("stage enter"); return; }
+    int loop = g_nvtx ? in_event_loop() : 0;   /* may run Python: before any frame pointer is taken */
+    int32_t node = node_child(stack_top_node(st), self->name);
+    Frame *f = node >= 0 ? frame_push(st, ts, self, node) : NULL;
+    if (!f) { internal_failure("stage enter"); return; }
+    if (g_exemplar_k) exemplar_enter(st, f);   /* a root stage starts its call's breakdown */
+    if (g_hook_enter && !(f = call_enter_hook(st, f, self))) return;
+    if (g_nvtx) nvtx_open(self, f, loop);
+    double w;
+    int read = budget_read(ts, node, &w);
+    f->t0 = now_ns();   /* the wall window holds the reads: a thread preempted in one loses that time in the call */
+    if (read) read_enter(ts, f, w);
+    else f->skipped = 1;
+    taskclock_frame_enter(ts, st, f);   /* readings relative to this context's task */
+}
+
+/* ------------------------------------------------------------------- exit */
+
+/* The readings at exit, on the thread that entered, in the reverse order of enter's, then the wall clock. */
+static void read_exit(ThreadState *ts, Stack *st, const Frame *f, int same_thread, CallMeasure *m) {
+    perf_reading c1;
+    int have_ctr = f->ctr_gen && f->ctr_gen == g_ctr_gen && same_thread && ts->perf_gen == f->ctr_gen;
+    int64_t sys1 = f->sys0 >= 0 && same_thread ? thread_sys_ns() : -1;   /* inside the counters' window */
+    int64_t cpu1 = -1;
+    if (have_ctr) perf_set_read(&ts->perf, &c1);
+    /* CPU time only from the clock cpu0 came from, on the thread that read it */
+    if (f->cpu_src == 2 && have_ctr && c1.running[g_ctr_taskclock]) cpu1 = (int64_t)c1.value[g_ctr_taskclock];
+    else if (f->cpu_src == 1 && same_thread) cpu1 = thread_cpu(ts);
+    /* asyncio: task-relative readings, time suspended, overlap with other tasks */
+    m->overlapped = taskclock_frame_exit(ts, st, f, have_ctr ? &c1 : NULL, &cpu1, &m->susp);
+    m->wall = now_ns() - f->t0;
+    m->have_ctr = 0;
+    if (m->overlapped) cpu1 = -1, have_ctr = 0;
+    if (have_ctr) counter_deltas(&f->c0, &c1, m);
+    m->cpu = cpu1 >= 0 && f->cpu0 >= 0 ? cpu1 - f->cpu0 : -1;
+    m->sys = sys1 >= 0 && f->sys0 >= 0 ? sys1 - f->sys0 : -1;
+    m->read = f->w > 0 && same_thread;
+    m->stand_in = f->skipped && same_thread && !m->overlapped;
+    m->abandoned = 0;
+}
+
+static int32_t frame_index(const Stack *st, const Stage *self) {
+    int32_t i = st->depth - 1;
+    while (i >= 0 && st->frames[i].stage != self) i--;
+    return i;
+}
+
+static void frame_pop(Stack *st, int32_t i, const Stage *self) {
+    if (i != st->depth - 1) {
+        g_out_of_order++;
+        warn_once("order", "instrument: stage '%U' exited while an inner stage was still open; both are kept "
+                  "and recorded as they close", self->name);
+        memmove(&st->frames[i], &st->frames[i + 1], (size_t)(st->depth - i - 1) * sizeof(Frame));
+    }
+    st->depth--;
+    g_open_frames--;
+}
+
+static void exit_integrations(Frame *f, int same_thread) {
+    if (f->hook) {
+        if (g_hook_exit) {
+            PyObject *et, *ev, *tb;
+            PyErr_Fetch(&et, &ev, &tb);
+            PyObject *r = PyObject_CallOneArg(g_hook_exit, f->hook);
+            if (!r) internal_failure("integration exit hook"); else Py_DECREF(r);
+            PyErr_Restore(et, ev, tb);
+        }
+        Py_DECREF(f->hook);
+    }
+    if (f->nvtx == 2) nvtx_emit_end(f->nvtx_id);
+    else if (f->nvtx == 1 && same_thread) nvtx_emit_pop();   /* a pop on another thread would close its range */
+}
+
+void stage_exit(Stage *self, int error) {
+    Stack *st = stack_current(0);
+    int32_t i = st ? frame_index(st, self) : -1;
+    if (i < 0) {
+        if (!g_enabled) return;   /* entered while disabled */
+        g_unmatched++;
+        warn_once("unmatched", "instrument: stage '%U' exited on a different thread or task than it was entered "
+                  "on (or exited twice); that call is not recorded", self->name);
+        return;
+    }
+    PyObject *et, *ev, *tb;
+    PyErr_Fetch(&et, &ev, &tb);   /* a Region exit carries the function's exception */
+    ThreadState *ts = ts_get();   /* a thread given another's context may not have its own slots yet */
+    if (!ts) PyErr_Clear();
+    PyErr_Restore(et, ev, tb);
+    int same_thread = ts && st->frames[i].ts_serial == ts->serial;
+    CallMeasure m;
+    read_exit(ts, st, &st->frames[i], same_thread, &m);
+    m.error = error;
+    Frame f = st->frames[i];
+    frame_pop(st, i, self);
+    if (!same_thread) {
+        g_cross_thread++;
+        warn_once("thread", "instrument: stage '%U' was exited on another thread than it was entered on; its CPU "
+                  "time is not recorded for that call", self->name);
+    }
+    record_call(ts, &f, i > 0 ? &st->frames[i - 1] : NULL, &m);
+    if (st->exemplar) exemplar_exit(st, &f, m.wall, ts);   /* self time into the open root call */
+    exit_integrations(&f, same_thread);
+    Py_DECREF(f.stage);
+    if (i == 0 && g_root_exit_hook) root_exit_notify();   /* an outermost call is complete */
+}
