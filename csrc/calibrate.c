@@ -1,8 +1,9 @@
 /* calibrate(): what the configuration in force costs on the calling thread, the
  * way stage_enter/exit spend it.  It sets g_read_cost (one call's reads, both
- * boundaries: the overhead budget's unit) and the reads' own share of a read
- * call's wall and CPU windows (g_wall_bias, g_cpu_bias), taken out of every read
- * call; and it times a stage call without reads, for meta.overhead.  The
+ * boundaries: the overhead budget's unit) and the SDK's own share of a call's
+ * wall window (g_wall_bias, unread and read calls) and of a read call's CPU
+ * window (g_cpu_bias): what an empty stage records, taken out of every call; and
+ * it times a stage call without reads, for meta.overhead.  The
  * calibration stage runs with integrations, NVTX, exemplars and the trace ring
  * off, into slots of its own that are freed; it is only timed when no stage is
  * open in the calling context (else base_ns is None). */
@@ -64,14 +65,14 @@ typedef struct {
     int32_t exemplar_k;
     size_t ring;
     double budget;
-    int64_t wall_bias, cpu_bias[3];
+    int64_t wall_bias[2], cpu_bias[3];
     PyObject *he, *hx, *re;
     StatsArray stats;
 } Saved;
 
 static void quiet(ThreadState *ts, Saved *s) {
     *s = (Saved){g_enabled, g_nvtx, g_ctr_n, g_cpu_clock, g_cpu_split, g_cpu_clamp, g_exemplar_k, g_ring_cap,
-                 g_budget, g_wall_bias, {g_cpu_bias[0], g_cpu_bias[1], g_cpu_bias[2]}, g_hook_enter, g_hook_exit,
+                 g_budget, {g_wall_bias[0], g_wall_bias[1]}, {g_cpu_bias[0], g_cpu_bias[1], g_cpu_bias[2]}, g_hook_enter, g_hook_exit,
                  g_root_exit_hook, ts->stats};
     ts->stats.v = NULL;
     ts->stats.n = 0;
@@ -82,7 +83,7 @@ static void quiet(ThreadState *ts, Saved *s) {
 static void restore(ThreadState *ts, const Saved *s) {
     g_enabled = s->enabled, g_nvtx = s->nvtx, g_ctr_n = s->ctr_n, g_cpu_clock = s->cpu_clock;
     g_cpu_split = s->cpu_split, g_cpu_clamp = s->clamp, g_exemplar_k = s->exemplar_k, g_ring_cap = s->ring;
-    g_budget = s->budget, g_wall_bias = s->wall_bias;
+    g_budget = s->budget, g_wall_bias[0] = s->wall_bias[0], g_wall_bias[1] = s->wall_bias[1];
     for (int k = 0; k < 3; k++) g_cpu_bias[k] = s->cpu_bias[k];
     g_hook_enter = s->he, g_hook_exit = s->hx, g_root_exit_hook = s->re;
     stats_array_clear(&ts->stats);
@@ -93,7 +94,7 @@ static void restore(ThreadState *ts, const Saved *s) {
 static void time_bare_calls(Stage *cal, int32_t node, ThreadState *ts, int n, int64_t *v, double *cost,
                             int64_t *wall) {
     const int batch = 32;
-    g_ctr_n = 0, g_cpu_clock = 0, g_cpu_split = 0;
+    g_ctr_n = 0, g_cpu_clock = 0, g_cpu_split = 0, g_wall_bias[0] = 0;
     int64_t *w = v + n;
     for (int k = 0; k < n; k++) {
         NodeStats *cs = stats_get(&ts->stats, node);
@@ -112,11 +113,11 @@ static void time_bare_calls(Stage *cal, int32_t node, ThreadState *ts, int n, in
     *wall = median_i64(w, n);
 }
 
-/* Empty calls read on every call, on the real enter/exit path: the reads' share of the wall and CPU windows,
- * beyond what an unread empty call records (`bare_wall`).  0 when fewer than 5 calls were read. */
+/* Empty calls read on every call, on the real enter/exit path: what one records in its wall and CPU windows.
+ * 0 when fewer than 5 calls were read. */
 static int measure_biases(Stage *cal, int32_t node, ThreadState *ts, int p_src, int n, int64_t *v,
-                          int64_t bare_wall, int64_t *wall_bias, int64_t *cpu_bias) {
-    g_budget = 0, g_wall_bias = 0, g_cpu_bias[1] = g_cpu_bias[2] = 0, g_cpu_clamp = 0;
+                          int64_t *wall_bias, int64_t *cpu_bias) {
+    g_budget = 0, g_wall_bias[1] = 0, g_cpu_bias[1] = g_cpu_bias[2] = 0, g_cpu_clamp = 0;
     int64_t *w = v + n;
     int m = 0;
     for (int k = 0; k < n; k++) {
@@ -126,8 +127,8 @@ static int measure_biases(Stage *cal, int32_t node, ThreadState *ts, int p_src, 
         stage_enter(cal);
         stage_exit(cal, 0);
         if (!(cs = stats_get(&ts->stats, node)) || (p_src && cs->cpu_reads != r0 + 1)) continue;
-        v[m] = cs->cpu_total - c0 - bare_wall;
-        w[m++] = cs->wall_total - w0 - bare_wall;
+        v[m] = cs->cpu_total - c0;
+        w[m++] = cs->wall_total - w0;
     }
     if (m < 5) return 0;
     int64_t b = p_src ? median_i64(v, m) : 0, bw = median_i64(w, m);
@@ -153,10 +154,11 @@ static PyObject *calibrate_stage(ThreadState *ts, Stack *st, const ReadPlan *p, 
     int64_t bare_wall, wall_bias = 0, cpu_bias = 0;
     time_bare_calls(cal, node, ts, n, v, &cost, &bare_wall);
     g_ctr_n = saved.ctr_n, g_cpu_clock = saved.cpu_clock, g_cpu_split = saved.cpu_split;
-    int measured = p->src || p->ctr ? measure_biases(cal, node, ts, p->src, n, v, bare_wall, &wall_bias, &cpu_bias) : 0;
+    int measured = p->src || p->ctr ? measure_biases(cal, node, ts, p->src, n, v, &wall_bias, &cpu_bias) : 0;
     restore(ts, &saved);
+    g_wall_bias[0] = bare_wall > 0 ? bare_wall : 0;
     if (measured) {
-        g_wall_bias = wall_bias;
+        g_wall_bias[1] = wall_bias;
         g_cpu_bias[1] = p->src == 1 ? cpu_bias : 0;
         g_cpu_bias[2] = p->src == 2 ? cpu_bias : 0;
     }
@@ -191,8 +193,9 @@ PyObject *stage_calibrate(int n) {
     free(v);
     if (!st || !base) { Py_XDECREF(base); return NULL; }
     static const char *names[3] = {"none", "thread-clock", "task-clock"};
-    return Py_BuildValue("{s:d,s:N,s:L,s:L,s:s,s:O,s:s}", "read_ns", (double)read_ns, "base_ns", base,
-                         "cpu_bias_ns", (long long)g_cpu_bias[p.src], "wall_bias_ns", (long long)g_wall_bias,
+    return Py_BuildValue("{s:d,s:N,s:L,s:L,s:L,s:s,s:O,s:s}", "read_ns", (double)read_ns, "base_ns", base,
+                         "cpu_bias_ns", (long long)g_cpu_bias[p.src], "wall_bias_ns", (long long)g_wall_bias[1],
+                         "unread_wall_bias_ns", (long long)g_wall_bias[0],
                          "cpu_source", names[p.src], "sys", p.split ? Py_True : Py_False, "thread_clock",
                          g_cpu_fast ? "perf mmap page (cap_user_time)" : ts->clk_state == 1 ?
                          "clock_gettime (the mmap page disagreed with it)" : "clock_gettime (no cap_user_time)");

@@ -19,16 +19,12 @@ void counter_deltas(const perf_reading *c0, const perf_reading *c1, CallMeasure 
     }
 }
 
-/* The reads' own cost (calibrate()) is not the stage's: taken out of the wall and CPU time of a read call; a
- * call on one thread cannot use more CPU than its wall time; system time is not measured across a suspension
- * (other tasks' kernel time would be in it). */
+/* The SDK's own work inside a call's windows (calibrate(): the reads, and the bookkeeping between them) is not the
+ * stage's: taken out of its wall and CPU time; a call on one thread cannot use more CPU than its wall time;
+ * system time is not measured across a suspension (other tasks' kernel time would be in it). */
 static void correct(const Frame *f, CallMeasure *m) {
-    if (m->read) {
-        m->wall -= g_wall_bias;
-        if (m->wall < 0) m->wall = 0;
-    } else if (m->wall < 0) {
-        m->wall = 0;
-    }
+    m->wall -= g_wall_bias[m->read];
+    if (m->wall < 0) m->wall = 0;
     if (m->cpu >= 0) {
         m->cpu -= g_cpu_bias[f->cpu_src];
         if (g_cpu_clamp && m->cpu < 0) m->cpu = 0;

@@ -8,7 +8,7 @@
 #include "threads.h"
 
 typedef struct {
-    int64_t wall;        /* t1 - t0 as read; record_call takes the reads' own share out (then: the call's wall) */
+    int64_t wall;        /* t1 - t0 as read; record_call takes the SDK's own share out (then: the call's wall) */
     int64_t cpu, sys;    /* CPU and system time as read, task-relative; -1: not read */
     int64_t susp;        /* wall time its task was suspended inside the call */
     int read;            /* both boundaries read: the reads' own cost is inside the wall and CPU windows */

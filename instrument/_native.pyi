@@ -62,8 +62,9 @@ class _Configuration(TypedDict):
 class _Calibration(TypedDict):
     read_ns: float                         # one call's reads, both boundaries: the overhead budget's unit
     base_ns: Optional[float]               # a stage call without reads; None while a stage is open on the thread
-    cpu_bias_ns: int                       # the reads' own share of a read call's CPU window, taken out of it
-    wall_bias_ns: int                      # the reads' own share of a read call's wall window, taken out of it
+    cpu_bias_ns: int                       # what an empty read call records as CPU time: taken out of every read call
+    wall_bias_ns: int                      # what an empty read call records as wall time: taken out of every read call
+    unread_wall_bias_ns: int               # what an empty unread call records as wall time: taken out of the others
     cpu_source: str                        # none, thread-clock or task-clock
     sys: bool                              # system time read with the CPU time
     thread_clock: str                      # how the thread CPU clock is read

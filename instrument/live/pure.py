@@ -51,7 +51,7 @@ _ctr_first: Optional[dict] = None   # what the first thread's open gave: errno p
 _budget = 0.0                   # share of a stage's time its reads may cost; 0: every call is read
 _read_cost = 0.0                # ns one call's reads cost, from calibrate()
 _cpu_bias = [0, 0, 0]           # ns of the reads' own cost inside a CPU window, per cpu_src
-_wall_bias = 0                  # ns of the reads' own cost inside a read call's wall window
+_wall_bias = [0, 0]             # ns of the SDK's own work inside the wall window of an unread call, a read one
 _cpu_split = False              # read the thread's rusage with the CPU time (system share)
 _clamp = True                   # a call's CPU time is bounded by its wall time (off only while calibrating)
 MIN_READ_CHANCE = 1.0 / 65536
@@ -562,9 +562,9 @@ class _Measure:
 
 
 def _correct(f: _Frame, m: _Measure) -> None:
-    """The reads' own cost (calibrate()) taken out of a read call's wall and CPU time; CPU bounded by wall; no
-    system time across a suspension (other tasks' kernel time would be in it)."""
-    m.wall = max(m.wall - (_wall_bias if m.read else 0), 0)
+    """The SDK's own work inside a call's windows (calibrate()) taken out of its wall and CPU time; CPU bounded by
+    wall; no system time across a suspension (other tasks' kernel time would be in it)."""
+    m.wall = max(m.wall - _wall_bias[m.read], 0)
     if m.cpu >= 0:
         m.cpu -= _cpu_bias[f.cpu_src]
         if _clamp:
@@ -768,6 +768,8 @@ def _enter(stage: "Stage") -> None:
             else:
                 f.nvtx = 1
                 _nvtx.push(stage.name, stage.color, stage.category)
+        if _xm_k:
+            _xm_enter(f, parent)
         w = _budget_read(slots, f.node)
         f.t0 = _perf_ns()   # the wall window holds the reads: a thread preempted in one loses that time in the call
         if w:
@@ -775,8 +777,6 @@ def _enter(stage: "Stage") -> None:
         else:
             f.skipped = True
         _task_enter(slots, st, f)   # readings relative to this context's task
-        if _xm_k:
-            _xm_enter(f, parent)
     except Exception:
         _internal_failure("stage enter")
 
@@ -1332,9 +1332,9 @@ def _calibration_stage() -> "Stage":
 
 def _time_bare_calls(cal: "Stage", slots: "_ThreadSlots", n: int) -> tuple:
     """A stage call without reads: ns per enter+exit, and the wall time such a call records."""
-    global _ctr_events, _cpu_clock, _cpu_split
+    global _ctr_events, _cpu_clock, _cpu_split, _wall_bias
     saved = (_ctr_events, _cpu_clock, _cpu_split)
-    _ctr_events, _cpu_clock, _cpu_split = [], False, False
+    _ctr_events, _cpu_clock, _cpu_split, _wall_bias = [], False, False, [0, 0]
     try:
         times, walls = [], []
         for _ in range(n):
@@ -1350,11 +1350,11 @@ def _time_bare_calls(cal: "Stage", slots: "_ThreadSlots", n: int) -> tuple:
         _ctr_events, _cpu_clock, _cpu_split = saved
 
 
-def _measure_biases(cal: "Stage", slots: "_ThreadSlots", src: int, n: int, bare_wall: int) -> Optional[tuple]:
-    """Empty calls read on every call, on the real path: the reads' share of the wall and CPU windows beyond what
-    an unread empty call records; None when fewer than 5 calls were read."""
+def _measure_biases(cal: "Stage", slots: "_ThreadSlots", src: int, n: int) -> Optional[tuple]:
+    """Empty calls read on every call, on the real path: what one records in its CPU and wall windows; None when
+    fewer than 5 calls were read."""
     global _cpu_bias, _wall_bias, _clamp, _budget
-    _cpu_bias, _wall_bias, _clamp, _budget = [0, 0, 0], 0, False, 0.0
+    _cpu_bias, _wall_bias, _clamp, _budget = [0, 0, 0], [0, 0], False, 0.0
     cpus, walls = [], []
     for _ in range(n):
         slots.stats = {}
@@ -1362,8 +1362,8 @@ def _measure_biases(cal: "Stage", slots: "_ThreadSlots", src: int, n: int, bare_
         _exit(cal, False)
         for sl in slots.stats.values():
             if sl.cpu_reads or not src:
-                cpus.append(sl.cpu_total - bare_wall)
-                walls.append(sl.wall_total - bare_wall)
+                cpus.append(sl.cpu_total)
+                walls.append(sl.wall_total)
     if len(walls) < 5:
         return None
     return (max(sorted(cpus)[len(cpus) // 2], 0) if src else 0), max(sorted(walls)[len(walls) // 2], 0)
@@ -1371,8 +1371,8 @@ def _measure_biases(cal: "Stage", slots: "_ThreadSlots", src: int, n: int, bare_
 
 def calibrate(n: int = 200) -> Dict[str, Any]:
     """What the configuration in force costs on this thread, the way _enter/_exit spend it (as csrc/calibrate.c):
-    one call's reads (the budget's unit), the reads' share of a read call's wall and CPU windows (taken out of
-    every read call), and a stage call without reads (None while a stage is open here)."""
+    one call's reads (the budget's unit), what an empty call records in its wall window (read or not) and in its
+    CPU window (taken out of every call), and a stage call without reads (None while a stage is open here)."""
     global _read_cost, _cpu_bias, _wall_bias, _enabled, _nvtx, _xm_k, _ring, _clamp, _budget
     global _hook_enter, _hook_exit, _root_exit_hook
     if not 1 <= n <= 1_000_000:
@@ -1399,15 +1399,17 @@ def calibrate(n: int = 200) -> Dict[str, Any]:
             cal = _calibration_stage()
             base, bare_wall = _time_bare_calls(cal, slots, n)
             if ctr is not None or src:
-                biases = _measure_biases(cal, slots, src, n, bare_wall)
+                biases = _measure_biases(cal, slots, src, n)
         finally:
             (_enabled, _nvtx, _xm_k, _ring, _hook_enter, _hook_exit, _root_exit_hook, slots.stats, _budget,
              _cpu_bias, _wall_bias) = saved
             _clamp = True
+        _wall_bias = [bare_wall, _wall_bias[1]]
         if biases is not None:
             _cpu_bias = [0, biases[0] if src == 1 else 0, biases[0] if src == 2 else 0]
-            _wall_bias = biases[1]
-    return {"read_ns": float(read_ns), "base_ns": base, "cpu_bias_ns": _cpu_bias[src], "wall_bias_ns": _wall_bias,
+            _wall_bias = [bare_wall, biases[1]]
+    return {"read_ns": float(read_ns), "base_ns": base, "cpu_bias_ns": _cpu_bias[src], "wall_bias_ns": _wall_bias[1],
+            "unread_wall_bias_ns": _wall_bias[0],
             "cpu_source": ("none", "thread-clock", "task-clock")[src], "sys": split,
             "thread_clock": "clock_gettime (the pure-Python backend)"}
 
