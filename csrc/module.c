@@ -370,6 +370,7 @@ static void zero_all(void) {
     g_ring_next = 0;
     g_ring_total = 0;
     g_unmatched = g_out_of_order = g_cross_thread = g_internal = g_folded = 0;
+    g_task_steps = g_task_reads = g_task_changes = g_task_overlapped = g_task_abandoned = 0;
 }
 
 static PyObject *mod_reset(PyObject *m, PyObject *unused) {

@@ -106,6 +106,12 @@ class StageStats:
     cpu_sys_total: Optional[int] = None
     cpu_sys_self: Optional[int] = None
 
+    @classmethod
+    def empty(cls, path: Tuple[str, ...]) -> "StageStats":
+        """A stage with no calls (an ancestor still open when a snapshot was taken)."""
+        return cls(path=tuple(path), calls=0, errors=0, wall_total=0, wall_self=0, wall_min=None, wall_max=None,
+                   cpu_total=None, cpu_self=None, cpu_calls=0, hist={})
+
     @property
     def name(self) -> str:
         return self.path[-1]
@@ -648,7 +654,7 @@ def _tree_order(stages: Iterable[StageStats]) -> List[StageStats]:
         for k in range(1, len(s.path)):
             anc = s.path[:k]
             if anc not in by_path:
-                by_path[anc] = StageStats(anc, 0, 0, 0, 0, None, None, None, None, 0, {})
+                by_path[anc] = StageStats.empty(anc)
                 order.append(anc)
         if s.path in by_path and by_path[s.path].calls:
             by_path[s.path] = merge_stage(by_path[s.path], s)

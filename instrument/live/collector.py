@@ -11,7 +11,6 @@ import socket
 import sys
 import threading
 import time
-import warnings
 from dataclasses import replace
 from typing import Any, Callable, Dict, List, Optional
 
@@ -20,7 +19,7 @@ from .. import counters
 from .._version import __version__
 from ..snapshot import Snapshot, StageStats
 from . import backend as _backend
-from . import callsite, integrations, nvtx, perf, tasks, torchwatch
+from . import callsite, integrations, nvtx, perf
 
 backend = _backend.current   # the hot path reads this global; _on_backend_switch keeps it current
 
@@ -28,7 +27,7 @@ _state_lock = threading.Lock()
 _config_now: _config.Config = _config.from_env()
 _start_wall = time.time()
 _start_clock = backend.now_ns()
-_finish: Optional[Callable[[Snapshot], Snapshot]] = None   # set by the facade: verdicts (instrument.analysis)
+judge: Optional[Callable[[Snapshot], Snapshot]] = None   # set by the facade: adds verdicts (instrument.analysis)
 
 
 def current_config() -> _config.Config:
@@ -61,14 +60,11 @@ def _apply(cfg: _config.Config, explicit_counters: bool = False) -> None:
     backend.configure(**_config.hot_values(cfg))
     _apply_counters(cfg.counters, explicit_counters)
     _calibrate()
-    try:
-        tasks.apply(cfg.task_attribution, backend)
-    except Exception as e:  # attribution must never stop the configuration; overlapped calls are then marked
-        warnings.warn(f"instrument: asyncio attribution: {e}", RuntimeWarning, stacklevel=3)
-    try:
-        torchwatch.on_configure(cfg)
-    except Exception as e:  # an integration must never stop the configuration
-        callsite.warn(f"instrument: torch integration: {e}")
+    for integ in integrations.registered():
+        try:
+            integrations.call(integ, "configure", cfg)
+        except Exception as e:  # an integration must never stop the configuration
+            callsite.warn(f"instrument: {integ.name}: {e}")
 
 
 def use_backend(module) -> None:
@@ -265,7 +261,7 @@ def reset() -> None:
     _forget_held()
     for integ in integrations.registered():
         try:
-            integ.reset()
+            integrations.call(integ, "reset")
         except Exception:
             pass
     _start_wall, _start_clock = time.time(), backend.now_ns()
@@ -289,16 +285,17 @@ def _meta(raw: Dict[str, Any]) -> Dict[str, Any]:
         "exemplars": dict(zip(("k", "bytes", "call_bytes"), (_config_now.exemplars, *raw.get("exemplar_bytes", (0, 0))))),
         "counters": _counter_meta(raw),
         "nvtx": {"emitter": nvtx.backend(), "domain": _config_now.nvtx_domain if _config_now.nvtx else None},
-        "tasks": tasks.status(raw.get("tasks")),
     }
     overhead = _overhead(raw)
     if overhead is not None:
         meta["overhead"] = overhead
     for integ in integrations.registered():
         try:
-            meta[integ.name] = integ.status()
+            st = integrations.call(integ, "status", raw)
         except Exception as e:
-            meta[integ.name] = {"error": str(e)}
+            st = {"error": str(e)}
+        if st is not None:
+            meta[integ.name] = st
     return meta
 
 
@@ -448,12 +445,12 @@ def _overhead(raw: Dict[str, Any]) -> Optional[Dict[str, Any]]:
             "cpu_bias_ns": c.get("cpu_bias_ns"), "sys": c.get("sys"), "thread_clock": c.get("thread_clock")}
 
 
-def snapshot(finish: bool = True) -> Snapshot:
+def snapshot(judged: bool = True) -> Snapshot:
     """An immutable Snapshot of everything recorded so far; callable any time.
-    finish=False leaves out what the facade adds (verdicts): the snapshot writer's copy."""
+    judged=False leaves out what the facade adds (verdicts): the snapshot writer's copy."""
     for integ in integrations.registered():
         try:
-            integ.before_snapshot()
+            integrations.call(integ, "before_snapshot")
         except Exception as e:
             callsite.warn(f"instrument: {integ.name}: {e}")
     raw = backend.collect()
@@ -464,7 +461,7 @@ def snapshot(finish: bool = True) -> Snapshot:
     extra: Dict[tuple, Dict[str, Any]] = {}
     for integ in integrations.registered():
         try:
-            for path, fields in integ.stage_fields().items():
+            for path, fields in (integrations.call(integ, "stage_fields") or {}).items():
                 extra.setdefault(tuple(path), {}).update(fields)
         except Exception as e:
             callsite.warn(f"instrument: {integ.name}: {e}")
@@ -485,7 +482,7 @@ def snapshot(finish: bool = True) -> Snapshot:
             **extra.pop(path, {})))
     stages = _estimated_selves(_hold(stages))
     for path, fields in extra.items():   # stages only an integration saw (e.g. GPU time of a still-open stage)
-        stages.append(StageStats(path, 0, 0, 0, 0, None, None, None, None, 0, {}, **fields))
+        stages.append(replace(StageStats.empty(path), **fields))
     events = [{"path": list(paths[e[0]]), "tid": e[1], "ts_ns": e[2] - _start_clock, "dur_ns": e[3],
                "tts_ns": e[4] if e[4] >= 0 else None, "tdur_ns": e[5] if e[5] >= 0 else None}
               for e in raw["events"] if e[0] in paths]
@@ -493,7 +490,7 @@ def snapshot(finish: bool = True) -> Snapshot:
     if outside:
         meta["items_outside_stages"] = outside
     snap = Snapshot(stages, meta, events, _exemplars(raw.get("exemplars") or (), paths, meta["pid"]))
-    return _finish(snap) if _finish is not None and finish else snap
+    return judge(snap) if judge is not None and judged else snap
 
 
 def _items(rows) -> Dict[str, Dict[str, Any]]:
@@ -536,7 +533,7 @@ def _after_fork_child() -> None:
         _held.clear()
         _start_wall, _start_clock = time.time(), backend.now_ns()
         for integ in integrations.registered():
-            integ.after_fork_child()
+            integrations.call(integ, "after_fork_child")
     except Exception:
         pass
 

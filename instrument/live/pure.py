@@ -1483,6 +1483,8 @@ def _zero() -> None:
         _retired.clear()
         for k in _counts:
             _counts[k] = 0
+        for k in _tasks:
+            _tasks[k] = 0
         _ring_next = _ring_total = 0
         _xm_stores.clear()
 

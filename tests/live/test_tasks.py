@@ -565,3 +565,42 @@ def test_abandoned_calls_are_recorded_through_the_same_path_as_closed_ones(backe
     # the calibrated bias is the reads' median cost: the mean differs by a fraction of it on a loaded machine
     assert abs(accounted - thread) <= 0.01 * thread + 0.25 * bias * reads, (accounted, thread, bias, reads)
     assert n * bias > 0.01 * thread + 0.25 * bias * reads, "a bias missed on the abandoned calls would show"
+
+
+def test_reset_clears_what_meta_says_of_the_tasks(backend):
+    async def main():
+        with instrument.stage("job"):
+            for _ in range(20):
+                await asyncio.sleep(0)
+
+    asyncio.run(main())
+    steps = instrument.snapshot().meta["tasks"]["steps"]
+    assert steps >= 20
+    instrument.reset()
+    assert instrument.snapshot().meta["tasks"]["steps"] == 0
+    asyncio.run(main())
+    assert instrument.snapshot().meta["tasks"]["steps"] == steps, "counted again from zero, not on top"
+
+
+def test_uvloop_is_reported_as_it_is(backend):
+    """uvloop runs its callbacks outside asyncio.events.Handle: no hook sees its task switches, and meta says so
+    instead of claiming per-task attribution; overlapping calls are marked, never summed."""
+    uvloop = pytest.importorskip("uvloop")
+
+    async def job():
+        with instrument.stage("job"):
+            spin(200_000)
+            await asyncio.sleep(0.001)
+
+    async def main():
+        await asyncio.gather(*(job() for _ in range(5)))
+        return instrument.snapshot()
+
+    with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
+        snap = runner.run(main())
+    tasks = snap.meta["tasks"]
+    assert tasks["attribution"] == "overlapped calls marked" and "uvloop" in tasks["reason"], tasks
+    j = snap["job"]
+    assert j.calls == 5 and j.overlapped_calls >= 4, (j.calls, j.overlapped_calls)
+    assert j.cpu_calls <= j.calls - j.overlapped_calls, "an overlapped call's CPU time is left out"
+    assert instrument.snapshot().meta["tasks"]["attribution"] == "per task", "the asyncio loop is hooked again"
