@@ -198,15 +198,26 @@ static int32_t frame_index(const Stack *st, const Stage *self) {
     return i;
 }
 
-static void frame_pop(Stack *st, int32_t i, const Stage *self) {
-    if (i != st->depth - 1) {
-        g_out_of_order++;
-        warn_once("order", "instrument: stage '%U' exited while an inner stage was still open; both are kept "
-                  "and recorded as they close", self->name);
-        memmove(&st->frames[i], &st->frames[i + 1], (size_t)(st->depth - i - 1) * sizeof(Frame));
+/* A stage closed early with an outer one: its own exit, when it comes, is expected (and ignored). */
+static void remember_early(Stack *st, Stage *s) {
+    if (st->n_early == STACK_EARLY) {   /* the oldest is forgotten: its exit would count as unmatched */
+        Py_DECREF(st->early[0]);
+        memmove(&st->early[0], &st->early[1], (STACK_EARLY - 1) * sizeof(Stage *));
+        st->n_early--;
     }
-    st->depth--;
-    g_open_frames--;
+    Py_INCREF(s);
+    st->early[st->n_early++] = s;
+}
+
+static int forget_early(Stack *st, const Stage *s) {
+    for (int32_t k = st->n_early - 1; k >= 0; k--) {
+        if (st->early[k] != s) continue;
+        Py_DECREF(st->early[k]);
+        memmove(&st->early[k], &st->early[k + 1], (size_t)(st->n_early - k - 1) * sizeof(Stage *));
+        st->n_early--;
+        return 1;
+    }
+    return 0;
 }
 
 static void exit_integrations(Frame *f, int same_thread) {
@@ -224,16 +235,9 @@ static void exit_integrations(Frame *f, int same_thread) {
     else if (f->nvtx == 1 && same_thread) nvtx_emit_pop();   /* a pop on another thread would close its range */
 }
 
-void stage_exit(Stage *self, int error) {
-    Stack *st = stack_current(0);
-    int32_t i = st ? frame_index(st, self) : -1;
-    if (i < 0) {
-        if (!g_enabled) return;   /* entered while disabled */
-        g_unmatched++;
-        warn_once("unmatched", "instrument: stage '%U' exited on a different thread or task than it was entered "
-                  "on (or exited twice); that call is not recorded", self->name);
-        return;
-    }
+/* Closes the innermost frame of the stack: its readings, its record, its exemplar part, its integrations. */
+static void close_top(Stack *st, int error) {
+    int32_t i = st->depth - 1;
     PyObject *et, *ev, *tb;
     PyErr_Fetch(&et, &ev, &tb);   /* a Region exit carries the function's exception */
     ThreadState *ts = ts_get();   /* a thread given another's context may not have its own slots yet */
@@ -244,15 +248,39 @@ void stage_exit(Stage *self, int error) {
     read_exit(ts, st, &st->frames[i], same_thread, &m);
     m.error = error;
     Frame f = st->frames[i];
-    frame_pop(st, i, self);
+    st->depth--;
+    g_open_frames--;
     if (!same_thread) {
         g_cross_thread++;
         warn_once("thread", "instrument: stage '%U' was exited on another thread than it was entered on; its CPU "
-                  "time is not recorded for that call", self->name);
+                  "time is not recorded for that call", f.stage->name);
     }
     record_call(ts, &f, i > 0 ? &st->frames[i - 1] : NULL, &m);
     if (st->exemplar) exemplar_exit(st, &f, m.wall, ts);   /* self time into the open root call */
     exit_integrations(&f, same_thread);
     Py_DECREF(f.stage);
     if (i == 0 && g_root_exit_hook) root_exit_notify();   /* an outermost call is complete */
+}
+
+void stage_exit(Stage *self, int error) {
+    Stack *st = stack_current(0);
+    int32_t i = st ? frame_index(st, self) : -1;
+    if (i < 0) {
+        if (!g_enabled || (st && forget_early(st, self))) return;   /* entered while disabled; closed early */
+        g_unmatched++;
+        warn_once("unmatched", "instrument: stage '%U' exited on a different thread or task than it was entered "
+                  "on (or exited twice); that call is not recorded", self->name);
+        return;
+    }
+    if (i != st->depth - 1) {   /* inner stages still open: they close with this one, so none outlives it */
+        g_out_of_order++;
+        warn_once("order", "instrument: stage '%U' exited while an inner stage was still open; the inner stages "
+                  "are closed with it (their own exits later are ignored)", self->name);
+        do {   /* the hooks of a closing frame may run Python: the stack is looked at again each time */
+            remember_early(st, (Stage *)st->frames[st->depth - 1].stage);
+            close_top(st, error);
+        } while ((i = frame_index(st, self)) >= 0 && i != st->depth - 1);
+        if (i < 0) return;
+    }
+    close_top(st, error);
 }

@@ -9,6 +9,8 @@
 #include "nodes.h"
 
 struct Stage;          /* stage.h */
+
+#define STACK_EARLY 4   /* stages closed early, per stack, whose later exits are expected */
 struct TaskClock;      /* taskclock.h */
 struct ExemplarCall;   /* exemplars.h */
 
@@ -47,6 +49,8 @@ typedef struct {
     uint64_t taint, chg_mark;
     struct TaskClock *clk;
     struct ExemplarCall *exemplar;   /* the root call open in this stack, for its exemplar (exemplars.c) */
+    struct Stage *early[STACK_EARLY];   /* stages closed with an outer one that exited first: their own exits, */
+    int32_t n_early;                    /* when they come, are ignored (held references, oldest first) */
 } Stack;
 
 static inline int32_t stack_base(const Stack *st) { return st->base_gen == g_node_gen ? st->base : 0; }

@@ -55,8 +55,8 @@ static void record_wall(NodeStats *s, const Frame *f, const CallMeasure *m) {
     s->errors += m->error != 0;
     s->abandoned += m->abandoned != 0;
     s->wall_total += m->wall;
-    int64_t self_wall = m->wall - f->child_wall;
-    s->wall_self += self_wall > 0 ? self_wall : 0;
+    s->wall_self += m->wall - f->child_wall;   /* not clamped per call: the SDK's corrections of the parent and its
+                                                  * children are medians, so totals add up exactly */
     if (m->wall < s->wall_min) s->wall_min = m->wall;
     if (m->wall > s->wall_max) s->wall_max = m->wall;
     if (hist_add(&s->h, (uint64_t)m->wall) < 0) g_internal++;

@@ -27,11 +27,13 @@ static void stack_abandon(Stack *st) {
 static int Stack_traverse(Stack *st, visitproc visit, void *arg) {
     Py_VISIT(st->owner);
     for (int32_t i = 0; i < st->depth; i++) Py_VISIT(st->frames[i].hook);
+    for (int32_t i = 0; i < st->n_early; i++) Py_VISIT(st->early[i]);
     return 0;
 }
 
 static int Stack_clear(Stack *st) {
     Py_CLEAR(st->owner);
+    for (; st->n_early > 0; st->n_early--) Py_CLEAR(st->early[st->n_early - 1]);
     return 0;
 }
 
@@ -46,7 +48,7 @@ static void Stack_dealloc(Stack *st) {
         Py_DECREF(st->frames[i].stage);
     }
     free(st->frames);
-    Py_CLEAR(st->owner);
+    Stack_clear(st);
     PyObject_GC_Del(st);
 }
 
@@ -95,6 +97,7 @@ Stack *stack_current(int create) {
     ns->frames = NULL;
     ns->suspended = 0, ns->taint = ns->chg_mark = 0, ns->clk = NULL;   /* taskclock.c */
     ns->exemplar = NULL;                                                /* exemplars.c */
+    ns->n_early = 0;
     PyObject_GC_Track(ns);
     PyObject *tok = PyContextVar_Set(g_stack_var, (PyObject *)ns);
     Py_DECREF(ns);

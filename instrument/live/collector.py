@@ -473,7 +473,7 @@ def snapshot(judged: bool = True) -> Snapshot:
             continue
         path = paths[s["node"]]
         stages.append(StageStats(
-            path=path, calls=s["calls"], errors=s["errors"], wall_total=s["wall_total"], wall_self=s["wall_self"],
+            path=path, calls=s["calls"], errors=s["errors"], wall_total=s["wall_total"], wall_self=max(s["wall_self"], 0),
             wall_min=s["wall_min"] if s["calls"] else None, wall_max=s["wall_max"] if s["calls"] else None,
             hist=dict(s["hist"]), **_cpu_fields(s),
             counters=_counter_dict(_counter_names, s.get("counters") or []),

@@ -285,7 +285,7 @@ class _Stack:
     readings taken in it are task-relative.  A context owns the stack it made (checked with the token of the
     context variable that holds it: a copied context sees its parent's stack but cannot exit its stages)."""
     __slots__ = ("frames", "tok", "owner", "suspended", "taint", "chg_mark", "clk", "s_wall", "s_cpu", "s_gen", "s",
-                 "out", "__weakref__")
+                 "out", "early", "__weakref__")
 
     def __init__(self, owner) -> None:
         self.frames: List[_Frame] = []
@@ -297,6 +297,7 @@ class _Stack:
         self.s_wall = self.s_cpu = self.s_gen = 0
         self.s: Optional[list] = None
         self.out = None
+        self.early: List["Stage"] = []   # stages closed with an outer one that exited first: their exits are ignored
 
     def __del__(self) -> None:
         # the context died with stages open (a task destroyed while pending): each is recorded up to the task's
@@ -598,7 +599,7 @@ def _record_wall(s: _Slot, f: _Frame, m: _Measure) -> None:
     s.errors += bool(m.error)
     s.abandoned += bool(m.abandoned)
     s.wall_total += m.wall
-    s.wall_self += max(m.wall - f.child_wall, 0)
+    s.wall_self += m.wall - f.child_wall   # not clamped per call: totals add up exactly (as csrc/record.c)
     s.wall_min = min(s.wall_min, m.wall)
     s.wall_max = max(s.wall_max, m.wall)
     i = _hist.index(m.wall)
@@ -802,50 +803,26 @@ def _read_exit(slots: "_ThreadSlots", st: _Stack, f: _Frame) -> _Measure:
                     over, f.skipped and f.slots is slots and not over)
 
 
-def _pop(stage: "Stage", frames: List[_Frame], i: int, top: Optional[_Frame]) -> None:
-    f = frames[i]
-    del frames[i]
-    if i == len(frames):
-        _stack.set(f.parent)
-        return
-    _counts["out_of_order_exits"] += 1
-    _warn_once("order", f"instrument: stage {stage.name!r} exited while an inner stage was still open; both "
-               "are kept and recorded as they close")
-    above = top
-    while above is not None and above.parent is not f:
-        above = above.parent
-    if above is not None:
-        above.parent = f.parent
+STACK_EARLY = 4   # stages closed early per stack whose later exits are expected (as csrc/frame.h)
 
 
-def _exit(stage: "Stage", error: bool) -> None:
+def _close_top(st: _Stack, error: bool) -> None:
+    """Closes the innermost frame of the stack: its readings, its record, its exemplar part, its integrations."""
     global _open
-    top = _stack.get()
-    st = _owned.get()
-    i = -1
-    if st is not None and st.frames and _owns(st):   # only the context that entered a stage can exit it
-        frames = st.frames
-        i = len(frames) - 1
-        while i >= 0 and frames[i].stage is not stage:
-            i -= 1
-    if i < 0:
-        if _enabled:
-            _counts["unmatched_exits"] += 1
-            _warn_once("unmatched", f"instrument: stage {stage.name!r} exited on a different thread or task than it was "
-                       "entered on (or exited twice); that call is not recorded")
-        return
+    frames = st.frames
+    f = frames[-1]
     _open -= 1
-    f = frames[i]
     try:
         slots = _slots()
         m = _read_exit(slots, st, f)
         m.error = error
-        _pop(stage, frames, i, top)
+        del frames[-1]
+        _stack.set(f.parent)
         if f.slots is not slots:
             _counts["cross_thread_exits"] += 1
-            _warn_once("thread", f"instrument: stage {stage.name!r} was exited on another thread than it was entered "
-                       "on; its CPU time is not recorded for that call")
-        _record(slots, f, frames[i - 1] if i > 0 else None, m)
+            _warn_once("thread", f"instrument: stage {f.stage.name!r} was exited on another thread than it was "
+                       "entered on; its CPU time is not recorded for that call")
+        _record(slots, f, frames[-1] if frames else None, m)
         if f.xm is not None and f.xm.open:
             _xm_exit(f, m.wall, slots)
         if f.hook is not None and _hook_exit is not None:
@@ -858,12 +835,50 @@ def _exit(stage: "Stage", error: bool) -> None:
         elif f.nvtx == 1 and f.slots is slots:
             _nvtx.pop()
     except Exception:
+        if frames and frames[-1] is f:
+            del frames[-1]
         _internal_failure("stage exit")
     if f.parent is None and _root_exit_hook is not None:   # an outermost call is complete
         try:
             _root_exit_hook()
         except Exception:
             _internal_failure("root exit hook")
+
+
+def _frame_index(st: Optional[_Stack], stage: "Stage") -> int:
+    """The innermost open frame of `stage` in the running context's own stack; -1: none."""
+    if st is None or not st.frames or not _owns(st):   # only the context that entered a stage can exit it
+        return -1
+    frames = st.frames
+    i = len(frames) - 1
+    while i >= 0 and frames[i].stage is not stage:
+        i -= 1
+    return i
+
+
+def _exit(stage: "Stage", error: bool) -> None:
+    st = _owned.get()
+    i = _frame_index(st, stage)
+    if i < 0:
+        if st is not None and stage in st.early:   # closed early with an outer stage: its exit was expected
+            st.early.remove(stage)
+            return
+        if _enabled:
+            _counts["unmatched_exits"] += 1
+            _warn_once("unmatched", f"instrument: stage {stage.name!r} exited on a different thread or task than it was "
+                       "entered on (or exited twice); that call is not recorded")
+        return
+    if i != len(st.frames) - 1:   # inner stages still open: they close with this one, so none outlives it
+        _counts["out_of_order_exits"] += 1
+        _warn_once("order", f"instrument: stage {stage.name!r} exited while an inner stage was still open; the inner "
+                   "stages are closed with it (their own exits later are ignored)")
+        while i >= 0 and i != len(st.frames) - 1:   # a closing frame's hooks may run Python: looked at again
+            st.early = (st.early + [st.frames[-1].stage])[-STACK_EARLY:]
+            _close_top(st, error)
+            i = _frame_index(st, stage)
+        if i < 0:
+            return
+    _close_top(st, error)
 
 
 # ----------------------------------------------------------------- exemplars
