@@ -88,8 +88,8 @@ def ci99(total: Optional[float], var: float, upper: Optional[float] = None) -> O
 
 def _estimate_json(e: Mapping[str, Any], upper: Optional[float] = None) -> Dict[str, Any]:
     """An estimate {"total", "self", "var", "var_self", "reads"} as saved: standard deviations, and the interval."""
-    d = {"total": _num(round(e["total"], 3)), "self": _num(round(e["self"], 3)), "sd": round(math.sqrt(e["var"]), 3),
-         "sd_self": round(math.sqrt(e["var_self"]), 3), "reads": e["reads"]}
+    d = {"total": _num(round(e["total"], 3)), "self": _num(round(e["self"], 3)), "sd": math.sqrt(e["var"]),
+         "sd_self": math.sqrt(e["var_self"]), "reads": e["reads"]}   # unrounded: a reloaded interval is the same
     if e["var"] > 0:
         d["ci99"] = [round(x, 3) for x in ci99(e["total"], e["var"], upper)]
     return d
@@ -233,7 +233,7 @@ class StageStats:
         d = {"total": self.cpu_total, "self": self.cpu_self, "calls": self.cpu_calls, "read_calls": self.cpu_reads,
              "estimated": self.cpu_estimated}
         if self.cpu_estimated and self.cpu_total is not None:
-            d.update(sd=round(math.sqrt(self.cpu_var), 3), sd_self=round(math.sqrt(self.cpu_var_self), 3),
+            d.update(sd=math.sqrt(self.cpu_var), sd_self=math.sqrt(self.cpu_var_self),
                      ci99=[round(x, 3) for x in self.cpu_ci99])
         if self.helpers is not None:
             d["helpers"] = _estimate_json(self.helpers)
@@ -438,7 +438,7 @@ def _counter_json(c: Mapping[str, Any]) -> Dict[str, Any]:
     """A counter's dict as saved: its variances as standard deviations, and its interval where estimated."""
     d = {k: v for k, v in c.items() if k not in ("var", "var_self")}
     if c.get("var") and c.get("total") is not None:
-        d.update(sd=round(math.sqrt(c["var"]), 3), sd_self=round(math.sqrt(c.get("var_self") or 0), 3),
+        d.update(sd=math.sqrt(c["var"]), sd_self=math.sqrt(c.get("var_self") or 0),
                  ci99=[round(x, 3) for x in ci99(c["total"], c["var"])])
     return d
 
