@@ -501,7 +501,7 @@ def build_parser() -> argparse.ArgumentParser:
     options: Dict[str, Tuple[Any, List[str]]] = {}
     for f in formats().values():
         g.add_argument(f"--{f.name}", metavar="OUT", dest=_format_flag(f.name),
-                       help=f"{f.summary} (OUT: a {f.extension} file, or - for stdout)")
+                       help=f"{f.summary.rstrip('.')} (OUT: a {f.extension} file, or - for stdout)")
         for o in f.options:
             options.setdefault(o.name, (o, []))[1].append(f"--{f.name}")
     e.add_argument("files", nargs="+", metavar="SNAPSHOT")

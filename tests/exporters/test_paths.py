@@ -14,7 +14,7 @@ from instrument.analysis.advice import advise
 from instrument.analysis.diff import diff
 from instrument.exporters import chrome, hatchet, html, table
 from instrument.snapshot import parse_path, path_text
-from test_html import browse, chromium  # noqa: F401  (the page read back by a real browser)
+from browser import browse, chromium  # noqa: F401  (the page read back by a real browser)
 
 SHAPES = {("a/b",): "a\\/b", ("a", "b"): "a/b", ("a",): "a", ("c\\",): "c\\\\", ("c\\", "d"): "c\\\\/d",
           ("c\\/d",): "c\\\\\\/d"}

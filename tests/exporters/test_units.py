@@ -11,7 +11,7 @@ import pytest
 from instrument.analysis.diff import diff
 from instrument.exporters import chrome, hatchet, html, table
 from snapfactory import snap, st
-from test_html import browse, chromium  # noqa: F401
+from browser import browse, chromium  # noqa: F401
 
 MS = 1_000_000
 CTR = {"cache-references": {"total": 4000}, "cache-misses": {"total": 500}, "branches": {"total": 10_000},
