@@ -85,10 +85,11 @@ extern int g_ctr_rdpmc;            /* whether that first thread reads some group
  * a random subset of calls, each read call weighted by the inverse of its chance (an unbiased estimate). */
 extern double g_budget;            /* share of a stage's time its reads may cost; 0: every call is read */
 extern double g_read_cost;         /* ns the reads of one call cost (both boundaries), from calibrate(); 0: unknown */
-extern int64_t g_cpu_bias[3];      /* ns of the reads' own cost inside a CPU window, per Frame.cpu_src */
+extern int64_t g_cpu_bias;         /* ns of CPU time an empty read call records: taken out of every read call */
 extern int64_t g_wall_bias[2];     /* ns of the SDK's own work inside the wall window of an unread call [0], a read one [1] */
-extern int g_cpu_clamp;            /* a call's CPU time is bounded by its wall time (off only while calibrating) */
-extern int g_cpu_split;            /* read the thread's rusage with the CPU time: the system share */
+extern int g_cpu_split;            /* read the thread's rusage with the CPU time: system time, context switches */
+extern int g_run_queue;            /* read the thread's run-queue time (schedstat) with the CPU time */
+extern int g_helper_cpu;           /* read the CPU time of the process's threads that run no stage */
 extern int g_cpu_fast;             /* the thread CPU clock from a task-clock mmap page (cap_user_time), validated
                                     * against CLOCK_THREAD_CPUTIME_ID by calibrate(); 0: clock_gettime */
 

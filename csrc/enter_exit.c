@@ -14,6 +14,7 @@
 #include "taskclock.h"
 
 #define MIN_READ_CHANCE (1.0 / 65536)
+#define FIRST_READS 8   /* a stage's first calls on a thread are read: its estimates start from them */
 
 static PyObject *g_get_running_loop = NULL;  /* asyncio.events._get_running_loop, once asyncio is imported */
 static PyObject *g_asyncio_events = NULL;    /* "asyncio.events", interned: a dict lookup without a new string */
@@ -71,13 +72,19 @@ int counters_ready(ThreadState *ts) {
     return 1;
 }
 
-/* Whether this call of `node` is read under the overhead budget; *w: the weight of its readings. */
+/* Whether this call of `node` is read under the overhead budget; *w: the weight of its readings (1 / its chance).
+ * A stage's first calls on a thread are read, so that a stage with few calls has its figures from several.
+ * The chance is the budget's share of the stage's mean CPU time per call so far (of its running wall time where
+ * no CPU time is measured) over what one call's reads cost: the reads are judged against what the stage spends on
+ * a CPU, so a stage that mostly awaits or is preempted is not read more for it. */
 static inline int budget_read(ThreadState *ts, int32_t node, double *w) {
     *w = 1.0;
     if (g_budget <= 0 || g_read_cost <= 0) return 1;
     NodeStats *s = stats_get(&ts->stats, node);
-    if (!s || !s->calls) return 1;                        /* the first call on this thread: read */
-    double p = g_budget * ((double)s->wall_total / (double)s->calls) / g_read_cost;
+    if (!s || s->covered < FIRST_READS || !s->est) return 1;
+    double mean = (double)s->cov_run / (double)s->covered;
+    if (s->est[Q_CPU].reads) mean = stats_predict(&s->est[Q_CPU], mean, 0);
+    double p = g_budget * mean / g_read_cost;
     if (p >= 1.0) return 1;                               /* long enough for a read on every call */
     if (p < MIN_READ_CHANCE) p = MIN_READ_CHANCE;
     if (ts_uniform(ts) >= p) return 0;
@@ -103,13 +110,10 @@ static Frame *frame_push(Stack *st, ThreadState *ts, Stage *self, int32_t node) 
     f->node = node;
     f->epoch = g_epoch;
     f->seq = ++g_frame_seq;
-    f->child_wall = f->child_cpu = f->child_sys = 0;
+    f->child_wall = 0;
     f->hook = NULL;
     f->nvtx = 0;
-    f->ctr_gen = 0;
-    f->cpu0 = f->sys0 = -1;
-    f->cpu_src = 0;
-    f->child_est = f->skipped = 0;
+    f->skipped = 0;
     f->w = 0;
     return f;
 }
@@ -124,7 +128,7 @@ static Frame *frame_by_seq(Stack *st, uint64_t seq) {
 /* The integrations' enter hook (Python); our frame afterwards, NULL when the hook closed it. */
 static Frame *call_enter_hook(Stack *st, Frame *f, Stage *self) {
     uint64_t seq = f->seq;
-    f->t0 = now_ns();   /* a call the hook itself closes has this start */
+    f->r0.t = now_ns();   /* a call the hook itself closes has this start */
     PyObject *h = PyObject_CallOneArg(g_hook_enter, self->name);
     if (!h) internal_failure("integration enter hook");
     if (!(f = frame_by_seq(st, seq))) { Py_XDECREF(h); return NULL; }
@@ -132,38 +136,30 @@ static Frame *call_enter_hook(Stack *st, Frame *f, Stage *self) {
     return f;
 }
 
-static void read_enter(ThreadState *ts, Frame *f, double w) {
-    if (g_ctr_n && counters_ready(ts)) {
-        perf_set_read(&ts->perf, &f->c0);
-        f->ctr_gen = g_ctr_gen;
-        memset(f->child_c, 0, sizeof(double) * (size_t)g_ctr_n);
-        if (g_ctr_taskclock >= 0 && f->c0.running[g_ctr_taskclock]) {
-            f->cpu0 = (int64_t)f->c0.value[g_ctr_taskclock];
-            f->cpu_src = 2;
-        }
-    }
-    if (f->cpu_src == 0 && g_cpu_clock && (f->cpu0 = thread_cpu(ts)) >= 0) f->cpu_src = 1;
-    if (f->cpu_src && g_cpu_split) f->sys0 = thread_sys_ns();
-    if (f->cpu_src || f->ctr_gen) f->w = w;
-}
-
 void stage_enter(Stage *self) {
     if (!g_enabled) return;
     ThreadState *ts = ts_get();
     Stack *st = ts ? stack_current(1) : NULL;
     if (!st) { internal_failure("stage enter"); return; }
-    int loop = g_nvtx ? in_event_loop() : 0;   /* may run Python: before any frame pointer is taken */
+    int loop = g_nvtx && nvtx_emit_active() ? in_event_loop() : 0;   /* may run Python: before any frame pointer */
     int32_t node = node_child(stack_top_node(st), self->name);
     Frame *f = node >= 0 ? frame_push(st, ts, self, node) : NULL;
     if (!f) { internal_failure("stage enter"); return; }
     if (g_exemplar_k) exemplar_enter(st, f);   /* a root stage starts its call's breakdown */
     if (g_hook_enter && !(f = call_enter_hook(st, f, self))) return;
-    if (g_nvtx) nvtx_open(self, f, loop);
+    if (g_nvtx && nvtx_emit_active()) nvtx_open(self, f, loop);
     double w;
-    int read = budget_read(ts, node, &w);
-    f->t0 = now_ns();   /* the wall window holds the reads: a thread preempted in one loses that time in the call */
-    if (read) read_enter(ts, f, w);
-    else f->skipped = 1;
+    if ((g_cpu_clock || g_ctr_n) && budget_read(ts, node, &w)) {   /* nothing is read without a CPU source */
+        if (g_ctr_n) counters_ready(ts);
+        f->r0.t = now_ns();   /* the wall window holds the reads: a thread preempted in one loses that time in the call */
+        read_boundary(ts, &f->r0, 0);
+        f->w = w;
+        st->n_read++;
+        memset(f->child, 0, sizeof(double) * (size_t)stats_quantities());
+    } else {
+        f->r0.t = now_ns();
+        f->skipped = 1;
+    }
     taskclock_frame_enter(ts, st, f);   /* readings relative to this context's task */
 }
 
@@ -171,23 +167,17 @@ void stage_enter(Stage *self) {
 
 /* The readings at exit, on the thread that entered, in the reverse order of enter's, then the wall clock. */
 static void read_exit(ThreadState *ts, Stack *st, const Frame *f, int same_thread, CallMeasure *m) {
-    perf_reading c1;
-    int have_ctr = f->ctr_gen && f->ctr_gen == g_ctr_gen && same_thread && ts->perf_gen == f->ctr_gen;
-    int64_t sys1 = f->sys0 >= 0 && same_thread ? thread_sys_ns() : -1;   /* inside the counters' window */
-    int64_t cpu1 = -1;
-    if (have_ctr) perf_set_read(&ts->perf, &c1);
-    /* CPU time only from the clock cpu0 came from, on the thread that read it */
-    if (f->cpu_src == 2 && have_ctr && c1.running[g_ctr_taskclock]) cpu1 = (int64_t)c1.value[g_ctr_taskclock];
-    else if (f->cpu_src == 1 && same_thread) cpu1 = thread_cpu(ts);
-    /* asyncio: task-relative readings, time suspended, overlap with other tasks */
-    m->overlapped = taskclock_frame_exit(ts, st, f, have_ctr ? &c1 : NULL, &cpu1, &m->susp);
-    m->wall = now_ns() - f->t0;
+    Reading r1;
+    int read = f->w > 0 && same_thread;
+    if (read) {
+        read_boundary(ts, &r1, 1);
+        r1.t = now_ns();   /* where it serves as the reading a stage around the step resumes at */
+    }
+    m->overlapped = taskclock_frame_exit(ts, st, f, read ? &r1 : NULL, m);   /* task-relative, time suspended */
+    m->wall = now_ns() - f->r0.t;
+    m->read = read && !m->overlapped;
     m->have_ctr = 0;
-    if (m->overlapped) cpu1 = -1, have_ctr = 0;
-    if (have_ctr) counter_deltas(&f->c0, &c1, m);
-    m->cpu = cpu1 >= 0 && f->cpu0 >= 0 ? cpu1 - f->cpu0 : -1;
-    m->sys = sys1 >= 0 && f->sys0 >= 0 ? sys1 - f->sys0 : -1;
-    m->read = f->w > 0 && same_thread;
+    if (m->read) call_quantities(&f->r0, &r1, m);
     m->stand_in = f->skipped && same_thread && !m->overlapped;
     m->abandoned = 0;
 }
@@ -250,13 +240,14 @@ static void close_top(Stack *st, int error) {
     Frame f = st->frames[i];
     st->depth--;
     g_open_frames--;
+    if (f.w > 0) st->n_read--;
     if (!same_thread) {
         g_cross_thread++;
         warn_once("thread", "instrument: stage '%U' was exited on another thread than it was entered on; its CPU "
                   "time is not recorded for that call", f.stage->name);
     }
     record_call(ts, &f, i > 0 ? &st->frames[i - 1] : NULL, &m);
-    if (st->exemplar) exemplar_exit(st, &f, m.wall, ts);   /* self time into the open root call */
+    if (st->exemplar) exemplar_exit(st, &f, &m, ts);   /* its part of the open root call */
     exit_integrations(&f, same_thread);
     Py_DECREF(f.stage);
     if (i == 0 && g_root_exit_hook) root_exit_notify();   /* an outermost call is complete */

@@ -13,10 +13,12 @@
  * is its own self time.  Everything runs with the GIL held. */
 #include "exemplars.h"   /* first: Python.h sets the feature macros */
 
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "nodes.h"
+#include "record.h"
 
 #define EXEMPLAR_POOL_MAX 1024
 #define EXEMPLAR_MAX_ROOTS 256          /* root stages with a store; calls of further ones are not kept */
@@ -77,11 +79,21 @@ static void call_release(ExemplarCall *c) {
     g_pool_n++;
 }
 
-static void call_add(ExemplarCall *c, int32_t node, int64_t ns) {
-    for (int32_t k = c->n - 1; k >= 0; k--)
-        if (c->parts[k].node == node) { c->parts[k].ns += ns; return; }
-    if (c->n >= EXEMPLAR_MAX_PARTS - 1 && node != -1) {   /* full: the last slot adds up the rest */
-        call_add(c, -1, ns);
+static inline int64_t known_sum(int64_t a, int64_t b) { return a < 0 || b < 0 ? -1 : a + b; }
+
+static void call_add(ExemplarCall *c, const ExemplarPart *x) {
+    for (int32_t k = c->n - 1; k >= 0; k--) {
+        ExemplarPart *p = &c->parts[k];
+        if (p->node != x->node) continue;
+        p->ns += x->ns, p->awaiting += x->awaiting, p->loop += x->loop;
+        p->on_cpu = known_sum(p->on_cpu, x->on_cpu);
+        p->runqueue = known_sum(p->runqueue, x->runqueue);
+        return;
+    }
+    if (c->n >= EXEMPLAR_MAX_PARTS - 1 && x->node != -1) {   /* full: the last slot adds up the rest */
+        ExemplarPart rest = *x;
+        rest.node = -1;
+        call_add(c, &rest);
         return;
     }
     if (c->n == c->cap) {
@@ -92,9 +104,7 @@ static void call_add(ExemplarCall *c, int32_t node, int64_t ns) {
         c->parts = p;
         c->cap = ncap;
     }
-    c->parts[c->n].node = node;
-    c->parts[c->n].ns = ns;
-    c->n++;
+    c->parts[c->n++] = *x;
 }
 
 void exemplar_enter(Stack *st, const Frame *f) {
@@ -261,13 +271,19 @@ static void offer(int32_t root, const ExemplarCall *c, int64_t wall, int64_t t0,
     }
 }
 
-void exemplar_exit(Stack *st, const Frame *f, int64_t wall, ThreadState *ts) {
+static inline int64_t at_least_0(double x) { return x > 0 ? (int64_t)x : 0; }
+
+void exemplar_exit(Stack *st, const Frame *f, const CallMeasure *m, ThreadState *ts) {
     ExemplarCall *c = st->exemplar;
-    int64_t self = wall - f->child_wall;
-    call_add(c, f->node, self > 0 ? self : 0);
+    int64_t susp = m->susp - f->child_susp, loop = m->loop - f->child_loop;
+    ExemplarPart x = {f->node, at_least_0((double)(m->wall - f->child_wall)), -1, -1, at_least_0((double)(susp - loop)),
+                      at_least_0((double)loop)};
+    if (m->read && !isnan(m->x[Q_CPU])) x.on_cpu = at_least_0(m->x[Q_CPU] - f->child[Q_CPU]);
+    if (m->read && !isnan(m->x[Q_RQ])) x.runqueue = at_least_0(m->x[Q_RQ] - f->child[Q_RQ]);
+    call_add(c, &x);
     if (f->seq != c->seq) return;
     st->exemplar = NULL;   /* the root call ends */
-    if (f->epoch == g_epoch && g_exemplar_k > 0) offer(f->node, c, wall, f->t0, ts ? (uint32_t)ts->native_id : 0);
+    if (f->epoch == g_epoch && g_exemplar_k > 0) offer(f->node, c, m->wall, f->r0.t, ts ? (uint32_t)ts->native_id : 0);
     call_release(c);
 }
 
@@ -277,7 +293,9 @@ static PyObject *exemplar_tuple(int32_t root, const Exemplar *x, int slow, int s
     PyObject *parts = PyList_New(x->n);
     if (!parts) return NULL;
     for (int32_t k = 0; k < x->n; k++) {
-        PyObject *t = Py_BuildValue("(iL)", x->parts[k].node, (long long)x->parts[k].ns);
+        const ExemplarPart *p = &x->parts[k];
+        PyObject *t = Py_BuildValue("(iLLLLL)", p->node, (long long)p->ns, (long long)p->on_cpu, (long long)p->runqueue,
+                                    (long long)p->awaiting, (long long)p->loop);
         if (!t) { Py_DECREF(parts); return NULL; }
         PyList_SET_ITEM(parts, k, t);
     }

@@ -8,10 +8,15 @@
 #include "threads.h"
 #include "frame.h"
 
+struct CallMeasure;   /* record.h */
+
 #define EXEMPLAR_MAX_PARTS 64           /* distinct stages in one call's breakdown; more are added up as "(other)" */
 #define EXEMPLAR_MAX_K 1024
 
-typedef struct { int32_t node; int64_t ns; } ExemplarPart;   /* node -1: the "(other)" of a full breakdown */
+/* A stage's self time in one root call, and how it went: on a CPU, waiting for one, awaiting, waiting for the
+ * loop (blocked is the rest); on_cpu and runqueue -1 where that stage was not read in the call.  Node -1: the
+ * "(other)" of a full breakdown. */
+typedef struct { int32_t node; int64_t ns, on_cpu, runqueue, awaiting, loop; } ExemplarPart;
 
 /* A root call in progress: its breakdown so far.  Pooled: taken at the root's enter, given back at its exit. */
 typedef struct ExemplarCall {
@@ -26,11 +31,11 @@ typedef struct ExemplarCall {
 extern int32_t g_exemplar_k;            /* K; 0 = off */
 
 void exemplar_enter(Stack *st, const Frame *f);                     /* after a frame was pushed: a root call starts */
-void exemplar_exit(Stack *st, const Frame *f, int64_t wall, ThreadState *ts);   /* after a frame closed */
+void exemplar_exit(Stack *st, const Frame *f, const struct CallMeasure *m, ThreadState *ts);   /* a frame closed */
 void exemplar_stack_gone(Stack *st);                  /* the stack is freed with a root call open */
 int exemplar_set_k(int32_t k);                               /* drops every store; 0, or -1 when out of memory */
 void exemplar_reset(void);                                   /* drops every store (reset, fork) */
-PyObject *exemplar_collect(void);                            /* [(root, seq, slow, sample, wall, t0, tid, [(node, ns)])] */
+PyObject *exemplar_collect(void);   /* [(root, seq, slow, sample, wall, t0, tid, [(node, ns, on_cpu, rq, await, loop)])] */
 size_t exemplar_bytes(void);                                 /* memory held by the stores (all root stages) */
 size_t exemplar_pool_bytes(void);                            /* memory held by the calls, open or pooled */
 

@@ -7,35 +7,30 @@
 
 #include "core.h"
 #include "nodes.h"
+#include "readings.h"
 
 struct Stage;          /* stage.h */
-
-#define STACK_EARLY 4   /* stages closed early, per stack, whose later exits are expected */
 struct TaskClock;      /* taskclock.h */
 struct ExemplarCall;   /* exemplars.h */
+
+#define STACK_EARLY 4   /* stages closed early, per stack, whose later exits are expected */
 
 typedef struct {
     struct Stage *stage;
     uint64_t ts_serial;  /* thread that entered it: CPU times and counters are only comparable on it */
-    uint8_t cpu_src;     /* where cpu0 came from: 0 nowhere, 1 the thread CPU clock, 2 task-clock */
     PyObject *hook;      /* what the enter hook returned */
     int32_t node;
     uint32_t epoch;
     uint64_t seq;        /* identifies the frame after Python code may have moved it */
     uint8_t nvtx;        /* 0 none, 1 push/pop, 2 start/end */
+    uint8_t skipped;     /* left unread by the overhead budget (its quantities are estimated) */
     uint64_t nvtx_id;
-    uint32_t ctr_gen;    /* 0: no counter reading at entry */
-    int64_t t0, cpu0;
-    perf_reading c0;
-    double child_c[PERF_MAX_EVENTS];
-    int64_t child_wall, child_cpu;
+    double w;            /* 1 / its chance of being read; 0: not read */
+    Reading r0;          /* at enter, task-relative; r0.t starts the wall window (every call reads the time) */
     uint64_t taint0;     /* the stack's taint at entry (taskclock.c): changed at exit = overlapped */
-    int64_t susp0, child_susp;   /* the stack's suspended time at entry; that of closed children */
-    double w;            /* weight of this call's readings: 1 / its chance of being read; 0: not read */
-    uint8_t skipped;     /* left unread by the overhead budget (its CPU time and counters are estimated) */
-    uint8_t child_est;   /* some direct child's readings are estimates: self may be negative on this call */
-    int64_t sys0;        /* system CPU time at entry (rusage), -1: not read */
-    int64_t child_sys;   /* weighted system time of closed children */
+    int64_t susp0, loop0;                  /* the stack's suspended and loop-ready sums at entry */
+    int64_t child_wall, child_susp, child_loop;   /* of the closed children in the same stack */
+    double child[Q_MAX];                   /* the children's per-call estimates of each quantity, summed */
 } Frame;
 
 typedef struct {
@@ -45,7 +40,9 @@ typedef struct {
     uint32_t base_gen;   /* g_node_gen when base was taken */
     int32_t depth, cap;
     Frame *frames;
+    int32_t n_read;      /* open frames that were read at enter: a task switch reads for them (taskclock.c) */
     int suspended;       /* asyncio attribution (taskclock.c): left by a task switch, not resumed yet */
+    int64_t ready;       /* when the suspended task was woken (it waits for the loop since); 0: not woken */
     uint64_t taint, chg_mark;
     struct TaskClock *clk;
     struct ExemplarCall *exemplar;   /* the root call open in this stack, for its exemplar (exemplars.c) */

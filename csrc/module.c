@@ -88,6 +88,8 @@ static int long_in(PyObject *v, long lo, long hi, const char *name, long *out) {
 static int opt_enabled(PyObject *v, int apply) { return set_flag(v, apply, &g_enabled, "enabled"); }
 static int opt_cpu_clock(PyObject *v, int apply) { return set_flag(v, apply, &g_cpu_clock, "cpu_clock"); }
 static int opt_cpu_split(PyObject *v, int apply) { return set_flag(v, apply, &g_cpu_split, "cpu_split"); }
+static int opt_run_queue(PyObject *v, int apply) { return set_flag(v, apply, &g_run_queue, "run_queue"); }
+static int opt_helper_cpu(PyObject *v, int apply) { return set_flag(v, apply, &g_helper_cpu, "helper_cpu"); }
 
 static int opt_nvtx(PyObject *v, int apply) {
     int on;
@@ -133,7 +135,7 @@ static int opt_overhead_budget(PyObject *v, int apply) {
 static const struct { const char *name; OptionSet set; } OPTIONS[] = {
     {"enabled", opt_enabled}, {"cpu_clock", opt_cpu_clock}, {"cpu_split", opt_cpu_split}, {"nvtx", opt_nvtx},
     {"max_stages", opt_max_stages}, {"trace_events", opt_trace_events}, {"exemplars", opt_exemplars},
-    {"overhead_budget", opt_overhead_budget},
+    {"overhead_budget", opt_overhead_budget}, {"run_queue", opt_run_queue}, {"helper_cpu", opt_helper_cpu},
 };
 #define N_OPTIONS ((int)(sizeof(OPTIONS) / sizeof(OPTIONS[0])))
 
@@ -168,11 +170,23 @@ static PyObject *mod_configure(PyObject *m, PyObject *args, PyObject *kw) {
 
 /* configuration(): the hot-path options in force, as configure() takes them. */
 static PyObject *mod_configuration(PyObject *m, PyObject *unused) {
-    return Py_BuildValue("{s:O,s:O,s:O,s:O,s:i,s:n,s:i,s:N}", "enabled", g_enabled ? Py_True : Py_False,
+    return Py_BuildValue("{s:O,s:O,s:O,s:O,s:i,s:n,s:i,s:N,s:O,s:O}", "enabled", g_enabled ? Py_True : Py_False,
                          "cpu_clock", g_cpu_clock ? Py_True : Py_False, "cpu_split", g_cpu_split ? Py_True : Py_False,
                          "nvtx", g_nvtx ? Py_True : Py_False, "max_stages", (int)g_max_nodes,
                          "trace_events", (Py_ssize_t)g_ring_cap, "exemplars", (int)g_exemplar_k, "overhead_budget",
-                         g_budget > 0 ? PyFloat_FromDouble(g_budget) : Py_NewRef(Py_None));
+                         g_budget > 0 ? PyFloat_FromDouble(g_budget) : Py_NewRef(Py_None),
+                         "run_queue", g_run_queue ? Py_True : Py_False, "helper_cpu", g_helper_cpu ? Py_True : Py_False);
+}
+
+static void forget_counters(StatsArray *a) {
+    for (int32_t i = 0; i < a->n; i++) {
+        NodeStats *s = a->v[i];
+        if (!s) continue;
+        stats_flush(s);
+        free(s->ctr);
+        s->ctr = NULL;
+        if (s->est) memset(&s->est[Q_CTR], 0, PERF_MAX_EVENTS * sizeof(Estimate));
+    }
 }
 
 /* set_counters([(type, config), ...], exclude_kernel, taskclock_index): the events every thread opens. */
@@ -198,9 +212,8 @@ static PyObject *mod_set_counters(PyObject *m, PyObject *args) {
     Py_DECREF(seq);
     if (tc >= n) tc = -1;
     /* counter slots of the old events would be misread under the new ones */
-    for (ThreadState *ts = g_threads; ts; ts = ts->next)
-        for (int32_t i = 0; i < ts->stats.n; i++) if (ts->stats.v[i]) { free(ts->stats.v[i]->ctr); ts->stats.v[i]->ctr = NULL; }
-    for (int32_t i = 0; i < g_retired.n; i++) if (g_retired.v[i]) { free(g_retired.v[i]->ctr); g_retired.v[i]->ctr = NULL; }
+    for (ThreadState *ts = g_threads; ts; ts = ts->next) forget_counters(&ts->stats);
+    forget_counters(&g_retired);
     memcpy(g_ctr_desc, d, sizeof(perf_event_desc) * (size_t)n);
     g_ctr_n = (int)n;
     g_ctr_exclude_kernel = excl;
@@ -250,33 +263,60 @@ static PyObject *hist_to_list(const hist *h) {
     return l;
 }
 
+/* An estimate's row (an _EstimateRow in _native.pyi); None when nothing measured it. */
+static PyObject *estimate_row(const NodeStats *s, int q) {
+    const Estimate *e = s->est ? &s->est[q] : NULL;
+    if (!e || !e->reads) Py_RETURN_NONE;
+    return Py_BuildValue("{s:d,s:d,s:d,s:d,s:K}", "total", e->est, "self", e->est_self, "var", e->var,
+                         "var_self", e->var_self, "reads", (unsigned long long)e->reads);
+}
+
 static PyObject *counters_to_list(const NodeStats *s) {
     PyObject *l = PyList_New(0);
-    for (int k = 0; l && s->ctr && k < g_ctr_n; k++) {
-        const CounterStat *c = &s->ctr[k];
-        if (append_new(l, Py_BuildValue("{s:d,s:d,s:K,s:K,s:K,s:K,s:K,s:d}", "total", c->total, "self", c->self,
-                "enabled", (unsigned long long)c->enabled, "running", (unsigned long long)c->running,
-                "counted", (unsigned long long)c->counted, "scaled", (unsigned long long)c->scaled,
-                "covered", (unsigned long long)c->covered, "wsum", c->wsum)) < 0) Py_CLEAR(l);
+    for (int k = 0; l && k < g_ctr_n; k++) {
+        PyObject *e = estimate_row(s, Q_CTR + k);
+        if (e && e != Py_None && s->ctr) {
+            const CounterStat *c = &s->ctr[k];
+            PyObject *mux = Py_BuildValue("{s:K,s:K,s:K}", "enabled", (unsigned long long)c->enabled,
+                                          "running", (unsigned long long)c->running, "scaled", (unsigned long long)c->scaled);
+            if (!mux || PyDict_Update(e, mux) < 0) Py_CLEAR(e);
+            Py_XDECREF(mux);
+        }
+        if (append_new(l, e) < 0) Py_CLEAR(l);
     }
+    return l;
+}
+
+static PyObject *estimates(const NodeStats *s) {
+    static const char *names[Q_SCALARS] = {"cpu", "sys", "vcsw", "ivcsw", "runqueue", "helpers"};
+    PyObject *d = PyDict_New();
+    for (int q = 0; d && q < Q_SCALARS; q++) {
+        PyObject *e = estimate_row(s, q);
+        if (!e || PyDict_SetItemString(d, names[q], e) < 0) Py_CLEAR(d);
+        Py_XDECREF(e);
+    }
+    return d;
+}
+
+static PyObject *blockers_to_list(const NodeStats *s) {
+    PyObject *l = PyList_New(0);
+    for (int32_t k = 0; l && k < s->n_blockers; k++)
+        if (append_new(l, Py_BuildValue("(iL)", s->blockers[k].node, (long long)s->blockers[k].ns)) < 0) Py_CLEAR(l);
     return l;
 }
 
 /* One collect() stats row (a StatsRow in _native.pyi). */
 static PyObject *stats_row(int32_t id, const NodeStats *s) {
-    PyObject *d = Py_BuildValue("{s:i,s:K,s:K,s:L,s:L,s:L,s:L,s:K,s:L,s:L,s:K,s:d,s:d,s:L}", "node", id,
+    PyObject *d = Py_BuildValue("{s:i,s:K,s:K,s:L,s:L,s:L,s:L,s:K,s:K,s:L,s:L,s:L,s:L}", "node", id,
         "calls", (unsigned long long)s->calls, "errors", (unsigned long long)s->errors,
         "wall_total", (long long)s->wall_total, "wall_self", (long long)s->wall_self,
         "wall_min", (long long)s->wall_min, "wall_max", (long long)s->wall_max,
-        "cpu_calls", (unsigned long long)s->cpu_calls, "cpu_total", (long long)s->cpu_total,
-        "cpu_self", (long long)s->cpu_self, "cpu_reads", (unsigned long long)s->cpu_reads,
-        "cpu_wsum", s->cpu_wsum, "cpu_wall_w", s->cpu_wall_w, "cpu_cov_wall", (long long)s->cpu_cov_wall);
-    PyObject *more = d ? Py_BuildValue("{s:K,s:L,s:L,s:L,s:L,s:K,s:K,s:L,s:L,s:N,s:N,s:N}",
-        "sys_reads", (unsigned long long)s->sys_reads, "sys_total", (long long)s->sys_total,
-        "sys_self", (long long)s->sys_self, "sys_cpu_total", (long long)s->sys_cpu_total,
-        "sys_cpu_self", (long long)s->sys_cpu_self, "overlapped", (unsigned long long)s->overlapped,
-        "abandoned", (unsigned long long)s->abandoned, "susp_total", (long long)s->susp_total,
-        "susp_self", (long long)s->susp_self, "hist", hist_to_list(&s->h), "counters", counters_to_list(s),
+        "overlapped", (unsigned long long)s->overlapped, "abandoned", (unsigned long long)s->abandoned,
+        "susp_total", (long long)s->susp_total, "susp_self", (long long)s->susp_self,
+        "loop_total", (long long)s->loop_total, "loop_self", (long long)s->loop_self);
+    PyObject *more = d ? Py_BuildValue("{s:K,s:L,s:L,s:N,s:N,s:N,s:N,s:N}", "covered", (unsigned long long)s->covered,
+        "cov_run", (long long)s->cov_run, "cov_run_self", (long long)s->cov_run_self, "hist", hist_to_list(&s->h),
+        "estimates", estimates(s), "counters", counters_to_list(s), "blockers", blockers_to_list(s),
         "items", items_to_list(s)) : NULL;
     if (!more || PyDict_Update(d, more) < 0) Py_CLEAR(d);
     Py_XDECREF(more);

@@ -98,6 +98,8 @@ Stack *stack_current(int create) {
     ns->suspended = 0, ns->taint = ns->chg_mark = 0, ns->clk = NULL;   /* taskclock.c */
     ns->exemplar = NULL;                                                /* exemplars.c */
     ns->n_early = 0;
+    ns->n_read = 0;
+    ns->ready = 0;
     PyObject_GC_Track(ns);
     PyObject *tok = PyContextVar_Set(g_stack_var, (PyObject *)ns);
     Py_DECREF(ns);

@@ -58,9 +58,13 @@ class _Configuration(TypedDict):
     trace_events: int
     exemplars: int
     overhead_budget: Optional[float]       # None: every call read
+    run_queue: bool
+    helper_cpu: bool
 
 class _Calibration(TypedDict):
     read_ns: float                         # one call's reads, both boundaries: the overhead budget's unit
+    run_queue: str                         # where run-queue time comes from, or why it does not
+    helper_cpu: str                        # how helper threads' CPU time is read, or why it is not
     base_ns: Optional[float]               # a stage call without reads; None while a stage is open on the thread
     cpu_bias_ns: int                       # what an empty read call records as CPU time: taken out of every read call
     wall_bias_ns: int                      # what an empty read call records as wall time: taken out of every read call
@@ -69,15 +73,26 @@ class _Calibration(TypedDict):
     sys: bool                              # system time read with the CPU time
     thread_clock: str                      # how the thread CPU clock is read
 
-class _CounterRow(TypedDict):
-    total: float          # weighted sum of the read calls' scaled deltas
+class _EstimateRow(TypedDict):
+    """A quantity estimated over a stage's covered calls (csrc/record.c): unbiased, with its variance."""
+    total: float
     self: float
+    var: float            # of the total's estimate (0 when every covered call was read)
+    var_self: float
+    reads: int            # read calls that measured it
+
+class _CounterRow(_EstimateRow):
     enabled: int          # summed time enabled / running of the read calls (multiplexing)
     running: int
-    counted: int          # read calls whose counter ran
-    scaled: int           # of those, calls whose value was scaled
-    covered: int          # calls the estimate stands for: read, and left unread by the budget
-    wsum: float           # summed weights (1 / chance of being read) of the read calls
+    scaled: int           # read calls whose value was scaled
+
+class _Estimates(TypedDict):
+    cpu: Optional[_EstimateRow]        # CPU time, task-relative, the SDK's own share taken out
+    sys: Optional[_EstimateRow]        # of it, system time
+    vcsw: Optional[_EstimateRow]       # voluntary context switches
+    ivcsw: Optional[_EstimateRow]      # involuntary ones
+    runqueue: Optional[_EstimateRow]   # time ready in the run queue
+    helpers: Optional[_EstimateRow]    # CPU time of the process's threads that run no stage
 
 class _StatsRow(TypedDict):
     node: int
@@ -87,24 +102,19 @@ class _StatsRow(TypedDict):
     wall_self: int
     wall_min: int
     wall_max: int
-    cpu_calls: int        # calls CPU time stands for: read, and left unread by the budget
-    cpu_total: int        # weighted sums over the read calls
-    cpu_self: int
-    cpu_reads: int
-    cpu_wsum: float
-    cpu_wall_w: float     # weighted wall time of the read calls
-    cpu_cov_wall: int     # wall time of all cpu_calls
-    sys_reads: int
-    sys_total: int
-    sys_self: int
-    sys_cpu_total: int
-    sys_cpu_self: int
     overlapped: int       # asyncio: calls that overlapped other tasks with no hook to tell them apart
     abandoned: int        # calls whose context died with the stage open
     susp_total: int       # wall time the call's task was suspended
     susp_self: int
+    loop_total: int       # of it, woken and waiting for the event loop
+    loop_self: int
+    covered: int          # calls the estimates stand for: read, and left unread by the budget
+    cov_run: int          # their running wall time (wall less suspended)
+    cov_run_self: int
     hist: List[Tuple[int, int]]                        # (bucket, count)
-    counters: List[_CounterRow]                         # one per event given to set_counters, or none
+    estimates: _Estimates
+    counters: List[Optional[_CounterRow]]               # one per event given to set_counters
+    blockers: List[Tuple[int, int]]                     # (node, ns): stages that held the loop while it was ready
     items: List[Tuple[str, int, float, int, int]]       # (name, int total, float total, adds, float adds)
 
 class _CollectResult(TypedDict, total=False):
@@ -122,7 +132,8 @@ class _CollectResult(TypedDict, total=False):
     max_stages: int
     threads: int
     clock_ns: int
-    exemplars: List[Tuple[int, int, bool, bool, int, int, int, List[Tuple[int, int]]]]
+    # (root, seq, slow, sample, wall, t0, tid, [(node, self ns, on CPU, run queue, awaiting, loop-ready)])
+    exemplars: List[Tuple[int, int, bool, bool, int, int, int, List[Tuple[int, int, int, int, int, int]]]]
     exemplar_bytes: Tuple[int, int]                     # stores, open or pooled calls
     tasks: Dict[str, int]                               # steps, switch_reads, unhooked_changes, overlapped, abandoned
 
@@ -145,6 +156,7 @@ def set_root_exit_hook(hook: Optional[Callable[[], Any]], /) -> None: ...   # af
 # asyncio.events.Handle._run and asyncio.base_events.BaseEventLoop._run_once
 def step_runner(run: Callable[[Any], Any], /) -> Callable[[Any], Any]: ...
 def iteration_runner(run: Callable[[Any], Any], /) -> Callable[[Any], Any]: ...
+def ready_runner(call_soon: Callable[..., Any], /) -> Callable[..., Any]: ...   # stands in for BaseEventLoop._call_soon
 
 def nvtx_init(domain: str, /) -> None: ...
 def nvtx_domain() -> str: ...

@@ -179,6 +179,12 @@ OPTIONS: Tuple[Option, ...] = (
     Option("cpu_split", "INSTRUMENT_CPU_SPLIT", True, _bool,
            "split each stage's CPU time into user and system (kernel) time from the thread's rusage, read with "
            "the CPU time", hot=True),
+    Option("run_queue", "INSTRUMENT_RUN_QUEUE", True, _bool,
+           "read the thread's run-queue time (/proc/thread-self/schedstat) with the CPU time: the off-CPU time of a "
+           "stage split into waiting for a CPU (run queue) and blocked (I/O, locks, sleep)", hot=True),
+    Option("helper_cpu", "INSTRUMENT_HELPER_CPU", True, _bool,
+           "read the CPU time of the process's threads that run no stage (torch/OpenMP intra-op pools, tokenizer "
+           "pools) with the CPU time: parallel compute shows as CPU, not as waiting", hot=True),
     Option("task_attribution", "INSTRUMENT_TASK_ATTRIBUTION", True, _bool,
            "charge CPU time and counters inside asyncio tasks to each task's own stages (a hook on asyncio's task "
            "steps); off: a call that overlaps other tasks on its thread keeps its wall time, its CPU time and counters "
@@ -213,6 +219,10 @@ OPTIONS: Tuple[Option, ...] = (
            "CPU/wall above which a stage is judged compute-bound"),
     Option("verdict_gpu_share", "INSTRUMENT_VERDICT_GPU_SHARE", 0.6, number(0.0, 1.0),
            "GPU time / wall above which a stage is judged gpu-bound"),
+    Option("verdict_runqueue_share", "INSTRUMENT_VERDICT_RUNQUEUE_SHARE", 0.3, number(0.0, 1.0),
+           "share of a stage's own time ready but waiting for a CPU (run queue) from which it is judged cpu-starved"),
+    Option("verdict_loop_share", "INSTRUMENT_VERDICT_LOOP_SHARE", 0.3, number(0.0, 1.0),
+           "share of a stage's own time woken but waiting for the event loop from which it is judged loop-blocked"),
     Option("verdict_kernel_share", "INSTRUMENT_VERDICT_KERNEL_SHARE", 0.5, number(0.0, 1.0),
            "system (kernel) time / CPU time above which a busy stage is judged kernel-bound"),
     Option("verdict_miss_ratio", "INSTRUMENT_VERDICT_MISS_RATIO", 0.1, number(0.0, 1.0),

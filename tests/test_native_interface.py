@@ -44,9 +44,12 @@ def test_every_declaration_is_exported(stub):
 
 
 def typed_dicts(stub):
-    """The stub's TypedDicts: {name: {field: declared}} (rows the module builds, not types it exports)."""
-    return {n.name: [f.target.id for f in n.body if isinstance(f, ast.AnnAssign)] for n in stub.body
-            if isinstance(n, ast.ClassDef) and any(getattr(b, "id", None) == "TypedDict" for b in n.bases)}
+    """The stub's TypedDicts: {name: [fields declared]} (rows the module builds, not types it exports)."""
+    out = {}
+    for n in stub.body:
+        if isinstance(n, ast.ClassDef) and any(getattr(b, "id", None) in ("TypedDict", *out) for b in n.bases):
+            out[n.name] = [f.target.id for f in n.body if isinstance(f, ast.AnnAssign)]
+    return out
 
 
 def test_class_members_match(stub):
@@ -72,11 +75,14 @@ def test_collect_rows_are_the_declared_typed_dicts(stub, backend):
     raw = backend.collect()
     assert set(raw) <= set(rows["_CollectResult"]) and set(raw) >= {"nodes", "stats", "tasks", "clock_ns"}
     assert len(raw["stats"]) == 2
+    counter_row = rows["_EstimateRow"] + rows["_CounterRow"]   # _CounterRow extends _EstimateRow
     for row in raw["stats"]:
         assert sorted(row) == sorted(rows["_StatsRow"])
+        assert sorted(row["estimates"]) == sorted(rows["_Estimates"])
+        assert sorted(row["estimates"]["cpu"]) == sorted(rows["_EstimateRow"])
         assert len(row["counters"]) == 2
         for c in row["counters"]:
-            assert sorted(c) == sorted(rows["_CounterRow"])
+            assert sorted(c) == sorted(counter_row)
     assert sorted(backend.calibrate(20)) == sorted(rows["_Calibration"])
 
 

@@ -17,7 +17,7 @@ from typing import Any, Callable, Dict, List, Optional
 from .. import config as _config
 from .. import counters
 from .._version import __version__
-from ..snapshot import Snapshot, StageStats
+from ..snapshot import Snapshot, StageStats, path_text
 from . import backend as _backend
 from . import callsite, integrations, nvtx, perf
 
@@ -313,45 +313,46 @@ def _counter_meta(raw: Dict[str, Any]) -> Dict[str, Any]:
             "read": "rdpmc" if opened.get("rdpmc") else "read()" if events else None}
 
 
-def _counter_dict(names, rows) -> Dict[str, Dict[str, Any]]:
+def _counter_dict(names, rows, covered: int) -> Dict[str, Dict[str, Any]]:
     """counted_calls: the calls the estimate stands for; read_calls: those read (fewer under the overhead budget)."""
     out = {}
     for name, row in zip(names, rows):
-        total, self_, reads, covered, wsum = row["total"], row["self"], row["counted"], row["covered"], row["wsum"]
-        enabled, running, scaled = row["enabled"], row["running"], row["scaled"]
-        if not reads or wsum <= 0:
+        if row is None:
             out[name] = {"total": None, "self": None, "counted_calls": 0, "read_calls": 0}
             continue
-        # every call read with weight 1: exact sums; else the read calls' weighted mean, times the calls it stands for
-        est = reads != covered or wsum != reads
-        f = covered / wsum if est else 1.0
-        out[name] = {"total": total * f, "self": max(self_ * f, 0.0), "counted_calls": covered, "read_calls": reads,
-                     "estimated": est,
-                     "scaled": bool(scaled), "enabled_ns": enabled, "running_ns": running,
+        est = row["reads"] != covered
+        enabled, running = row["enabled"], row["running"]
+        out[name] = {"total": max(row["total"], 0.0), "self": row["self"], "counted_calls": covered,
+                     "read_calls": row["reads"], "estimated": est, "var": row["var"], "var_self": row["var_self"],
+                     "scaled": bool(row["scaled"]), "enabled_ns": enabled, "running_ns": running,
                      "running_fraction": running / enabled if enabled else None}
     return out
 
 
+def _estimate(row: Optional[Dict[str, Any]]) -> Optional[Dict[str, Any]]:
+    return None if row is None else {k: row[k] for k in ("total", "self", "var", "var_self", "reads")}
+
+
 def _cpu_fields(s: Dict[str, Any]) -> Dict[str, Any]:
-    """CPU time (estimated over cpu_calls under the budget) and its system share, from a collect() stats row."""
-    if not s["cpu_calls"] or not s["cpu_reads"] or s["cpu_wsum"] <= 0:
-        return {"cpu_total": None, "cpu_self": None, "cpu_calls": s["cpu_calls"] if s["cpu_reads"] else 0}
-    est = s["cpu_reads"] != s["cpu_calls"] or s["cpu_wsum"] != s["cpu_reads"]
-    if not est:   # every call read, with weight 1: exact sums
-        total, self_ = s["cpu_total"], max(s["cpu_self"], 0)
-    else:   # the read calls' CPU per wall time, times the wall time of the calls they stand for (exact)
-        f = s["cpu_cov_wall"] / s["cpu_wall_w"] if s["cpu_wall_w"] > 0 else s["cpu_calls"] / s["cpu_wsum"]
-        total, self_ = round(s["cpu_total"] * f), max(round(s["cpu_self"] * f), 0)
-    out = {"cpu_total": total, "cpu_self": self_, "cpu_calls": s["cpu_calls"],
-           "cpu_read_calls": s["cpu_reads"] if est else None}
-    if s["sys_reads"]:
-        if not est and s["sys_reads"] == s["cpu_reads"]:
-            st, ss = s["sys_total"], s["sys_self"]
-        else:   # the system share of the calls whose system time was read stands for the rest
-            st = s["sys_total"] * total / s["sys_cpu_total"] if s["sys_cpu_total"] > 0 else 0
-            ss = s["sys_self"] * self_ / s["sys_cpu_self"] if s["sys_cpu_self"] > 0 else 0
-        out["cpu_sys_total"] = int(min(max(st, 0), total))
-        out["cpu_sys_self"] = int(min(max(ss, 0), self_))
+    """CPU time and what is read with it (system time, switches, run queue, helpers), from a collect() stats row:
+    estimates over the covered calls, exact where every covered call was read."""
+    est, covered = s["estimates"], s["covered"]
+    cpu = est["cpu"]
+    out: Dict[str, Any] = {"covered_run": s["cov_run"], "covered_run_self": s["cov_run_self"],
+                           "runqueue": _estimate(est["runqueue"]), "helpers": _estimate(est["helpers"]),
+                           "switches": {k: _estimate(est[q]) for k, q in (("voluntary", "vcsw"), ("involuntary", "ivcsw"))
+                                        if est[q] is not None}}
+    if cpu is None:
+        return dict(out, cpu_total=None, cpu_self=None, cpu_calls=0)
+    # single calls are not clamped (their corrections are medians): the totals are bounded here, by the running
+    # time of the calls they cover, as one thread's CPU time is
+    total = min(max(round(cpu["total"]), 0), s["cov_run"])
+    self_ = min(round(cpu["self"]), max(s["cov_run_self"], 0))
+    out.update(cpu_total=total, cpu_self=self_, cpu_calls=covered, cpu_var=cpu["var"], cpu_var_self=cpu["var_self"],
+               cpu_read_calls=cpu["reads"] if cpu["reads"] != covered else None)
+    if est["sys"] is not None:
+        out["cpu_sys_total"] = int(min(max(est["sys"]["total"], 0), total))
+        out["cpu_sys_self"] = int(min(max(est["sys"]["self"], 0), max(self_, 0)))
     return out
 
 
@@ -397,38 +398,6 @@ def _forget_held() -> None:
         _held.clear()
 
 
-def _estimated_selves(stages: List[StageStats]) -> List[StageStats]:
-    """Self CPU time, system time and counters of a stage whose own or children's figures are estimates: its
-    estimated total less its children's (the per-call difference needs every call of the children read)."""
-    children: Dict[tuple, List[StageStats]] = {}
-    for st in stages:
-        if len(st.path) > 1:
-            children.setdefault(st.path[:-1], []).append(st)
-
-    def sampled(x: StageStats, name: Optional[str] = None) -> bool:
-        if name is None:
-            return x.cpu_read_calls is not None
-        return bool((x.counters.get(name) or {}).get("estimated"))
-
-    out = []
-    for st in stages:
-        kids = children.get(st.path, [])
-        fields: Dict[str, Any] = {}
-        if st.cpu_total is not None and (sampled(st) or any(sampled(k) for k in kids)):
-            self_ = max(st.cpu_total - sum(k.cpu_total or 0 for k in kids), 0)
-            fields["cpu_self"] = self_
-            if st.cpu_sys_total is not None:
-                fields["cpu_sys_self"] = min(max(st.cpu_sys_total - sum(k.cpu_sys_total or 0 for k in kids), 0), self_)
-        ctr = {}
-        for name, c in st.counters.items():
-            if c.get("total") is not None and (sampled(st, name) or any(sampled(k, name) for k in kids)):
-                ctr[name] = dict(c, self=max(c["total"] - sum(k.counter(name) or 0 for k in kids), 0.0))
-        if ctr:
-            fields["counters"] = dict(st.counters, **ctr)
-        out.append(replace(st, **fields) if fields else st)
-    return out
-
-
 def _overhead(raw: Dict[str, Any]) -> Optional[Dict[str, Any]]:
     """The SDK's own estimated cost: calls x a stage call's cost + read calls x one call's reads (calibrate())."""
     c = _calibration
@@ -437,12 +406,13 @@ def _overhead(raw: Dict[str, Any]) -> Optional[Dict[str, Any]]:
     calls = reads = 0
     for s in raw["stats"]:
         calls += s["calls"]
-        reads += max([s["cpu_reads"]] + [r["counted"] for r in s["counters"]])
+        reads += max([0] + [e["reads"] for e in list(s["estimates"].values()) + s["counters"] if e is not None])
     base, read = round(c["base_ns"], 1), round(c["read_ns"], 1)
     return {"per_call_ns": base, "per_read_ns": read, "calls": calls,
             "read_calls": reads, "estimated_ns": round(calls * base + reads * read),
-            "budget": _config_now.overhead_budget, "cpu_source": c.get("cpu_source"),
-            "cpu_bias_ns": c.get("cpu_bias_ns"), "sys": c.get("sys"), "thread_clock": c.get("thread_clock")}
+            "budget": _config_now.overhead_budget, **{k: c.get(k) for k in (
+                "cpu_source", "cpu_bias_ns", "wall_bias_ns", "unread_wall_bias_ns", "sys", "thread_clock", "run_queue",
+                "helper_cpu")}}
 
 
 def snapshot(judged: bool = True) -> Snapshot:
@@ -476,11 +446,13 @@ def snapshot(judged: bool = True) -> Snapshot:
             path=path, calls=s["calls"], errors=s["errors"], wall_total=s["wall_total"], wall_self=max(s["wall_self"], 0),
             wall_min=s["wall_min"] if s["calls"] else None, wall_max=s["wall_max"] if s["calls"] else None,
             hist=dict(s["hist"]), **_cpu_fields(s),
-            counters=_counter_dict(_counter_names, s.get("counters") or []),
+            counters=_counter_dict(_counter_names, s["counters"], s["covered"]),
+            loop_total=s["loop_total"], loop_self=s["loop_self"],
+            loop_blockers={path_text(paths[n]) if n in paths else "(other)": ns for n, ns in s["blockers"]},
             other=s["node"] in others, overlapped_calls=s["overlapped"], abandoned_calls=s["abandoned"],
             suspended_total=s["susp_total"], suspended_self=s["susp_self"], items=_items(s.get("items")),
             **extra.pop(path, {})))
-    stages = _estimated_selves(_hold(stages))
+    stages = _hold(stages)
     for path, fields in extra.items():   # stages only an integration saw (e.g. GPU time of a still-open stage)
         stages.append(replace(StageStats.empty(path), **fields))
     events = [{"path": list(paths[e[0]]), "tid": e[1], "ts_ns": e[2] - _start_clock, "dur_ns": e[3],
@@ -503,8 +475,10 @@ def _exemplars(rows, paths: Dict[int, tuple], pid: int) -> list:
     for root, seq, slow, sample, wall, t0, tid, parts in rows:
         if root not in paths:
             continue
-        breakdown = [{"path": list(paths[n]) if n in paths else list(paths[root]) + ["(other)"], "wall_ns": ns}
-                     for n, ns in parts]
+        breakdown = [{"path": list(paths[n]) if n in paths else list(paths[root]) + ["(other)"], "wall_ns": ns,
+                      "split": {"on_cpu": cpu if cpu >= 0 else None, "runqueue": rq if rq >= 0 else None,
+                                "awaiting": aw, "loop_ready": loop}}
+                     for n, ns, cpu, rq, aw, loop in parts]
         breakdown.sort(key=lambda b: -b["wall_ns"])
         out.append({"path": list(paths[root]), "wall_ns": wall, "start_ns": t0 - _start_clock, "pid": pid,
                     "tid": tid, "seq": seq, "slow": slow, "sample": sample, "breakdown": breakdown})

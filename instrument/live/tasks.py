@@ -9,7 +9,11 @@ runs on 3.14): every step of an asyncio task, and every other callback, runs in
 task clock of the context that is left; after it, one reading resumes it and
 suspends the handle's context.  `iteration_runner` stands in for
 `BaseEventLoop._run_once` so that a reading is reused for the next step only
-inside one loop iteration, never across its wait for events.
+inside one loop iteration, never across its wait for events.  `ready_runner`
+stands in for `BaseEventLoop._call_soon`, through which every task step is
+scheduled: a suspended task whose step is scheduled was woken then (or at the
+due time of the timer whose callback woke it), and from then until its step runs
+it waits for the loop (loop-ready time), not for what it awaited.
 
 Not covered, and marked rather than summed (`cpu_ns.overlapped_calls`): loops
 that do not run handles through `asyncio.events.Handle` (uvloop), the first step
@@ -29,7 +33,8 @@ from typing import Any, Dict, Optional
 
 from . import importwatch
 
-MECHANISM = "step hook: asyncio.events.Handle._run and BaseEventLoop._run_once stand-ins"
+MECHANISM = ("step hook: asyncio.events.Handle._run, BaseEventLoop._run_once and BaseEventLoop._call_soon "
+             "stand-ins")
 FALLBACK = ("calls that overlap other tasks on their thread where no hook sees the switch (uvloop, a context entered "
             "by hand) keep their wall time; their CPU time and counters are left out (cpu_ns.overlapped_calls)")
 
@@ -96,26 +101,30 @@ def _install(backend) -> None:
     if targets is None:
         return
     handle, loop = targets
-    run, once = _original(handle, "_run"), _original(loop, "_run_once")
-    if run is None or once is None:
-        _reason = "this asyncio has no Handle._run / BaseEventLoop._run_once to hook"
+    wanted = [(owner, name, _original(owner, name)) for owner, name, _ in _hooked(handle, loop)]
+    if any(orig is None for _, _, orig in wanted):
+        _reason = "this asyncio has no Handle._run / BaseEventLoop._run_once / BaseEventLoop._call_soon to hook"
         uninstall()
         return
-    cur_run, cur_once = handle.__dict__.get("_run"), loop.__dict__.get("_run_once")
-    if (cur_run is not run and not _ours(cur_run)) or (cur_once is not once and not _ours(cur_once)):
-        _reason = "asyncio's Handle._run or BaseEventLoop._run_once was replaced by another library: left alone"
+    current = [owner.__dict__.get(name) for owner, name, _ in wanted]
+    if any(cur is not orig and not _ours(cur) for cur, (_, _, orig) in zip(current, wanted)):
+        _reason = "asyncio's Handle._run or BaseEventLoop._run_once or _call_soon was replaced by another library: left alone"
         return
-    if _backend is backend and _ours(cur_run) and _ours(cur_once):
+    if _backend is backend and all(_ours(cur) for cur in current):
         return
-    step, it = backend.step_runner(run), backend.iteration_runner(once)
-    for r in (step, it):
+    for (owner, name, orig), (_, _, make) in zip(wanted, _hooked(handle, loop)):
+        r = getattr(backend, make)(orig)
         try:
             r._instrument_runner = True
         except AttributeError:
             pass   # the C runner is told by its type
-    handle._run = step
-    loop._run_once = it
+        setattr(owner, name, r)
     _backend, _reason = backend, None
+
+
+def _hooked(handle, loop):
+    """(class, method, the backend's stand-in maker): every task step, every loop iteration, every task woken."""
+    return ((handle, "_run", "step_runner"), (loop, "_run_once", "iteration_runner"), (loop, "_call_soon", "ready_runner"))
 
 
 def uninstall() -> None:
@@ -123,11 +132,9 @@ def uninstall() -> None:
     global _backend
     targets = _targets()
     if targets is not None:
-        handle, loop = targets
-        if _ours(handle.__dict__.get("_run")):
-            handle._run = _original(handle, "_run")
-        if _ours(loop.__dict__.get("_run_once")):
-            loop._run_once = _original(loop, "_run_once")
+        for owner, name, _ in _hooked(*targets):
+            if _ours(owner.__dict__.get(name)):
+                setattr(owner, name, _original(owner, name))
     _backend = None
 
 

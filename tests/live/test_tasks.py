@@ -74,9 +74,13 @@ def test_issue_workload_each_task_is_charged_its_own_cpu(backend, counters):
     assert abs(job.cpu_total - mine) <= 0.10 * mine, (job.cpu_total, mine)     # not 13x the thread
     assert wait.cpu_total < 0.10 * mine, (wait.cpu_total, mine)
     assert cpu_sum(snap) <= thread
-    assert wait.verdict["verdict"] == "waiting", wait.verdict
-    assert wait.verdict["evidence"]["suspended_share"] > 0.9
-    assert "suspended" in wait.verdict["reason"]
+    # each wait awaited its 4 ms sleep (the timer's own due time), then waited for the loop, which the other tasks'
+    # 2 ms bursts held: waiting for the loop, not for the sleep, and it names them
+    assert wait.split_part("awaiting") / wait.calls == pytest.approx(4e6, rel=0.2), wait.wall_split
+    assert wait.verdict["verdict"] == "loop-blocked", wait.verdict
+    assert "job" in wait.verdict["reason"] and wait.loop_blockers.get("job", 0) > 0
+    ev = wait.verdict["evidence"]["split"]
+    assert ev["awaiting"] + ev["loop_ready"] > 0.9
     assert job.suspended_self < 0.05 * job.wall_self      # job's own time was not spent awaiting
     # wall time keeps its meaning: the task's elapsed time, awaits included
     assert wait.wall_total >= 25 * 4_000_000 and wait.suspended_total > 0.9 * wait.wall_total
@@ -384,7 +388,11 @@ def test_fastapi_under_uvicorn_stages_match_what_the_handler_measures(backend):
     assert abs(comp.cpu_total - measured["compute"]) <= 0.10 * measured["compute"], (comp.cpu_total, measured)
     assert abs(end.cpu_total - measured["endpoint"]) <= 0.10 * measured["endpoint"], (end.cpu_total, measured)
     assert fetch.cpu_total < 0.05 * measured["endpoint"]
-    assert fetch.verdict["verdict"] == "waiting"
+    # fetch awaited its 3 ms sleep; the rest it waited for a loop the other requests' compute held, as far as it did
+    assert fetch.split_part("awaiting") / fetch.calls == pytest.approx(3e6, rel=0.2), fetch.wall_split
+    assert fetch.verdict["verdict"] in ("waiting", "loop-blocked"), fetch.verdict
+    if fetch.verdict["verdict"] == "loop-blocked":
+        assert set(fetch.loop_blockers) & {"endpoint", "endpoint/compute"}, fetch.loop_blockers
 
 
 def test_without_a_hook_overlapping_calls_are_marked_not_summed(backend):

@@ -5,32 +5,11 @@ finds its slice used up, and reading the thread's CPU clock (a system call on a 
 is such a place: a reading taken outside the call's wall window would drop that
 time from the call.  The test pins itself and a CPU hog to one core and times each
 call itself; the SDK's wall time may only leave out its own enter/exit work."""
-import os
-import subprocess
-import sys
 import time
 
 import pytest
 
 import instrument
-
-HOG = "import os, sys; os.sched_setaffinity(0, {int(sys.argv[1])})\nwhile True: pass"
-
-
-@pytest.fixture
-def shared_core():
-    """This process and a CPU hog on one core; the affinity is given back afterwards."""
-    old = os.sched_getaffinity(0)
-    core = min(old)
-    hog = subprocess.Popen([sys.executable, "-c", HOG, str(core)])
-    try:
-        os.sched_setaffinity(0, {core})
-        time.sleep(0.05)   # the hog runs
-        yield core
-    finally:
-        os.sched_setaffinity(0, old)
-        hog.kill()
-        hog.wait()
 
 
 @pytest.mark.parametrize("counters", ["default", "none"])
