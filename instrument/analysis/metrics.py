@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple
 
 from .. import counters as _counters
-from ..snapshot import Snapshot, StageStats
+from ..snapshot import SPLIT, Snapshot, StageStats
 from .tail import share_of_excess
 
 UNITS = ("ns", "pct", "count", "ratio", "text")   # pct: the formula gives a fraction, exported in percent
@@ -125,6 +125,15 @@ def _cpu_estimated(s: StageStats) -> bool:
     return s.cpu_estimated
 
 
+def _wall_split(snap: Snapshot, s: StageStats) -> Optional[Dict[str, float]]:
+    """The parts of the stage's own wall time (StageStats.wall_split) as shares of it; None where CPU time, and so
+    the split, was not measured."""
+    if s.cpu_self is None or not s.wall_self:
+        return None
+    parts = {p: s.split_part(p, self_=True) for p in SPLIT}
+    return {p: v / s.wall_self for p, v in parts.items() if v}
+
+
 def _verdict(snap: Snapshot, s: StageStats) -> Optional[str]:
     return (s.verdict or {}).get("verdict")
 
@@ -189,6 +198,10 @@ METRICS: Dict[str, Metric] = {m.name: m for m in (
            "context switches per call", _counters_estimated("context-switches"), promql=_per_call("context-switches")),
     Metric("gpu", "GPU ms", "ns", "ms", lambda n, s: (s.gpu or {}).get("total_ns"), "GPU time, from CUDA events", width=7,
            promql="increase(instrument_stage_gpu_seconds_total[5m])"),
+    Metric("wall_split", "split of own time %", "pct", "pct", _wall_split,
+           "where the stage's own wall time went, as shares of it: on a CPU, ready in the run queue, blocked (I/O, "
+           "locks, sleep), its asyncio task awaiting, woken but waiting for the event loop, not covered by a reading",
+           _cpu_estimated, width=40),
     Metric("verdict", "verdict", "text", "text", _verdict, "what bounds the stage's own time (analysis.verdict)",
            width=14),
     Metric("cpu_user", "user ms", "ns", "ms", lambda n, s: s.cpu_user_total, "CPU time in user space",

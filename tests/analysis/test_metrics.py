@@ -166,3 +166,19 @@ def test_a_new_metric_shows_in_the_html_report(toys, chromium, tmp_path):
     cells = dict(zip(heads[1:], rows["request"]))
     assert cells["err/call"] == "0.25" and cells["own ms / kids ms"] == "own 16.00 kids 104.0"
     assert cells["mean±half range ms"] == "15.00±10.00" and dict(zip(heads[1:], rows["request/model"]))["C/W"] == "~0.62"
+
+
+def test_the_split_of_a_stages_own_time_adds_up_to_it():
+    from dataclasses import replace
+    s = replace(st("io", 10, 10 * MS, self_ns=8 * MS * 10, cpu_ns=2 * MS * 10), cpu_self=2 * MS * 10,
+                runqueue={"total": 10 * MS, "self": 10 * MS, "var": 0.0, "var_self": 0.0, "reads": 10},
+                covered_run=100 * MS, covered_run_self=70 * MS, suspended_total=30 * MS, suspended_self=10 * MS,
+                loop_total=5 * MS, loop_self=5 * MS)
+    split = metrics.METRICS["wall_split"].value(snap(s), s)
+    # own time 80 ms: 20 on a CPU, 10 in the run queue, 70 - 20 - 10 = 40 blocked, 5 awaiting, 5 loop-ready
+    assert split == pytest.approx({"on_cpu": 0.25, "runqueue": 0.125, "blocked": 0.5, "awaiting": 0.0625,
+                                   "loop_ready": 0.0625})
+    assert sum(split.values()) == pytest.approx(1.0)
+    assert metrics.METRICS["wall_split"].value(snap(st("x", 1, MS)), st("x", 1, MS)) is None   # no CPU time read
+    line = table.render(snap(s), width=300).splitlines()[2]
+    assert "on_cpu 25.0 runqueue 12.5 blocked 50.0 awaiting 6.2 loop_ready 6.2" in line
