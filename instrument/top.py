@@ -28,7 +28,8 @@ from typing import Any, Callable, List, NamedTuple, Optional, Tuple
 from . import config
 from .analysis.metrics import METRICS, Metric, ordered
 from .analysis.verdict import with_verdicts
-from .exporters.format import cell, name as name_display
+from .exporters.format import cell
+from .exporters.table import label
 from .snapshot import Snapshot, SnapshotError, since_stage
 
 MAX_BODY = 80 << 20           # above what /snapshot ever sends (64 MiB)
@@ -184,11 +185,8 @@ def table_lines(win: Snapshot, secs: float, sort: str = "total", width: int = WI
     total = win.total_ns
     lines = [f"{'stage':<{name_w}}" + "".join(f" {c.header:>{c.width}}" for c in cols)]
     for s in ordered(win, sort):
-        label = "  " * s.depth + name_display(s.name)
-        if len(label) > name_w:
-            label = label[: name_w - 1] + "…"
-        lines.append(f"{label:<{name_w}}" + "".join(f" {c.text(win, s, secs, total)[:c.width]:>{c.width}}"
-                                                    for c in cols))
+        lines.append(f"{label(s, name_w):<{name_w}}" + "".join(f" {c.text(win, s, secs, total)[:c.width]:>{c.width}}"
+                                                             for c in cols))
     if len(lines) == 1:
         lines.append("(no stage completed a call in this window)")
     return [line[:width] for line in lines]

@@ -27,12 +27,19 @@ from .format import (ESTIMATE, MINUS, cell, count, human, md, ms, name as name_d
 
 FORMATS = ("table", "markdown", "csv", "json")
 NAME_MIN = 14                    # the stage name column narrows to this before a core column is left out
+NAME_MAX = 40                    # and is never wider
 DROPPABLE = ("cpu_per_wall",)    # core columns left out, in this order, when the terminal is too narrow
 
 
 def sorts() -> tuple:
     """The sort orders of the breakdown (instrument.analysis.metrics.sort_keys)."""
     return _metrics.sort_keys()
+
+
+def label(s: StageStats, width: Optional[int] = None) -> str:
+    """A stage's name as the first column shows it: indented by its depth, cut to `width` with '…'."""
+    text = "  " * s.depth + name_display(s.name)
+    return text if width is None or len(text) <= width else text[: width - 1] + "…"
 
 
 def _choose(snap: Snapshot, width: Optional[int], names: Optional[Sequence[str]] = None):
@@ -54,7 +61,8 @@ def _choose(snap: Snapshot, width: Optional[int], names: Optional[Sequence[str]]
     for name in DROPPABLE:
         if NAME_MIN + sum(m.column_width + 1 for m in cols) > width:
             cols = [m for m in cols if m.name != name]
-    used = 16 + sum(m.column_width + 1 for m in cols)
+    names = max((len(label(s)) for s in snap), default=0)
+    used = max(16, min(NAME_MAX, names)) + sum(m.column_width + 1 for m in cols)   # names stay whole if they can
     dropped = []
     for m in extra:
         if used + m.column_width + 1 <= width:
@@ -146,17 +154,14 @@ def render(snap: Snapshot, sort: str = "tree", depth: Optional[int] = None, fold
             if extra:
                 notes += ["", f"**{md(path_text(s.path))}**", "", "```", *extra, "```"]
         return "\n".join(lines + notes)
-    name_w = max(10, min(40, (width or 80) - sum(m.column_width + 1 for m in cols)))
+    name_w = max(10, min(NAME_MAX, (width or 80) - sum(m.column_width + 1 for m in cols)))
     head = f"{'stage':<{name_w}}" + "".join(f" {m.header:>{m.column_width}}" for m in cols)
     lines = []
     if title:
         lines.append(title)
     lines += [head, "-" * len(head)]
     for s in rows:
-        label = "  " * s.depth + name_display(s.name)
-        if len(label) > name_w:
-            label = label[: name_w - 1] + "…"
-        lines.append(f"{label:<{name_w}}" + "".join(f" {cell(m, snap, s):>{m.column_width}}" for m in cols))
+        lines.append(f"{label(s, name_w):<{name_w}}" + "".join(f" {cell(m, snap, s):>{m.column_width}}" for m in cols))
         lines += below(s, "  " * (s.depth + 2))
     if not rows:
         lines.append("(no stages recorded)")
