@@ -28,6 +28,7 @@ from . import config
 from ._version import __version__
 from .analysis.advice import advise
 from .analysis.diff import diff
+from .analysis.metrics import sort_keys
 from .analysis.tail import tail
 from .analysis.verdict import with_verdicts
 from .exporters import formats, table
@@ -211,20 +212,20 @@ def _cmd_merge(a) -> int:
 
 
 # ------------------------------------------------------------------- export
-def _format_flag(name: str) -> str:
+def _format_dest(name: str) -> str:
     return f"format_{name}"   # argparse dests of their own: a format or option name never meets another argument
 
 
-def _option_flag(name: str) -> str:
+def _option_dest(name: str) -> str:
     return f"option_{name}"
 
 
 def _cmd_export(a) -> int:
     fmts = formats()
-    fmt = next(f for f in fmts.values() if getattr(a, _format_flag(f.name)) is not None)
-    out = getattr(a, _format_flag(fmt.name))
-    given = {o.name: getattr(a, _option_flag(o.name)) for f in fmts.values() for o in f.options
-             if getattr(a, _option_flag(o.name)) not in (None, False)}
+    fmt = next(f for f in fmts.values() if getattr(a, _format_dest(f.name)) is not None)
+    out = getattr(a, _format_dest(fmt.name))
+    given = {o.name: getattr(a, _option_dest(o.name)) for f in fmts.values() for o in f.options
+             if getattr(a, _option_dest(o.name)) not in (None, False)}
     stray = sorted(set(given) - {o.name for o in fmt.options})
     if stray:
         owners = [f"--{f.name}" for f in fmts.values() if any(o.name == stray[0] for o in f.options)]
@@ -470,8 +471,8 @@ def build_parser() -> argparse.ArgumentParser:
     rp.add_argument("--quantile", type=_fraction, metavar="Q", help="with --tail: slow calls are those at or above "
                     "this quantile of the top-level stage (default 0.99)")
     rp.add_argument("--json", action="store_true", help="the same as --format json")
-    rp.add_argument("--sort", choices=table.sorts(), default="tree", metavar="KEY",
-                    help=f"siblings in tree order, by name, or by a metric, largest first: {', '.join(table.sorts())}")
+    rp.add_argument("--sort", choices=sort_keys(), default="tree", metavar="KEY",
+                    help=f"siblings in tree order, by name, or by a metric, largest first: {', '.join(sort_keys())}")
     rp.add_argument("--depth", type=_value(config.integer(1)), metavar="N")
     rp.add_argument("--fold", action="store_true", help="one row per stage name wherever it nested")
     rp.add_argument("--format", choices=table.FORMATS, default="table")
@@ -500,14 +501,14 @@ def build_parser() -> argparse.ArgumentParser:
     g = e.add_mutually_exclusive_group(required=True)
     options: Dict[str, Tuple[Any, List[str]]] = {}
     for f in formats().values():
-        g.add_argument(f"--{f.name}", metavar="OUT", dest=_format_flag(f.name),
+        g.add_argument(f"--{f.name}", metavar="OUT", dest=_format_dest(f.name),
                        help=f"{f.summary.rstrip('.')} (OUT: a {f.extension} file, or - for stdout)")
         for o in f.options:
             options.setdefault(o.name, (o, []))[1].append(f"--{f.name}")
     e.add_argument("files", nargs="+", metavar="SNAPSHOT")
     for o, owners in options.values():
         kind: Dict[str, Any] = {"action": "store_true"} if o.metavar is None else {"metavar": o.metavar}
-        e.add_argument(f"--{o.name}", dest=_option_flag(o.name), help=f"with {' or '.join(owners)}: {o.help}", **kind)
+        e.add_argument(f"--{o.name}", dest=_option_dest(o.name), help=f"with {' or '.join(owners)}: {o.help}", **kind)
     e.set_defaults(func=_cmd_export)
 
     dr = sub.add_parser("doctor", help="what this machine allows (perf counters, NVTX, GPU)")
@@ -533,7 +534,7 @@ def build_parser() -> argparse.ArgumentParser:
                     "instrument.serve_metrics, or a full http://host:port/path serving a snapshot")
     tp.add_argument("--interval", type=_value(config.number(0.05, 3600)), default=2.0, metavar="SECONDS",
                     help="window length and refresh period (default 2)")
-    tp.add_argument("--sort", choices=table.sorts(), default="total", metavar="KEY",
+    tp.add_argument("--sort", choices=sort_keys(), default="total", metavar="KEY",
                     help="siblings ordered by this, as `report --sort` (keys change it while running)")
     tp.add_argument("--once", action="store_true", help="print one window after --interval seconds and exit")
     tp.add_argument("--json", action="store_true", help="the window as snapshot JSON (implies --once)")

@@ -31,11 +31,6 @@ NAME_MAX = 40                    # and is never wider
 DROPPABLE = ("cpu_per_wall",)    # core columns left out, in this order, when the terminal is too narrow
 
 
-def sorts() -> tuple:
-    """The sort orders of the breakdown (instrument.analysis.metrics.sort_keys)."""
-    return _metrics.sort_keys()
-
-
 def label(s: StageStats, width: Optional[int] = None) -> str:
     """A stage's name as the first column shows it: indented by its depth, cut to `width` with '…'."""
     text = "  " * s.depth + name_display(s.name)
@@ -61,8 +56,8 @@ def _choose(snap: Snapshot, width: Optional[int], names: Optional[Sequence[str]]
     for name in DROPPABLE:
         if NAME_MIN + sum(m.column_width + 1 for m in cols) > width:
             cols = [m for m in cols if m.name != name]
-    names = max((len(label(s)) for s in snap), default=0)
-    used = max(16, min(NAME_MAX, names)) + sum(m.column_width + 1 for m in cols)   # names stay whole if they can
+    longest = max((len(label(s)) for s in snap), default=0)
+    used = max(16, min(NAME_MAX, longest)) + sum(m.column_width + 1 for m in cols)   # names stay whole if they can
     dropped = []
     for m in extra:
         if used + m.column_width + 1 <= width:

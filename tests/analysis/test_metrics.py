@@ -74,7 +74,7 @@ def test_the_prometheus_docs_give_every_metric_in_promql():
 
 # ------------------------------------------------------------- a new metric
 @pytest.fixture
-def toys(monkeypatch):
+def toys():
     """Three metrics as a later module would add them: a ratio of sums, a split into parts, an error bar."""
     added = [Metric("errs", "err/call", "ratio", "ratio", lambda n, s: s.errors / s.calls if s.calls else None,
                     "errors per call", estimated=lambda s: s.cpu_estimated),
@@ -85,8 +85,10 @@ def toys(monkeypatch):
                     lambda n, s: Bar(s.wall_mean, (s.wall_max - s.wall_min) / 2) if s.calls else None,
                     "mean wall time, and half its range")]
     for m in added:
-        monkeypatch.setitem(metrics.METRICS, m.name, m)
-    return added
+        metrics.register(m)
+    yield added
+    for m in added:
+        del metrics.METRICS[m.name]
 
 
 def toy_snapshot():
