@@ -15,7 +15,7 @@ import math
 import os
 import tempfile
 from dataclasses import dataclass, field, replace
-from typing import Any, Dict, Iterable, Iterator, List, Mapping, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, Iterable, Iterator, List, Mapping, Optional, Sequence, Tuple
 
 from . import histogram as _hist
 
@@ -1139,8 +1139,27 @@ def load(path) -> Snapshot:
     return Snapshot.load(path)
 
 
-def load_many(paths: Sequence[str]) -> Snapshot:
-    snaps = [Snapshot.load(p) for p in paths]
-    if not snaps:
+def merge_all(snaps: Iterable[Snapshot], progress: Optional[Callable[[int], None]] = None) -> Snapshot:
+    """The exact merge of snapshots (Snapshot.merge), one at a time; timeline events and exemplars keep
+    their process (`pid`) and are put on the merged snapshot's time base.  progress(k) after the k-th."""
+    acc: Optional[Snapshot] = None
+    events: List[Dict[str, Any]] = []
+    for k, s in enumerate(snaps, 1):
+        m = s.meta   # a copy: merging never touches the snapshots merged
+        base = round((m.get("start_time") or 0) * 1e9)
+        events += [dict(e, pid=e.get("pid", m.get("pid")), ts_ns=e["ts_ns"] + base) for e in s.events]
+        bare = Snapshot(s.stages, m, None, [dict(e, pid=e.get("pid", m.get("pid")), start_ns=e["start_ns"] + base)
+                                            for e in s.exemplars])
+        acc = bare if acc is None else acc.merge(bare)
+        if progress:
+            progress(k)
+    if acc is None:
         raise SnapshotError("no snapshot files given")
-    return snaps[0].merge(*snaps[1:]) if len(snaps) > 1 else snaps[0]
+    t0 = round((acc._meta.get("start_time") or 0) * 1e9)
+    return Snapshot(acc.stages, acc._meta, [dict(e, ts_ns=e["ts_ns"] - t0) for e in events],
+                    [dict(e, start_ns=e["start_ns"] - t0) for e in acc.exemplars])
+
+
+def load_many(paths: Sequence[str]) -> Snapshot:
+    """The files' snapshots, merged (merge_all), read one at a time."""
+    return merge_all(Snapshot.load(p) for p in paths)

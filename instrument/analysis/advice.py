@@ -23,6 +23,11 @@ NEXT_STEP = {
     "kernel-bound": ("its time goes to the kernel: page faults of fresh memory (reuse or preallocate buffers, keep "
                      "tensors and arrays alive across calls, huge pages for large allocations) or system calls "
                      "(batch them, buffer I/O); compare page-faults and sys% before/after with `instrument diff`"),
+    "cpu-starved": ("it was ready to run but had no CPU: run fewer threads or processes than cores "
+                    "(torch.set_num_threads, the worker count) or give the service more CPUs; compare the run-queue "
+                    "share of its split before/after with `instrument diff`"),
+    "loop-blocked": ("other stages held the event loop while its task was ready (its verdict names them): move "
+                     "their work off the loop (asyncio.to_thread, run_in_executor) or split it with awaits"),
     "mixed": "split it into smaller stages to separate the computing from the waiting",
     "unknown": "turn on the CPU clock or task-clock counter (configure(cpu_clock=True)) so it can be judged",
 }

@@ -20,7 +20,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
-from ..snapshot import Snapshot
+from ..snapshot import Snapshot, StageStats
 
 Path = Tuple[str, ...]
 
@@ -133,3 +133,20 @@ def tail(snap: Snapshot, quantile: float = 0.99) -> List[TailView]:
         if v is not None:
             views.append(v)
     return views
+
+
+_last: Tuple[Optional[Snapshot], Dict[str, TailView]] = (None, {})   # the last snapshot asked about, its views
+
+
+def share_of_excess(snap: Snapshot, s: StageStats) -> Optional[float]:
+    """The stage's share (with the stages under it) of its root stage's p99 excess; None without exemplars.
+    A table asks for every stage of one snapshot in turn, so the views of the last one are kept."""
+    global _last
+    if not snap.exemplars:
+        return None
+    seen, views = _last
+    if seen is not snap:
+        views = {v.stage[0]: v for v in tail(snap)}
+        _last = (snap, views)
+    v = views.get(s.path[0])
+    return v.share(s.path) if v is not None else None

@@ -295,10 +295,10 @@ def run_demo(argv=None) -> int:
         say(render_diff(snapshots["baseline"], snapshots["optimized"]))
         say()   # after the diff, the advice is about what is left to do: the optimized variant
         say(render_advice(advise(snapshots["optimized"]), about=f"optimized ({out / 'optimized.json'})"))
-        report = html.render(snapshots["optimized"], before=snapshots["baseline"],
+        report = html.render([snapshots["baseline"], snapshots["optimized"]], diff=True,
                              title="instrument demo: baseline → optimized")
     else:
-        report = html.render(first, title=f"instrument demo: {variants[0]}")
+        report = html.render([first], title=f"instrument demo: {variants[0]}")
     page = out / "report.html"
     page.write_text(report, encoding="utf-8")
     written.append(page)

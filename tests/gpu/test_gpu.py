@@ -138,3 +138,48 @@ def test_auto_turns_on_when_cuda_initialises():
             "g = instrument.snapshot()['s'].gpu; assert g and g['samples'] == 1, g\n")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr[-2000:]
+
+
+def test_gpu_time_shows_in_every_output():
+    """The `gpu` metric of the table, CSV, JSON, the HTML report, top and Prometheus: the CUDA events' time."""
+    import csv
+    import io
+    import json
+    import re
+    from instrument import top
+    from instrument.exporters import html, table
+    from instrument.exporters.format import ms
+    a, b = torch.randn(4096, 4096, device="cuda"), torch.randn(4096, 4096, device="cuda")
+    a @ b
+    torch.cuda.synchronize()
+    instrument.reset()
+    st, ref = instrument.stage("matmul"), []
+    for _ in range(10):
+        e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        with st:
+            e0.record()
+            for _ in range(4):
+                a @ b
+            e1.record()
+        ref.append((e0, e1))
+    torch.cuda.synchronize()
+    snap = instrument.snapshot()
+    truth = sum(e0.elapsed_time(e1) for e0, e1 in ref) * 1e6
+    gpu = snap["matmul"].gpu["total_ns"]
+    assert gpu == pytest.approx(truth, rel=0.10)
+    text = table.render(snap, width=300).splitlines()
+    assert "GPU ms" in text[0] and ms(gpu) in text[2].split(), text[:3]
+    row = next(csv.DictReader(io.StringIO(table.render(snap, format="csv"))))
+    assert float(row["gpu_ns"]) == gpu
+    assert json.loads(table.render(snap, format="json"))[0]["gpu_ns"] == gpu
+    page = html.render([snap])
+    data = json.loads(re.search(r'<script type="application/json" id="data">(.*?)</script>', page, re.S).group(1))
+    assert data["after"]["stages"][0]["cells"]["gpu"][0] == gpu
+    assert "GPU ms" in top.table_lines(snap, 1.0, width=300)[0]
+    pytest.importorskip("prometheus_client")
+    from prometheus_client.parser import text_string_to_metric_families
+    from instrument.exporters import prometheus
+    fams = {f.name: f for f in text_string_to_metric_families(prometheus.render([snap]))}
+    assert fams["instrument_stage_gpu_seconds"].samples[0].value == pytest.approx(gpu / 1e9)
+    figure(f"matmul: GPU {gpu / 1e6:.2f} ms in every output, cuda.Event {truth / 1e6:.2f} ms; verdict "
+           f"{snap['matmul'].verdict['verdict']}; table row: {text[2].strip()}")
