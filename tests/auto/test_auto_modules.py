@@ -8,6 +8,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 import instrument  # noqa: E402
+from module_tree import expected_tree  # noqa: E402
 from torch import nn  # noqa: E402
 
 
@@ -33,24 +34,6 @@ class Net(nn.Module):
         for b in self.blocks:
             x = b(x)
         return self.head(x)
-
-
-def expected_tree(model, depth, root):
-    """stage path of each module with a stage, from named_modules() alone: a module's level counts its
-    dotted prefixes that are modules with a forward of their own; its parent is the nearest such prefix."""
-    named = dict(model.named_modules())
-    own = {q for q, m in named.items() if q and type(m).forward is not nn.Module.forward}
-
-    def level(q):
-        parts = q.split(".")
-        return sum(".".join(parts[:i]) in own for i in range(1, len(parts) + 1))
-    chosen = {q for q in own if depth is None or level(q) <= depth}
-
-    def path(q):
-        parts = q.split(".")
-        ancestors = [".".join(parts[:i]) for i in range(1, len(parts))]
-        return (root,) + tuple(a for a in ancestors if a in chosen) + (q,)
-    return {(root,)} | {path(q) for q in chosen}
 
 
 def module_paths(snap, root):
