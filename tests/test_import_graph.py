@@ -126,3 +126,12 @@ def test_environment_variables_are_read_in_config_only():
     offenders = [os.path.relpath(p, ROOT) for p, _ in MODS.values()
                  if p not in allowed and "INSTRUMENT_" in open(p).read()]
     assert offenders == []
+
+
+def test_instrumentation_without_code_edits_builds_on_the_facade_only():
+    auto = {m for m in GRAPH if m.startswith("instrument.auto")}
+    assert "instrument.auto.modules" in auto
+    for m in auto:
+        bad = GRAPH[m] - auto - {"instrument"}
+        assert not bad, f"{m} imports {sorted(bad)}"
+    assert not GRAPH["instrument"] & auto   # imported on first use (instrument.__getattr__), never with the facade

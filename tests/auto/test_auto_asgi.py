@@ -189,3 +189,30 @@ def test_after_remove_the_same_app_records_nothing(service):
         assert client.post("/embed", json={"texts": ["still served"]}).json() == {"dim": 384}
         assert client.get("/items/1").status_code == 200
     assert {s.path for s in instrument.snapshot()} == {("lookup",), ("tokenize",)}   # the app's own stages only
+
+
+def test_added_inside_the_app_it_reads_the_routes_from_the_scope():
+    from starlette.applications import Starlette
+    from starlette.responses import PlainTextResponse
+    from starlette.routing import Route
+    app = Starlette(routes=[Route("/orders/{order_id:int}", lambda request: PlainTextResponse("order"))])
+    app.add_middleware(instrument.asgi.Middleware)
+    with uvicorn_server(app) as url, httpx.Client(base_url=url, timeout=60, trust_env=False) as client:
+        for i in range(4):
+            assert client.get(f"/orders/{i}").text == "order"
+        assert client.get("/orders/x").status_code == 404
+        assert client.get("/", headers={"upgrade": "websocket"}).status_code == 404
+    assert {s.path[0]: s.calls for s in instrument.snapshot()} == {"GET /orders/{order_id}": 4, "GET (unmatched)": 2}
+
+
+def test_a_route_function_names_what_the_app_does_not_say():
+    async def app(scope, receive, send):   # a bare ASGI app: no route table
+        await send({"type": "http.response.start", "status": 204, "headers": []})
+        await send({"type": "http.response.body", "body": b""})
+    served = instrument.asgi.Middleware(app, route=lambda scope: "/v1/*" if scope["path"].startswith("/v1/") else None)
+    with uvicorn_server(served) as url, httpx.Client(base_url=url, timeout=60, trust_env=False) as client:
+        for path in ("/v1/a", "/v1/b/c", "/v2"):
+            assert client.get(path).status_code == 204
+    assert {s.path[0]: s.calls for s in instrument.snapshot()} == {"GET /v1/*": 2, "GET (unmatched)": 1}
+    with pytest.raises(TypeError, match="route must be a function"):
+        instrument.asgi.Middleware(app, route="/v1")
