@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Any, Callable, Optional, Sequence
 
-from .http import RequestStages, record
+from .http import RequestMiddleware, record
 
 
 def starlette_template(routes: Sequence[Any], scope: dict) -> Optional[str]:
@@ -33,7 +33,7 @@ def starlette_template(routes: Sequence[Any], scope: dict) -> Optional[str]:
     return partial
 
 
-class Middleware:
+class Middleware(RequestMiddleware):
     """A root stage per HTTP request, named `METHOD /route/{template}` (never the raw path: `GET (unmatched)`
     where no route matched, `OTHER` for methods outside the standard ones), timed until the app returns,
     after its last response body chunk.  Its items: `request_bytes` (the body the app received),
@@ -44,12 +44,7 @@ class Middleware:
     route(scope) -> template or None names the routes of apps without a Starlette route table.
     remove() makes the middleware pass everything through unrecorded."""
 
-    def __init__(self, app: Callable, route: Optional[Callable[[dict], Optional[str]]] = None) -> None:
-        self.app = app
-        self._stages = RequestStages(route, "ASGI scope")
-
-    def remove(self) -> None:
-        self._stages.enabled = False
+    request_kind = "ASGI scope"
 
     def _template(self, scope: dict) -> Optional[str]:
         # wrapped around the app: the app's routes; added inside it (add_middleware): those of scope["app"]
@@ -57,9 +52,9 @@ class Middleware:
         return starlette_template(routes, scope) if routes else None
 
     async def __call__(self, scope: dict, receive: Callable, send: Callable) -> None:
-        if scope["type"] != "http" or not self._stages.enabled:
+        if scope["type"] != "http" or not self._enabled:
             return await self.app(scope, receive, send)
-        stage = self._stages.stage(scope.get("method", ""), scope, self._template)
+        stage = self._stage(scope.get("method", ""), scope)
         sizes = [0, 0]
         status: list = [None]
 

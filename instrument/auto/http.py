@@ -16,25 +16,34 @@ def stage_name(method: str, template: Optional[str]) -> str:
     return f"{method if method in METHODS else 'OTHER'} {template or UNMATCHED}"
 
 
-class RequestStages:
-    """The root stage of each request, one object per name, made on first use."""
+class RequestMiddleware:
+    """What the ASGI and WSGI middlewares share: the app, how its routes are named, the root stage of each
+    request (one object per name, made on first use), and remove()."""
+    request_kind = "request"
 
-    def __init__(self, route: Optional[Callable[[Any], Optional[str]]], kind: str) -> None:
+    def __init__(self, app: Callable, route: Optional[Callable[[Any], Optional[str]]] = None) -> None:
         if route is not None and not callable(route):
-            raise TypeError(f"route must be a function of the {kind} that returns its route template, "
+            raise TypeError(f"route must be a function of the {self.request_kind} that returns its route template, "
                             f"not {type(route).__name__}")
-        self.route = route
-        self.enabled = True
+        self.app = app
+        self._route = route
+        self._enabled = True
         self._stages: Dict[str, Any] = {}
 
-    def stage(self, method: str, request: Any, default: Callable[[Any], Optional[str]]) -> Any:
+    def remove(self) -> None:
+        """From now on every request passes through unrecorded."""
+        self._enabled = False
+
+    def _template(self, request: Any) -> Optional[str]:
+        """The app's route template for `request`, read from its framework; None where it has none."""
+        return None
+
+    def _stage(self, method: str, request: Any) -> Any:
         try:
-            template = (self.route or default)(request)
+            template = (self._route or self._template)(request)
         except Exception:   # a route resolver that fails never fails the request: it is named unmatched
             template = None
-        if template is not None and not isinstance(template, str):
-            template = None
-        name = stage_name(method, template)
+        name = stage_name(method, template if isinstance(template, str) else None)
         st = self._stages.get(name)
         if st is None:
             st = self._stages[name] = instrument.stage(name)

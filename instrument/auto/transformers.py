@@ -203,13 +203,18 @@ class Generate(Wrapper):
             return result
 
 
-class StepCheck(Wrapper):
-    """The loop check of generate(): the step that just ended leaves its stage; a next one enters `decode`."""
-    __slots__ = ("model", "decode")
+class _ModelStep(Wrapper):
+    """A method of one model that takes part in its generate() calls, with the stage it opens."""
+    __slots__ = ("model", "stage")
 
-    def __init__(self, model: Any, inner: Callable, decode: Any) -> None:
+    def __init__(self, model: Any, inner: Callable, stage: Any) -> None:
         super().__init__(inner)
-        self.model, self.decode = model, decode
+        self.model, self.stage = model, stage
+
+
+class StepCheck(_ModelStep):
+    """The loop check of generate(): the step that just ended leaves its stage; a next one enters `decode`."""
+    __slots__ = ()
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         more = self.inner(*args, **kwargs)
@@ -223,18 +228,14 @@ class StepCheck(Wrapper):
             call.open.__exit__(None, None, None)
             call.open = None
         if more:
-            self.decode.__enter__()
-            call.open = self.decode
+            self.stage.__enter__()
+            call.open = self.stage
         return more
 
 
-class Prefill(Wrapper):
+class Prefill(_ModelStep):
     """The model's forward calls before the first token (the prompt's) as the stage `prefill`."""
-    __slots__ = ("model", "stage")
-
-    def __init__(self, model: Any, inner: Callable, stage: Any) -> None:
-        super().__init__(inner)
-        self.model, self.stage = model, stage
+    __slots__ = ()
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         call = _generation.get()

@@ -8,7 +8,7 @@ from __future__ import annotations
 import sys
 from typing import Any, Callable, Iterable, Iterator, List, Optional
 
-from .http import RequestStages, record
+from .http import RequestMiddleware, record
 
 
 def flask_template(app: Any, environ: dict) -> Optional[str]:
@@ -108,7 +108,7 @@ class _Request:
             self.stage.__exit__(et, ev, tb)
 
 
-class Middleware:
+class Middleware(RequestMiddleware):
     """A root stage per request, named `METHOD /route/<template>` (never the raw path: `GET (unmatched)`
     where no route matched, `OTHER` for methods outside the standard ones), timed until the server closes
     the response, after its last body chunk.  Its items: `request_bytes` (the body the app read),
@@ -118,20 +118,15 @@ class Middleware:
     Flask's routes are read from its url_map; route(environ) -> template or None names those of other
     frameworks.  remove() makes the middleware pass everything through unrecorded."""
 
-    def __init__(self, app: Callable, route: Optional[Callable[[dict], Optional[str]]] = None) -> None:
-        self.app = app
-        self._stages = RequestStages(route, "WSGI environ")
-
-    def remove(self) -> None:
-        self._stages.enabled = False
+    request_kind = "WSGI environ"
 
     def _template(self, environ: dict) -> Optional[str]:
         return flask_template(self.app, environ)
 
     def __call__(self, environ: dict, start_response: Callable) -> Iterable[bytes]:
-        if not self._stages.enabled:
+        if not self._enabled:
             return self.app(environ, start_response)
-        stage = self._stages.stage(environ.get("REQUEST_METHOD", ""), environ, self._template)
+        stage = self._stage(environ.get("REQUEST_METHOD", ""), environ)
         input_ = None
         if environ.get("wsgi.input") is not None:
             input_ = environ["wsgi.input"] = _Input(environ["wsgi.input"])
