@@ -35,7 +35,7 @@ def uvicorn_server(app):
 
 @contextlib.contextmanager
 def wsgi_server(app):
-    """yields the base URL of `app` served by wsgiref's threading server (HTTP/1.1 keep-alive)."""
+    """yields the base URL of `app` served by wsgiref's server, a thread per connection."""
     from socketserver import ThreadingMixIn
     from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
