@@ -33,6 +33,18 @@ def starlette_template(routes: Sequence[Any], scope: dict) -> Optional[str]:
     return partial
 
 
+def _routes(app: Any) -> Optional[Sequence[Any]]:
+    """The route table of `app`, or of the app it wraps: middlewares keep the app they wrap as `.app`."""
+    for _ in range(32):
+        routes = getattr(app, "routes", None)
+        if routes:
+            return routes
+        app = getattr(app, "app", None)
+        if app is None:
+            return None
+    return None
+
+
 class Middleware(RequestMiddleware):
     """A root stage per HTTP request, named `METHOD /route/{template}` (never the raw path: `GET (unmatched)`
     where no route matched, `OTHER` for methods outside the standard ones), timed until the app returns,
@@ -47,8 +59,7 @@ class Middleware(RequestMiddleware):
     request_kind = "ASGI scope"
 
     def _template(self, scope: dict) -> Optional[str]:
-        # wrapped around the app: the app's routes; added inside it (add_middleware): those of scope["app"]
-        routes = getattr(self.app, "routes", None) or getattr(scope.get("app"), "routes", None)
+        routes = _routes(self.app) or getattr(scope.get("app"), "routes", None)   # added inside: scope["app"]
         return starlette_template(routes, scope) if routes else None
 
     async def __call__(self, scope: dict, receive: Callable, send: Callable) -> None:

@@ -110,12 +110,17 @@ def test_after_remove_the_same_app_records_nothing(service):
         check_removed(service, client)
 
 
-def test_added_inside_the_app_it_reads_the_routes_from_the_scope():
+@pytest.mark.parametrize("where", ["added inside", "around another middleware"])
+def test_the_routes_are_found_inside_the_app_or_through_middlewares(where):
     from starlette.applications import Starlette
+    from starlette.middleware.trustedhost import TrustedHostMiddleware
     from starlette.responses import PlainTextResponse
     from starlette.routing import Route
     app = Starlette(routes=[Route("/orders/{order_id:int}", lambda request: PlainTextResponse("order"))])
-    app.add_middleware(instrument.asgi.Middleware)
+    if where == "added inside":
+        app.add_middleware(instrument.asgi.Middleware)   # the routes come from scope["app"]
+    else:
+        app = instrument.asgi.Middleware(TrustedHostMiddleware(app, allowed_hosts=["*"]))
     with uvicorn_server(app) as url, httpx.Client(base_url=url, timeout=60, trust_env=False) as client:
         for i in range(4):
             assert client.get(f"/orders/{i}").text == "order"
