@@ -69,8 +69,9 @@ class Sent:
         row[4] += response.status_code >= 500
         return response
 
-    def embed(self, client):
-        """After one warm-up request (not counted: the stages are reset), the /embed requests."""
+    def begin(self, client, item_route):
+        """After one warm-up request (not counted: the stages are reset), the /embed requests and ten
+        /items/<random> requests, named `item_route`."""
         client.get("/items/warm-up")
         settled(1)
         instrument.reset()
@@ -79,6 +80,8 @@ class Sent:
             r = self.count("POST /embed", client.post("/embed", content=body,
                                                       headers={"content-type": "application/json"}), body)
             assert r.status_code == 200 and r.json() == {"dim": 384}
+        for _ in range(10):
+            self.count(item_route, client.get(f"/items/{uuid.uuid4()}"))
 
     def check(self, model, item_route):
         """Root stages named by route, their calls, bytes and error classes; the app's stages and the model's
