@@ -155,11 +155,33 @@ def stop_snapshot_writer() -> None:
     multiproc.stop_snapshot_writer()
 
 
+# Instrumentation without code edits (instrument/auto/), imported on first use: those modules build on this
+# facade, and torch, transformers or a web framework are imported only by what is used.
+_AUTO = {"modules": ("instrument.auto.modules", "modules"), "asgi": ("instrument.auto.asgi", None),
+         "wsgi": ("instrument.auto.wsgi", None), "transformers": ("instrument.auto.transformers", None)}
+
+
+def __getattr__(name: str):
+    """instrument.modules(model), instrument.asgi.Middleware, instrument.wsgi.Middleware, instrument.transformers."""
+    if name not in _AUTO:
+        raise AttributeError(f"module 'instrument' has no attribute {name!r}")
+    import importlib
+    module_name, attr = _AUTO[name]
+    module = importlib.import_module(module_name)
+    value = getattr(module, attr) if attr else module
+    globals()[name] = value
+    return value
+
+
+def __dir__():
+    return sorted(set(globals()) | set(_AUTO))
+
+
 if current_config().serve and not _started_as_the_command_line():
     _serve_configured(current_config().serve)
 
 
 __all__ = ["stage", "region", "add", "capture", "capture_every", "profile", "snapshot", "report", "diff", "configure",
            "current_config", "reset", "serve_metrics", "start_snapshot_writer", "stop_snapshot_writer", "Snapshot",
-           "StageStats", "SnapshotError", "Diff",
+           "StageStats", "SnapshotError", "Diff", "modules",
            "__version__"]

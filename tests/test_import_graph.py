@@ -161,3 +161,12 @@ def test_what_serves_reads_no_environment():
     for m, (path, _) in MODS.items():
         if m.startswith(LAYERS):
             assert not reads_environment(path), m
+
+
+def test_instrumentation_without_code_edits_builds_on_the_facade_only():
+    auto = {m for m in GRAPH if m.startswith("instrument.auto")}
+    assert "instrument.auto.modules" in auto
+    for m in auto:
+        bad = GRAPH[m] - auto - {"instrument"}
+        assert not bad, f"{m} imports {sorted(bad)}"
+    assert not GRAPH["instrument"] & auto   # imported on first use (instrument.__getattr__), never with the facade
