@@ -60,6 +60,7 @@ static void estimate_call(NodeStats *s, const Frame *f, const CallMeasure *m, do
     int b = stratum(run, m->switched);
     s->run_b[b] += run;
     s->calls_b[b] += 1;
+    s->cpu_pred += (1 - s->off_cpu[b]) * run;
     if (!m->read) {
         s->un[b] += 1;
         s->uw[b] += run;
@@ -83,6 +84,12 @@ static void estimate_call(NodeStats *s, const Frame *f, const CallMeasure *m, do
         t->sww += run_self * run_self, t->sWn += W, t->sWx += W * xs, t->sWw += W * run_self;
         t->reads++;
         if (e) e[q] = x;
+    }
+    const Estimate *c = &s->est[Q_CPU];
+    if (!isnan(m->x[Q_CPU]) && c->w[b] > 0) {   /* the stratum's share on a CPU, kept for the budget (O(1) a call) */
+        double off = 1 - fmin(fmax(c->x[b] / c->w[b], 0), 1);
+        s->cpu_pred += (s->off_cpu[b] - off) * s->run_b[b];
+        s->off_cpu[b] = off;
     }
 }
 

@@ -146,14 +146,8 @@ void stats_mark_start(NodeStats *s, int64_t back) {
     s->cpu0_set = 1;
 }
 
-double stats_mean_cpu(const NodeStats *s) {
-    const Estimate *e = &s->est[Q_CPU];
-    double cpu = 0;
-    for (int b = 0; b < STRATA; b++) {   /* a stratum none of whose calls was read counts as on a CPU throughout */
-        double share = e->w[b] > 0 ? e->x[b] / e->w[b] : 1.0;
-        cpu += (share < 0 ? 0 : share > 1 ? 1 : share) * s->run_b[b];
-    }
-    return cpu / (double)s->covered;
+double stats_mean_cpu(const NodeStats *s) {   /* a stratum none of whose calls was read: on a CPU throughout */
+    return s->cpu_pred / (double)s->covered;
 }
 
 void stats_add_blocker(NodeStats *s, int32_t node, int64_t ns) {
@@ -209,6 +203,7 @@ static int stats_merge(NodeStats *d, const NodeStats *s, int64_t cpu_now) {
     d->covered += s->covered;
     for (int k = 0; k < STRATA; k++)
         d->run_b[k] += s->run_b[k], d->calls_b[k] += s->calls_b[k], d->un[k] += s->un[k], d->uw[k] += s->uw[k];
+    d->cpu_pred += s->cpu_pred;
     d->uws += s->uws;
     d->cov_run += s->cov_run;
     d->cpu_bound += cpu_now < 0 ? s->cpu_bound : s->cpu0_set ? (double)(cpu_now - s->cpu0) : INFINITY;

@@ -75,6 +75,8 @@ typedef struct {
     double un[STRATA], uw[STRATA];    /* covered calls left unread, by stratum: number, running time; */
     double uws;                       /* their running self time */
     double run_b[STRATA], calls_b[STRATA];   /* covered calls by stratum: running time, number */
+    double off_cpu[STRATA];           /* by stratum: the read calls' share of running time off a CPU (none read: 0) */
+    double cpu_pred;                  /* sum over strata of (1 - off_cpu) * run_b: the covered calls' CPU, predicted */
     int64_t cpu0;                     /* a thread's slot: the thread's CPU clock before its first call (cpu0_set) */
     uint8_t cpu0_set;
     double cpu_bound;                 /* merged slots: what their calls' CPU time cannot exceed (stats_array_merge) */

@@ -152,7 +152,7 @@ def _cmd_report(a) -> int:
         if fmt not in table.TAIL_FORMATS:
             raise CLIError(f"report --tail: --format {fmt} is not available; use table, markdown or json")
         q = 0.99 if a.quantile is None else a.quantile
-        print(table.render_tail(tail(snap, q), format=fmt))
+        print(table.render_tail(tail(snap, q), format=fmt, snap=snap))
         return 0
     render = table.render_with_ops if a.ops else table.render
     print(render(snap, sort=a.sort, depth=a.depth, fold=a.fold, format=fmt))

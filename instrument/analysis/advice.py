@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any, Dict, List, Mapping, Optional
 
 from ..snapshot import Snapshot
+from .tail import PART_TEXT, tail
 from .verdict import with_verdicts
 
 NEXT_STEP = {
@@ -39,11 +40,20 @@ def advise(snap: Snapshot, top: int = 3, th: Optional[Mapping[str, float]] = Non
     judged = with_verdicts(snap, th)
     end_to_end = judged.total_ns
     rows = sorted((s for s in judged if s.calls and not s.other), key=lambda s: -s.wall_self)[:top]
+    views = {v.stage[0]: v for v in tail(snap)} if snap.exemplars else {}
     out = []
     for s in rows:
         v = s.verdict
+        tv = views.get(s.path[0])
+        ex = next((e for e in tv.excess if e.path == s.path), None) if tv is not None else None
+        slow = None
+        if ex is not None and ex.share is not None and ex.share >= 0.01:   # its part of the slow calls' excess, and how
+            slow = {"share": ex.share, "excess_ns": ex.ns, "component": ex.component,
+                    "component_ns": ex.parts.get(ex.component) if ex.component else None,
+                    "text": f"{ex.share:.0%} of the slow calls' excess over a typical one"
+                            + (f", most of it {PART_TEXT[ex.component]}" if ex.component else "")}
         out.append({"path": list(s.path), "self_ns": s.wall_self, "verdict": v["verdict"], "reason": v["reason"],
                     "evidence": v["evidence"], "limited_by": v["limited_by"],
-                    "next": NEXT_STEP[v["verdict"]].format(name=s.name),
+                    "next": NEXT_STEP[v["verdict"]].format(name=s.name), "tail": slow,
                     "saving_upper_bound": s.wall_self / end_to_end if end_to_end else None})
     return out

@@ -15,11 +15,12 @@ an error bar, shown as ±) or a dict of named components (a figure split in part
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple
 
 from .. import counters as _counters
-from ..snapshot import SPLIT, Snapshot, StageStats
+from ..snapshot import SPLIT, Z99, Snapshot, StageStats
 from .tail import share_of_excess
 
 UNITS = ("ns", "pct", "count", "ratio", "text")   # pct: the formula gives a fraction, exported in percent
@@ -108,13 +109,27 @@ def _counter_ratio(key: str) -> Formula:
     return value
 
 
+def _bar(value: Optional[float], var: Optional[float]) -> Any:
+    """An estimated value with its 99 % half-width (Bar); the value itself where it is exact."""
+    if value is None or not var:
+        return value
+    return Bar(value, Z99 * math.sqrt(var))
+
+
 def _counter(name: str, per_call: bool = False) -> Formula:
-    def value(snap: Snapshot, s: StageStats) -> Optional[float]:
+    def value(snap: Snapshot, s: StageStats) -> Any:
         v = s.counter(name)
-        if v is None or not per_call:
+        if v is None:
             return v
-        return v / s.calls if s.calls else None
+        var = (s.counters.get(name) or {}).get("var")
+        if not per_call:
+            return _bar(v, var)
+        return _bar(v / s.calls, (var or 0) / s.calls ** 2) if s.calls else None
     return value
+
+
+def _cpu(snap: Snapshot, s: StageStats) -> Any:
+    return _bar(s.cpu_total, s.cpu_var if s.cpu_estimated else None)
 
 
 def _counters_estimated(*names: str) -> Callable[[StageStats], bool]:
@@ -169,7 +184,8 @@ METRICS: Dict[str, Metric] = {m.name: m for m in (
            promql="histogram_quantile(0.99, rate(instrument_stage_duration_seconds_bucket[5m]))"),
     Metric("self", "self ms", "ns", "ms", lambda n, s: s.wall_self, "wall time outside its child stages",
            applies=_always, core=True, promql="increase(instrument_stage_self_seconds_total[5m])"),
-    Metric("cpu", "CPU ms", "ns", "ms", lambda n, s: s.cpu_total, "thread CPU time", _cpu_estimated, _always,
+    Metric("cpu", "CPU ms", "ns", "ms", _cpu, "thread CPU time (estimated: ± its 99 % interval)", _cpu_estimated,
+           _always,
            core=True, promql="increase(instrument_stage_cpu_seconds_total[5m])"),
     Metric("cpu_per_wall", "C/W", "ratio", "ratio", lambda n, s: s.cpu_ratio,
            "CPU time / wall time, over the calls whose CPU time was read", _cpu_estimated, _always, width=4, core=True,

@@ -30,7 +30,7 @@ import importlib
 from typing import Any, Callable, Iterator, List, Sequence
 
 from .. import histogram as _hist
-from ..snapshot import Snapshot, StageStats, path_text
+from ..snapshot import SPLIT, Z99, Snapshot, StageStats, path_text
 from . import Option, merged
 
 NAME = "prometheus"
@@ -51,6 +51,12 @@ METRICS = {
     "instrument_stage_cpu_mode_seconds": ("counter", ["mode"], "seconds",
                                           "Thread CPU time of a stage in user space and in the kernel (mode "
                                           "user or system, from the thread's rusage)"),
+    "instrument_stage_cpu_error_seconds": ("gauge", [], "seconds",
+                                           "Half-width of the 99 % interval of a stage's estimated CPU time (0: "
+                                           "every call read)"),
+    "instrument_stage_wall_split_seconds": ("counter", ["component"], "seconds",
+                                            "A stage's own wall time in parts: component on_cpu, runqueue (ready, "
+                                            "waiting for a CPU), blocked, awaiting, loop_ready, unknown"),
     "instrument_stage_gpu_seconds": ("counter", [], "seconds", "GPU time of a stage, from CUDA events"),
     "instrument_stage_gpu_samples": ("counter", [], "calls", "Calls of a stage whose GPU time was measured"),
     "instrument_stage_perf_events": ("counter", ["event"], "events",
@@ -127,6 +133,12 @@ def families(snap: Snapshot) -> List[Any]:
         fam["instrument_stage_errors"].add_metric(lab, s.errors)
         if s.cpu_total is not None:
             fam["instrument_stage_cpu_seconds"].add_metric(lab, s.cpu_total / 1e9)
+            half = Z99 * s.cpu_var ** 0.5 if s.cpu_estimated else 0.0
+            fam["instrument_stage_cpu_error_seconds"].add_metric(lab, half / 1e9)
+            for part in SPLIT:
+                v = s.split_part(part, self_=True)
+                if v is not None:
+                    fam["instrument_stage_wall_split_seconds"].add_metric(lab + [part], max(v, 0) / 1e9)
         if s.cpu_sys_total is not None and s.cpu_user_total is not None:
             fam["instrument_stage_cpu_mode_seconds"].add_metric(lab + ["user"], s.cpu_user_total / 1e9)
             fam["instrument_stage_cpu_mode_seconds"].add_metric(lab + ["system"], s.cpu_sys_total / 1e9)

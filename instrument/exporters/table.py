@@ -226,15 +226,18 @@ def _q(q: float) -> str:
     return f"p{q * 100:g}".replace(".", "")
 
 
-def render_tail(views: Sequence[TailView], format: str = "table", limit: Optional[int] = 12) -> str:
+def render_tail(views: Sequence[TailView], format: str = "table", limit: Optional[int] = 12,
+                snap: Optional[Snapshot] = None) -> str:
     """Per root stage: how much more time each stage took in the calls above the
     quantile ("slow ms": their mean self time) than in a typical call, as time and as
-    share of the excess, largest first.
+    share of the excess, largest first, with the component of its time that grew most
+    and one sentence that says it (naming the stages that held the event loop, from
+    `snap`, where that was it).
     JSON: one object per root stage, a list when there are several."""
     if format not in TAIL_FORMATS:
         raise ValueError(f"format must be one of {', '.join(TAIL_FORMATS)}, got {format!r}")
     if format == "json":
-        objs = [{k: v for k, v in t.to_dict().items()} for t in views]
+        objs = [dict(t.to_dict(), why=t.sentence(snap)) for t in views]
         return json.dumps(objs[0] if len(objs) == 1 else objs, indent=2, allow_nan=False)
     if not views:
         return ("No exemplars in this snapshot: record with the `exemplars` option above 0 (the default is 32) "
@@ -249,22 +252,27 @@ def render_tail(views: Sequence[TailView], format: str = "table", limit: Optiona
         if v.typical_mean_ns is not None:
             head += (f", against a typical call (mean of the middle half of {v.typical_calls} sampled) of "
                      f"{human(v.typical_mean_ns)}: {human(v.total_excess_ns)} more")
+        why = v.sentence(snap)
+        if why:
+            head += f"\n{why[0].upper() + why[1:]}."
         rows = v.excess[:limit] if limit else v.excess
         cells = [[path_text(e.path), ms(e.slow_ns), ms(e.typical_ns),
-                  ("+" if e.ns > 0 else MINUS if e.ns < 0 else "") + ms(abs(e.ns)), pct(e.share)] for e in rows]
-        hdr = ["stage", "slow ms", "typical ms", "excess ms", "share%"]
+                  ("+" if e.ns > 0 else MINUS if e.ns < 0 else "") + ms(abs(e.ns)), pct(e.share),
+                  f"{e.component} +{ms(e.parts[e.component])}" if e.component else ""] for e in rows]
+        hdr = ["stage", "slow ms", "typical ms", "excess ms", "share%", "grew most"]
         if format == "markdown":
-            out += [f"**{md(head)}**", "", "| " + " | ".join(hdr) + " |", "| --- | ---: | ---: | ---: | ---: |"]
+            out += [f"**{md(head)}**", "", "| " + " | ".join(hdr) + " |", "| --- | ---: | ---: | ---: | ---: | --- |"]
             out += ["| " + " | ".join([md(c[0])] + c[1:]) + " |" for c in cells]
             out.append("")
             continue
         w0 = min(48, max([len(hdr[0])] + [len(c[0]) for c in cells]))
-        widths = [w0] + [max(len(hdr[i]), *(len(c[i]) for c in cells)) if cells else len(hdr[i]) for i in range(1, 5)]
+        widths = [w0] + [max(len(hdr[i]), *(len(c[i]) for c in cells)) if cells else len(hdr[i]) for i in range(1, 6)]
 
         def line(c):
             first = c[0] if len(c[0]) <= w0 else c[0][: w0 - 1] + "…"
-            return f"{first:<{w0}}" + "".join(f" {x:>{w}}" for x, w in zip(c[1:], widths[1:]))
-        out += [head, "", line(hdr), "-" * (sum(widths) + 4)] + [line(c) for c in cells]
+            return (f"{first:<{w0}}" + "".join(f" {x:>{w}}" for x, w in zip(c[1:5], widths[1:5]))
+                    + f"  {c[5]:<{widths[5]}}").rstrip()
+        out += [head, "", line(hdr), "-" * (sum(widths) + 6)] + [line(c) for c in cells]
         if len(v.excess) > len(rows):
             out.append(f"({len(v.excess) - len(rows)} more stages)")
         out.append("")
@@ -281,6 +289,8 @@ def render_advice(advice: Sequence[Dict[str, Any]], about: Optional[str] = None)
         lines.append(f"{i}. {path_text(a['path'])}: {a['verdict']} — {a['reason']}")
         lines.append(f"   self {a['self_ns'] / 1e6:.2f} ms"
                      + (f"; removing it would save at most {share:.0%} of end-to-end time" if share is not None else ""))
+        if a.get("tail"):
+            lines.append(f"   in slow calls: {a['tail']['text']}")
         lines.append(f"   next: {a['next']}")
     if len(lines) == 1:
         lines.append("   (no stages recorded)")

@@ -1210,6 +1210,8 @@ def _xm_exit(f: "_Frame", m: "_Measure", slots: "_ThreadSlots") -> None:
     x = m.x if m.read and m.x is not None else None
     cpu = max(int(x[Q_CPU] - f.child[Q_CPU]), 0) if x is not None and x[Q_CPU] is not None else -1
     rq = max(int(x[Q_RQ] - f.child[Q_RQ]), 0) if x is not None and x[Q_RQ] is not None else -1
+    if not m.read and _switches and not m.switched:   # never left the CPU: on it for all its running time
+        cpu, rq = max(wall - f.xm_child - susp, 0), 0
     part = [max(wall - f.xm_child, 0), cpu, rq, max(susp - loop, 0), max(loop, 0)]
     old = parts.get(node)
     parts[node] = part if old is None else [old[0] + part[0], _known_sum(old[1], part[1]),

@@ -231,3 +231,32 @@ def test_cpu_time_by_mode_adds_up_and_lints(tmp_path):
     assert got[("instrument_stage_cpu_mode_seconds_total", "alloc", "user")] == pytest.approx(0.1)
     assert got[("instrument_stage_cpu_seconds_total", "alloc", None)] == pytest.approx(0.4)
     assert not any(k[1] == "plain" and k[2] for k in got)
+
+
+@needs_promtool
+def test_wall_split_and_cpu_interval_of_a_live_stage(backend):
+    """A live stage that sleeps and spins: its own wall time by component adds up to its self seconds, the sleep
+    shows as blocked (at least what time.sleep asked for), and a sampled stage's CPU carries its interval."""
+    import time
+    st_ = instrument.stage("mixed")
+    for _ in range(20):
+        with st_:
+            time.sleep(0.002)
+            t = time.thread_time_ns()
+            while time.thread_time_ns() - t < 500_000:
+                pass
+    tiny = instrument.stage("tiny")
+    for _ in range(20_000):
+        with tiny:
+            pass
+    s = instrument.snapshot()
+    text = P.render([s])
+    assert promtool_check(text) == (0, "")
+    fams = parse(text)
+    split = {smp.labels["component"]: smp.value for smp in fams["instrument_stage_wall_split_seconds"].samples
+             if smp.labels["path"] == "mixed" and smp.name.endswith("_total")}
+    assert set(split) <= set(P.SPLIT) and sum(split.values()) == pytest.approx(s["mixed"].wall_self / 1e9, rel=1e-6)
+    assert split["blocked"] + split.get("runqueue", 0) >= 20 * 0.002
+    err = {smp.labels["path"]: smp.value for smp in fams["instrument_stage_cpu_error_seconds"].samples}
+    assert s["tiny"].cpu_estimated and err["tiny"] > 0
+    assert err["tiny"] == pytest.approx(2.5758 * s["tiny"].cpu_var ** 0.5 / 1e9, rel=1e-3)
