@@ -168,6 +168,9 @@ def _per_call(event: str) -> str:
 METRICS: Dict[str, Metric] = {m.name: m for m in (
     Metric("calls", "calls", "count", "int", lambda n, s: s.calls, "completed calls", applies=_always, width=6,
            core=True, promql="increase(instrument_stage_duration_seconds_count[5m])"),
+    Metric("errors", "errors", "count", "int", lambda n, s: s.errors, "calls that ended by an exception",
+           applies=lambda snap: any(s.errors for s in snap), width=6, core=True,
+           promql="increase(instrument_stage_errors_total[5m])"),
     Metric("total", "total ms", "ns", "ms", lambda n, s: s.wall_total, "wall time of all calls", applies=_always,
            width=8, core=True, promql="increase(instrument_stage_duration_seconds_sum[5m])"),
     Metric("root", "%root", "pct", "pct", lambda n, s: n.share_of_root(s), "share of its top-level stage's wall time",
@@ -219,7 +222,7 @@ METRICS: Dict[str, Metric] = {m.name: m for m in (
            "locks, sleep), its asyncio task awaiting, woken but waiting for the event loop, not covered by a reading",
            _cpu_estimated, width=40),
     Metric("verdict", "verdict", "text", "text", _verdict, "what bounds the stage's own time (analysis.verdict)",
-           width=14),
+           width=14, core=True),
     Metric("cpu_user", "user ms", "ns", "ms", lambda n, s: s.cpu_user_total, "CPU time in user space",
            _cpu_estimated, promql='increase(instrument_stage_cpu_mode_seconds_total{mode="user"}[5m])'),
     Metric("cpu_sys", "sys ms", "ns", "ms", lambda n, s: s.cpu_sys_total, "CPU time in the kernel",

@@ -28,7 +28,8 @@ from .format import (ESTIMATE, MINUS, cell, count, human, md, ms, name as name_d
 FORMATS = ("table", "markdown", "csv", "json")
 NAME_MIN = 14                    # the stage name column narrows to this before a core column is left out
 NAME_MAX = 40                    # and is never wider
-DROPPABLE = ("cpu_per_wall",)    # core columns left out, in this order, when the terminal is too narrow
+DROPPABLE = ("cpu_per_wall", "p50", "self", "tail", "mean", "root")   # core columns left out, in this order, when
+#                                                                       the terminal is too narrow
 
 
 def label(s: StageStats, width: Optional[int] = None) -> str:
@@ -37,8 +38,9 @@ def label(s: StageStats, width: Optional[int] = None) -> str:
     return text if width is None or len(text) <= width else text[: width - 1] + "…"
 
 
-def _choose(snap: Snapshot, width: Optional[int], names: Optional[Sequence[str]] = None):
-    """The columns (metrics) that fit `width`, and those with data that did not fit."""
+def _choose(snap: Snapshot, width: Optional[int], names: Optional[Sequence[str]] = None,
+            width_of: Callable[[Metric], int] = lambda m: m.column_width):
+    """The columns (metrics) that fit `width` (each `width_of(metric)` wide), and those with data that did not fit."""
     if names:
         by: Dict[str, Metric] = {}
         for m in _metrics.METRICS.values():
@@ -53,19 +55,21 @@ def _choose(snap: Snapshot, width: Optional[int], names: Optional[Sequence[str]]
     extra = [m for m in shown if not m.core]
     if width is None:
         return cols + extra, []
+    dropped = []
     for name in DROPPABLE:
-        if NAME_MIN + sum(m.column_width + 1 for m in cols) > width:
+        if NAME_MIN + sum(width_of(m) + 1 for m in cols) > width:
+            dropped += [m for m in cols if m.name == name]
             cols = [m for m in cols if m.name != name]
     longest = max((len(label(s)) for s in snap), default=0)
-    used = max(16, min(NAME_MAX, longest)) + sum(m.column_width + 1 for m in cols)   # names stay whole if they can
-    dropped = []
+    used = max(16, min(NAME_MAX, longest)) + sum(width_of(m) + 1 for m in cols)   # names stay whole if they can
     for m in extra:
-        if used + m.column_width + 1 <= width:
+        if used + width_of(m) + 1 <= width:
             cols.append(m)
-            used += m.column_width + 1
+            used += width_of(m) + 1
         else:
             dropped.append(m)
-    return cols, dropped
+    order = list(_metrics.METRICS.values())
+    return sorted(cols, key=order.index), dropped
 
 
 def item_names(snap: Snapshot) -> List[str]:
@@ -123,7 +127,9 @@ def render(snap: Snapshot, sort: str = "tree", depth: Optional[int] = None, fold
     rows = ordered(snap, sort, depth)
     if width is None:
         width = max(80, shutil.get_terminal_size((80, 24)).columns) if format == "table" else None
-    cols, dropped = _choose(snap, width, columns)
+    texts = {m.name: [cell(m, snap, s) for s in rows] for m in _metrics.wanted(snap)}
+    cols, dropped = _choose(snap, width, columns,
+                            lambda m: max([m.column_width] + [len(t) for t in texts.get(m.name, ())]))
     if format == "json":   # times in ns (wall_ns, cpu_ns, total_ns), root_pct and tail_pct in percent
         return json.dumps([_json_row(snap, s, cols) for s in rows], indent=2, allow_nan=False)
     if format == "csv":
@@ -149,14 +155,15 @@ def render(snap: Snapshot, sort: str = "tree", depth: Optional[int] = None, fold
             if extra:
                 notes += ["", f"**{md(path_text(s.path))}**", "", "```", *extra, "```"]
         return "\n".join(lines + notes)
-    name_w = max(10, min(NAME_MAX, (width or 80) - sum(m.column_width + 1 for m in cols)))
-    head = f"{'stage':<{name_w}}" + "".join(f" {m.header:>{m.column_width}}" for m in cols)
+    widths = [max([m.column_width] + [len(t) for t in texts.get(m.name, ())]) for m in cols]
+    name_w = max(10, min(NAME_MAX, (width or 80) - sum(w + 1 for w in widths)))
+    head = f"{'stage':<{name_w}}" + "".join(f" {m.header:>{w}}" for m, w in zip(cols, widths))
     lines = []
     if title:
         lines.append(title)
     lines += [head, "-" * len(head)]
     for s in rows:
-        lines.append(f"{label(s, name_w):<{name_w}}" + "".join(f" {cell(m, snap, s):>{m.column_width}}" for m in cols))
+        lines.append(f"{label(s, name_w):<{name_w}}" + "".join(f" {cell(m, snap, s):>{w}}" for m, w in zip(cols, widths)))
         lines += below(s, "  " * (s.depth + 2))
     if not rows:
         lines.append("(no stages recorded)")
