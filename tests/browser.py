@@ -23,10 +23,10 @@ def chromium():
     return exe
 
 
-def browse(chromium, page, tmp_path, what):
+def browse(chromium, page, tmp_path, what, size=(1280, 900)):
     args = [chromium, "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
             "--disable-background-networking", "--disable-component-update", "--disable-sync",
-            f"--user-data-dir={tmp_path / 'profile'}", "--window-size=1280,900"]
+            f"--user-data-dir={tmp_path / 'profile'}", f"--window-size={size[0]},{size[1]}"]
     if what == "dom":
         args.append("--dump-dom")
     else:
@@ -34,3 +34,18 @@ def browse(chromium, page, tmp_path, what):
     r = subprocess.run(args + [page.as_uri()], capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr[-2000:]
     return r.stdout
+
+
+def measure(chromium, text, tmp_path, script, size=(1400, 900)):
+    """What `script` (run after the page's own scripts, in the page) returns, as JSON: positions of elements as the
+    browser laid them out at `size`, scrolled as the script scrolls them."""
+    import json
+    import re
+    page = tmp_path / "measured.html"
+    page.write_text(text.replace("</body>", "<script>document.documentElement.setAttribute('data-measured', "
+                                 f"JSON.stringify((function () {{ {script} }})()));</script></body>"))
+    dom = browse(chromium, page, tmp_path, "dom", size)
+    found = re.search(r'data-measured="([^"]*)"', dom)
+    assert found, "the measuring script did not run"
+    import html
+    return json.loads(html.unescape(found.group(1)))

@@ -129,6 +129,18 @@ def rate(per_s: Optional[float], name: str) -> str:
     return "n/a" if per_s is None else f"{si(per_s)} {printable(name)}/s"
 
 
+TIME_COUNTERS = ("task-clock", "cpu-clock")   # perf events that count nanoseconds
+
+
+def counter_text(event: str, value: Optional[float]) -> str:
+    """A perf counter's total in its unit: `10.8 s` for a clock, `1.23M` for a large count, `840` for a small one."""
+    if value is None:
+        return "n/a"
+    if event in TIME_COUNTERS:
+        return human(value)
+    return count(value) if abs(value) < 10_000 else si(value)
+
+
 SPLIT_SHORT = {"on_cpu": "cpu", "runqueue": "runq", "blocked": "blocked", "awaiting": "await",
                "loop_ready": "loop", "unknown": "unread"}
 

@@ -2,9 +2,12 @@ import html as htmllib
 import json
 import re
 
+import pytest
+
 from instrument import cli
 from instrument.exporters import html
-from browser import browse, chromium  # noqa: F401
+from browser import browse, chromium, measure  # noqa: F401
+from instrument.snapshot import SPLIT
 from snapfactory import snap, st
 
 MS = 1_000_000
@@ -48,7 +51,7 @@ def test_page_in_headless_chromium(chromium, tmp_path):
     cells = re.findall(r'data-path="([^"]*)"', icicle)
     assert {"request", "request/model", "request/model/encoder", "batch", "batch/collate"} <= \
         {htmllib.unescape(c) for c in cells}
-    text = htmllib.unescape(re.sub(r"<[^>]+>", " ", dom.split('<table id="table">', 1)[1]))
+    text = htmllib.unescape(re.sub(r"<[^>]+>", " ", dom.split('<table id="table"', 1)[1]))
     for name in ("tokenize", "encoder", "collate", "<script>alert(1)<\\/script>", EVIL[2]):   # '/' in a name escaped
         assert name in text
     assert "<script>alert(1)</script>" not in dom.split('<script type="application/json"')[0]   # escaped as text
@@ -123,7 +126,7 @@ def test_tail_card_and_items_in_headless_chromium(chromium, tmp_path):
     tails = htmllib.unescape(re.sub(r"<[^>]+>", " ", dom.split('id="tails"', 1)[1].split("</section>", 1)[0]))
     assert path_text(("request", evil)) in tails and "+9.80" in tails and "98.0%" in tails   # the / escaped
     assert "10.0 ms more" in tails
-    stages_text = htmllib.unescape(re.sub(r"<[^>]+>", " ", dom.split('<table id="table">', 1)[1]))
+    stages_text = htmllib.unescape(re.sub(r"<[^>]+>", " ", dom.split('<table id="table"', 1)[1]))
     assert "tail%" in stages_text and "5.00 µs/token · 200k tokens/s" in stages_text
 
 
@@ -139,3 +142,71 @@ def test_system_share_and_estimates_shown_in_chromium(chromium, tmp_path):
     raw = re.search(r'<script type="application/json" id="data">(.*?)</script>', text, re.S).group(1)
     stages = [x for x in re.findall(r'\{"path":\["(\w+)"\][^{}]*?"estimated":(true|false)', raw)]
     assert dict(stages) == {"alloc": "false", "tiny": "true"}
+
+
+LAYOUT = """
+var wrap = document.querySelector(".table-wrap"), t = document.getElementById("table");
+function box(e) { var r = e.getBoundingClientRect(); return {left: r.left, right: r.right, top: r.top, bottom: r.bottom}; }
+function view() { var r = wrap.getBoundingClientRect(), x = r.left + wrap.clientLeft, y = r.top + wrap.clientTop;
+  return {left: x, right: x + wrap.clientWidth, top: y, bottom: y + wrap.clientHeight}; }
+var heads = Array.prototype.slice.call(t.querySelectorAll("th"));
+var v = heads.findIndex(function (h) { return h.textContent === "verdict"; });
+var rows = t.querySelectorAll("tbody tr"), last = rows[rows.length - 1];
+function at() { return {view: view(), nameHead: box(heads[0]), verdictHead: box(heads[v]), name: box(last.children[0]),
+  verdict: box(last.children[v]), verdictText: last.children[v].textContent}; }
+var out = {wide: wrap.scrollWidth, client: wrap.clientWidth, tall: wrap.scrollHeight, clientH: wrap.clientHeight,
+  start: at(), last: last.children[0].title, bars: {}};
+wrap.scrollLeft = wrap.scrollWidth; wrap.scrollTop = wrap.scrollHeight;
+out.scrolled = at(); out.scrollLeft = wrap.scrollLeft;
+Array.prototype.forEach.call(rows, function (tr) { var bar = tr.querySelector(".split"); if (!bar) return;
+  var w = bar.getBoundingClientRect().width, segs = {};
+  bar.querySelectorAll(".seg").forEach(function (g) { segs[g.getAttribute("data-part")] = g.getBoundingClientRect().width / w; });
+  out.bars[tr.children[0].title] = segs; });
+out.legend = document.getElementById("table-legend").textContent;
+rows[0].dispatchEvent(new MouseEvent("mousemove", {clientX: 100, clientY: 100, bubbles: true}));
+out.tip = document.getElementById("tooltip").textContent;
+return out;
+"""
+
+
+def test_stage_and_verdict_stay_in_view_at_1400_px_with_the_split_bar(backend, chromium, tmp_path):
+    """Measured in the browser at 1,400 px: a table wider and taller than its box keeps the stage name and the
+    verdict in view at rest and scrolled to its far corner; each stage's bar is its own wall time by part; counters
+    read in their units; the legend says what n/a and negative values mean."""
+    import time
+    import instrument
+    instrument.configure(counters="task-clock,page-faults,context-switches,cpu-migrations,minor-faults,major-faults")
+    for _ in range(3):
+        with instrument.stage("request"):
+            with instrument.stage("nap"):
+                time.sleep(0.01)
+            with instrument.stage("spin"):
+                end = time.thread_time() + 0.005
+                while time.thread_time() < end:
+                    pass
+            for k in range(40):
+                with instrument.stage(f"step{k:02d}"):
+                    instrument.add("tokens", k + 1)
+    s = instrument.snapshot()
+    got = measure(chromium, html.render([s]), tmp_path, LAYOUT, size=(1400, 900))
+    assert got["wide"] > got["client"] + 100 and got["tall"] > got["clientH"] + 100   # it does scroll both ways
+    view, start = got["start"]["view"], got["start"]
+    assert view["left"] - 0.5 <= start["nameHead"]["left"] and start["verdictHead"]["right"] <= view["right"] + 0.5
+    end = got["scrolled"]
+    assert got["scrollLeft"] > 100
+    assert view["left"] - 0.5 <= end["name"]["left"] and end["name"]["right"] <= end["verdict"]["left"] + 1
+    assert end["verdict"]["right"] <= view["right"] + 0.5                      # name and verdict, side by side
+    assert abs(end["verdictHead"]["top"] - view["top"]) <= 1                    # the header stays on top
+    assert end["verdictHead"]["bottom"] - 1 <= end["verdict"]["top"] and end["verdict"]["bottom"] <= view["bottom"] + 1
+    last = s[got["last"]]
+    assert end["verdictText"] == last.verdict["verdict"]
+    for name, segs in got["bars"].items():
+        st_ = s[name]
+        parts = {p: st_.split_part(p, True) for p in segs}
+        whole = max(sum(st_.split_part(p, True) or 0 for p in SPLIT), st_.wall_self)
+        for p, share in segs.items():
+            assert share == pytest.approx(parts[p] / whole, abs=1.5 / 140), (name, p)
+    nap = got["bars"]["request/nap"]
+    assert max(nap, key=nap.get) == "blocked"              # a sleep is off the CPU by its own doing
+    assert "n/a not measured" in got["legend"] and "negative" in got["legend"] and "run queue" in got["legend"]
+    assert re.search(r"task-clock[\d.]+ (s|ms|µs)", got["tip"]), got["tip"]   # a clock in its unit, not raw ns

@@ -25,9 +25,9 @@ from ...analysis.diff import diff as _diff
 from ...analysis.metrics import Bar, Metric
 from ...analysis.tail import tail
 from ...analysis.verdict import with_verdicts
-from ...snapshot import Snapshot, StageStats
+from ...snapshot import SPLIT, Snapshot, StageStats
 from .. import Option, merged, snapshots
-from ..format import cell, unit
+from ..format import cell, counter_text, unit
 from ..table import headline, legend
 
 NAME = "html"
@@ -60,13 +60,21 @@ def _cells(snap: Snapshot, s: StageStats, shown: Sequence[Metric]) -> Dict[str, 
     return out
 
 
+def _split(snap: Snapshot, s: StageStats) -> Optional[Dict[str, float]]:
+    """The stage's own wall time by part (ns), where the wall_split metric has it."""
+    if _metrics.METRICS["wall_split"].value(snap, s) is None:
+        return None
+    return {p: s.split_part(p, True) for p in SPLIT if s.split_part(p, True)}
+
+
 def _stage(snap: Snapshot, s: StageStats, shown: Sequence[Metric]) -> Dict[str, Any]:
     v = s.verdict or {}
     return {"path": list(s.path), "calls": s.calls, "errors": s.errors, "estimated": s.cpu_estimated,
-            "total": s.wall_total, "mean": s.wall_mean, "parent": snap.share_of_parent(s),
+            "total": s.wall_total, "self": s.wall_self, "mean": s.wall_mean, "parent": snap.share_of_parent(s),
             "items": [{"name": n, "unit": unit(n), "total": it["total"], "calls": it["calls"],
                        "per_ns": s.per_item_ns(n), "rate": s.item_rate(n)} for n, it in s.items.items()],
-            "counters": {k: c.get("total") for k, c in s.counters.items() if c.get("total") is not None},
+            "counters": {k: counter_text(k, c["total"]) for k, c in s.counters.items() if c.get("total") is not None},
+            "split": _split(snap, s),
             "verdict": v.get("verdict"), "reason": v.get("reason"), "cells": _cells(snap, s, shown)}
 
 

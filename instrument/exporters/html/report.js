@@ -2,6 +2,12 @@
   "use strict";
   var D = JSON.parse(document.getElementById("data").textContent);
   var A = D.after, B = D.before || null;
+  // the parts of a stage's own wall time (StageStats.split_part), in the order they are stacked
+  var PARTS = [["on_cpu", "on a CPU", "#2f9e44"], ["runqueue", "run queue: ready, waiting for a CPU", "#e8590c"],
+    ["blocked", "blocked: off the CPU by its own doing (I/O, locks, sleep)", "#868e96"],
+    ["awaiting", "awaiting: its asyncio task suspended, not yet woken", "#4dabf7"],
+    ["loop_ready", "loop-ready: woken, waiting for the event loop", "#ae3ec9"],
+    ["unknown", "unknown: running time no reading covered", "#ced4da"]];
   var PALETTE = ["#4c6ef5", "#12b886", "#fab005", "#f76707", "#7950f2", "#15aabf", "#e64980", "#82c91e", "#fd7e14", "#228be6"];
   function el(tag, cls, text) { var e = document.createElement(tag); if (cls) e.className = cls;
     if (text !== undefined && text !== null) e.textContent = String(text); return e; }
@@ -87,7 +93,7 @@
       rows.push([it.name, count(it.total) + " in " + count(it.calls) + " adds" + (it.per_ns === null ? "" :
         " \u00b7 " + human(it.per_ns) + "/" + it.unit + " \u00b7 " + si(it.rate) + " " + it.name + "/s")]); });
     if (s.verdict) rows.push(["verdict", s.verdict + (s.reason ? " \u2014 " + s.reason : "")]);
-    Object.keys(s.counters || {}).forEach(function (c) { rows.push([c, count(s.counters[c])]); });
+    Object.keys(s.counters || {}).forEach(function (c) { rows.push([c, s.counters[c]]); });   // in their units
     if (s.estimated) rows.push(["~", "estimated from the calls read under the overhead budget"]);
     if (B) {
       var b = side === A ? other : s, a = side === A ? s : other;
@@ -164,13 +170,31 @@
   window.addEventListener("resize", redraw);
 
   // ----- table: a column per metric (their cells as the breakdown table shows them); with a diff, before/after
-  function metricColumn(m) { return { h: m.header, title: m.doc, metric: true,
+  function splitBar(s) {   // a stacked bar of the stage's own wall time by part; the numbers in its title
+    var box = el("div", "split"), parts = s.split || {}, sum = 0;
+    PARTS.forEach(function (p) { sum += parts[p[0]] || 0; });
+    var whole = Math.max(sum, s.self || 0), lines = [];
+    PARTS.forEach(function (p) { var v = parts[p[0]]; if (!v) return;
+      var seg = el("span", "seg"); seg.style.width = (100 * v / whole) + "%"; seg.style.background = p[2];
+      seg.setAttribute("data-part", p[0]); box.appendChild(seg);
+      lines.push(p[1].split(":")[0] + " " + pct(v / (s.self || whole)) + " (" + human(v) + ")"); });
+    box.title = lines.join(" \u00b7 ");
+    return box;
+  }
+  function metricColumn(m) { return { h: m.header, title: m.doc, metric: true, name: m.name,
     v: function (s) { var c = (s.cells || {})[m.name]; return c ? c[0] : null; },
-    t: function (s) { var c = (s.cells || {})[m.name]; return c ? c[1] : "n/a"; } }; }
+    t: function (s) { var c = (s.cells || {})[m.name]; return c ? c[1] : "n/a"; },
+    node: m.name === "wall_split" ? function (s) { return s.split ? splitBar(s) : null; } : null }; }
+  // the verdict and the split of own time right after the stage name, so they stay in view (the name and the
+  // verdict are sticky when the table scrolls sideways)
+  var FIRST = ["verdict", "wall_split"];
+  function placed(ms) { return ms.filter(function (m) { return FIRST.indexOf(m.name) >= 0; })
+    .sort(function (a, b) { return FIRST.indexOf(a.name) - FIRST.indexOf(b.name); })
+    .concat(ms.filter(function (m) { return FIRST.indexOf(m.name) < 0; })); }
   function column(h, v, f, change) { return { h: h, v: v, t: function (s) { return f(v(s)); }, change: change }; }
-  var cols = [{ h: "stage", v: function (s) { return pathText(s.path); } }].concat(D.metrics.filter(function (m) {
+  var cols = [{ h: "stage", v: function (s) { return pathText(s.path); } }].concat(placed(D.metrics.filter(function (m) {
     return !B || ["p50", "cpu_per_wall", "root", "self", "tail"].indexOf(m.name) < 0;   // room for the comparison
-  }).map(metricColumn));
+  })).map(metricColumn));
   function after(name) { var h = D.metrics.filter(function (m) { return m.name === name; })[0].header;
     return cols.map(function (c) { return c.h; }).indexOf(h) + 1; }
   if (B) {
@@ -189,7 +213,7 @@
   function renderTable() {
     var t = document.getElementById("table"); while (t.firstChild) t.removeChild(t.firstChild);
     var thead = el("thead"), hr = el("tr");
-    cols.forEach(function (c, i) { var th = el("th", null, c.h + (sortCol === i ? (sortDesc ? " \u25be" : " \u25b4") : ""));
+    cols.forEach(function (c, i) { var th = el("th", c.name === "verdict" ? "verdict" : null, c.h + (sortCol === i ? (sortDesc ? " \u25be" : " \u25b4") : ""));
       if (c.title) th.title = c.title;
       th.addEventListener("click", function () { if (sortCol === i) { if (!sortDesc) sortCol = null; sortDesc = !sortDesc; } else { sortCol = i; sortDesc = i !== 0; } renderTable(); });
       hr.appendChild(th); });
@@ -214,8 +238,10 @@
         var text = hidden || (!c.metric && (v === null || v === undefined)) ? "n/a" : c.t(s);
         var quiet = c.change && !s.onlyBefore && BI[key(s.path)] && noisy(s) &&
           (c.h === "\u0394 mean" || (c.h === "\u0394 total" && BI[key(s.path)].calls === s.calls));
-        var td = el("td", null, (quiet ? "~" : "") + text);
-        if (text === "n/a") td.className = "na";
+        var bar = !hidden && c.node ? c.node(s) : null;
+        var td = bar ? el("td", "bar-cell") : el("td", c.name === "verdict" ? "verdict" : null, (quiet ? "~" : "") + text);
+        if (bar) td.appendChild(bar);
+        else if (text === "n/a") td.className = "na" + (c.name === "verdict" ? " verdict" : "");
         else if (quiet) { td.className = "noise"; td.title = "within noise: " + TEST[key(s.path)].reason; }
         else if (c.h === "beyond noise?") td.className = v === "slower" ? "up" : v === "faster" ? "down" : "noise";
         else if (c.change) td.className = v > 0.005 ? "up" : v < -0.005 ? "down" : "";
@@ -226,8 +252,27 @@
       tb.appendChild(tr);
     });
     t.appendChild(tb);
+    t.style.setProperty("--name-w", thead.firstChild.firstChild.offsetWidth + "px");   // where the sticky verdict sits
   }
   renderTable();
+
+  // ----- what the table's marks mean
+  (function tableLegend() {
+    var box = document.getElementById("table-legend");
+    if (A.stages.some(function (s) { return s.split; })) {
+      var key = el("div", "parts"); key.appendChild(document.createTextNode("own time: "));
+      PARTS.forEach(function (p) { var x = el("span"), sw = el("span", "sw"); sw.style.background = p[2];
+        x.appendChild(sw); x.appendChild(document.createTextNode(p[1])); key.appendChild(x); });
+      box.appendChild(key);
+    }
+    [["n/a", "not measured for this stage: CPU time, user/system time and counters are left out for calls that " +
+      "overlapped other asyncio tasks on their thread (an await with no task-switch hook), never mixed with the " +
+      "other tasks' time; system time needs the cpu_split option; a counter is n/a where this machine could not open it"],
+     ["\u2212 / negative", "tail%: the stage took less time in the slow calls than in typical ones, so it offset part " +
+      "of their excess (the shares add up to 100 %); \u0394 columns: faster than before"],
+     ["~", "estimated from the calls read under the overhead budget; \u00b1 its 99 % interval"]].forEach(function (x) {
+      var d = el("div"); d.appendChild(el("b", null, x[0])); d.appendChild(document.createTextNode(" " + x[1])); box.appendChild(d); });
+  })();
 
   // ----- tail: which stage the slow calls lost their time in
   (function tails() {
