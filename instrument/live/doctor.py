@@ -157,6 +157,15 @@ def format_text(d):
                          "every call read (overhead_budget none)" if not budget else
                          "budget %g %%: stages shorter than %.0f µs on average are read on a sample of calls" % (
                              budget * 100, ov["read_ns"] / budget / 1000)))
+    if ov.get("run_queue"):
+        rq = ov["run_queue"]
+        lines.append("run-queue time    %s%s" % (rq, "" if rq == "/proc/thread-self/schedstat" else
+                                                 "; the off-CPU time of a call stays unsplit (neither run queue nor "
+                                                 "blocked is guessed), its involuntary switches remain the evidence"))
+    if ov.get("switches"):
+        lines.append("switch detection  %s" % ov["switches"])
+    if ov.get("helper_cpu"):
+        lines.append("helper-thread CPU %s" % ov["helper_cpu"])
     tk = d.get("tasks") or {}
     if tk:
         lines.append("asyncio           %s" % (

@@ -598,17 +598,38 @@ def _clock_ns(clock_id, default: int = -1) -> int:
         return default
 
 
+SCHEDSTAT = "/proc/thread-self/schedstat"
+SCHEDSTAT_ZERO = "unavailable (schedstat reads 0 0: the kernel keeps no scheduler statistics)"
+
+
 def _sched_run_delay(slots: "_ThreadSlots") -> int:
-    """ns this thread waited in the run queue (/proc/thread-self/schedstat, field 2), cumulative; -1."""
+    """ns this thread waited in the run queue (/proc/thread-self/schedstat, field 2), cumulative; -1.  A file whose
+    time on a CPU reads 0 for the running thread itself keeps no statistics: -1, never a run queue of 0."""
     if slots.sched_fd == -2:
         return -1
     try:
         if slots.sched_fd == -1:
-            slots.sched_fd = os.open("/proc/thread-self/schedstat", os.O_RDONLY | os.O_CLOEXEC)
+            slots.sched_fd = os.open(SCHEDSTAT, os.O_RDONLY | os.O_CLOEXEC)
+            if int(os.pread(slots.sched_fd, 96, 0).split()[0]) == 0:
+                raise ValueError(SCHEDSTAT_ZERO)
         return int(os.pread(slots.sched_fd, 96, 0).split()[1])
     except (OSError, IndexError, ValueError):
         slots.sched_fd = -2
         return -1
+
+
+def _run_queue_source() -> str:
+    """Where run-queue time comes from, or why it does not (as csrc/calibrate.c says it)."""
+    if not _run_queue:
+        return "off (the run_queue option)"
+    if _sched_run_delay(_slots()) >= 0:
+        return SCHEDSTAT
+    try:
+        with open(SCHEDSTAT) as f:
+            return SCHEDSTAT_ZERO if int(f.read().split()[0]) == 0 else \
+                "unavailable (/proc/thread-self/schedstat cannot be read)"
+    except (OSError, IndexError, ValueError):
+        return "unavailable (/proc/thread-self/schedstat cannot be read)"
 
 
 def _helpers_cpu() -> int:
@@ -1789,8 +1810,7 @@ def calibrate(n: int = 200) -> Dict[str, Any]:
             "unread_wall_bias_ns": _wall_bias[0], "cpu_source": ("none", "thread-clock", "task-clock")[src],
             "sys": probe.q[Q_SYS] >= 0, "thread_clock": "clock_gettime (the pure-Python backend)",
             "switches": switches,
-            "run_queue": ("off (the run_queue option)" if not _run_queue else "/proc/thread-self/schedstat"
-                          if probe.q[Q_RQ] >= 0 else "unavailable (/proc/thread-self/schedstat cannot be read)"),
+            "run_queue": _run_queue_source(),
             "helper_cpu": ("off (the helper_cpu option)" if not _helper_cpu else
                            "process CPU clock less the threads that run stages" if probe.q[Q_HELPERS] >= 0 else
                            f"unavailable (more than {HELPERS_MAX_THREADS} threads run stages)")}
