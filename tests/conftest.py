@@ -68,6 +68,19 @@ def shared_core():
         hog.wait()
 
 
+@pytest.fixture
+def hog_per_core():
+    """A CPU hog pinned to each core this process may use, as a busy shared machine has."""
+    import subprocess
+    hogs = [subprocess.Popen([sys.executable, "-c", HOG, str(c)]) for c in sorted(os.sched_getaffinity(0))]
+    try:
+        yield len(hogs)
+    finally:
+        for h in hogs:
+            h.kill()
+            h.wait()
+
+
 def run_delay_ns():
     """This thread's run-queue wait so far, as the kernel counts it (/proc/thread-self/schedstat, field 2)."""
     with open("/proc/thread-self/schedstat") as f:

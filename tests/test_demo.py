@@ -185,6 +185,26 @@ def test_demo_run_finds_the_win_and_its_summary_is_the_snapshots(model, tmp_path
         abs(share - 0.5) < 0.02 or abs(share - 0.85) < 0.02
 
 
+def test_demo_beside_a_cpu_hog_per_core_judges_forward_by_its_compute(hog_per_core, tmp_path):
+    """On a machine whose every core also runs a hog, forward is still compute: compute-bound, or cpu-starved with
+    its run-queue time named as such; never `waiting` (which would send the user looking for I/O)."""
+    r = subprocess.run([sys.executable, "-m", "instrument", "demo", "--requests", "4", "--batch-size", "4",
+                        "--device", "cpu", "--out", str(tmp_path), "--json"], capture_output=True, text=True,
+                       timeout=900, env=dict(os.environ, PYTHONPATH=str(ROOT)))
+    assert r.returncode == 0, r.stderr[-3000:]
+    summary = json.loads(r.stdout)
+    for variant in ("baseline", "optimized"):
+        forward = instrument.Snapshot.load(tmp_path / f"{variant}.json")["request/forward"]
+        verdict = forward.verdict["verdict"]
+        assert verdict in ("compute-bound", "cpu-starved"), (variant, forward.verdict)
+        runqueue = forward.split_part("runqueue", True)
+        assert runqueue > 0                      # the hogs took the cores from it, and the split says so
+        if verdict == "cpu-starved":
+            assert "run queue" in forward.verdict["reason"]
+    finding = next(line for line in summary["lines"] if line.startswith("finding:"))
+    assert __import__("re").search(r"request/forward is \d+% of the request, (compute-bound|cpu-starved) \(", finding)
+
+
 def test_advise_gives_the_advice_as_data(tmp_path):
     from snapfactory import snap, st
     path = tmp_path / "b.json"
