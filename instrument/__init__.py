@@ -155,6 +155,21 @@ def stop_snapshot_writer() -> None:
     multiproc.stop_snapshot_writer()
 
 
+def _snapshot_html(snap: Snapshot) -> str:
+    from . import notebook
+    return notebook.snapshot_html(snap)
+
+
+Snapshot.html_view = _snapshot_html   # notebooks show a Snapshot as the HTML report (instrument.notebook)
+
+
+def load_ipython_extension(ipython) -> None:
+    """`%load_ext instrument`: the %%instrument, %instrument_report and %instrument_diff magics
+    (instrument.notebook)."""
+    from . import notebook
+    notebook.load(ipython, snapshot, stage)
+
+
 # Instrumentation without code edits (instrument/auto/), imported on first use: those modules build on this
 # facade, and torch, transformers or a web framework are imported only by what is used.
 _AUTO = {"modules": ("instrument.auto.modules", "modules"), "asgi": ("instrument.auto.asgi", None),

@@ -15,7 +15,7 @@ import math
 import os
 import tempfile
 from dataclasses import dataclass, field, replace
-from typing import Any, Callable, Dict, Iterable, Iterator, List, Mapping, Optional, Sequence, Tuple
+from typing import Any, Callable, ClassVar, Dict, Iterable, Iterator, List, Mapping, Optional, Sequence, Tuple
 
 from . import histogram as _hist
 
@@ -1095,6 +1095,14 @@ class Snapshot:
 
     def __repr__(self) -> str:
         return f"<Snapshot {len(self._stages)} stages, {self.total_ns / 1e6:.3f} ms total>"
+
+    #: how notebooks (Jupyter, VS Code) show a Snapshot: the facade sets the HTML report here, so the model
+    #: itself imports no exporter
+    html_view: ClassVar[Optional[Callable[["Snapshot"], str]]] = None
+
+    def _repr_html_(self) -> Optional[str]:
+        """The Snapshot as a notebook shows it (html_view); None leaves the notebook its text repr."""
+        return None if Snapshot.html_view is None else Snapshot.html_view(self)
 
     def __eq__(self, other: object) -> bool:
         return isinstance(other, Snapshot) and self.to_dict() == other.to_dict()
