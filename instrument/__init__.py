@@ -19,12 +19,12 @@ but the command line reaches into the live side.
 """
 from __future__ import annotations
 
-import os
 import sys
 import threading
 import warnings
 from typing import Any, Optional
 
+from . import config as _config
 from ._version import __version__
 from .analysis.diff import Diff
 from .analysis.diff import diff as _diff
@@ -129,12 +129,6 @@ def _on_configure(cfg, options) -> None:
 _collector.on_configure(_on_configure)
 
 
-def _started_as_the_command_line() -> bool:
-    """`instrument ...` or `python -m instrument ...`: the command reads services, it does not serve itself."""
-    arg0 = sys.argv[0] if sys.argv else ""
-    return os.path.basename(arg0) in ("instrument", "-m") or arg0.endswith(os.path.join("instrument", "__main__.py"))
-
-
 def start_snapshot_writer(directory: Optional[str] = None, interval: float = 5.0, every_call: bool = True):
     """Share this process's snapshot with the other workers of the service: kept in
     `<directory>/instrument-<pid>-<token>.snap` (default $PROMETHEUS_MULTIPROC_DIR),
@@ -192,7 +186,7 @@ def __dir__():
     return sorted(set(globals()) | set(_AUTO))
 
 
-if current_config().serve and not _started_as_the_command_line():
+if current_config().serve and not _config.command_line():   # the command reads services, it does not serve
     _serve_configured(current_config().serve)
 
 

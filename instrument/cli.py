@@ -394,7 +394,7 @@ def _cmd_nsys(a) -> int:
 
 def _demo(argv: Sequence[str]) -> int:
     from .demo import run_demo
-    return int(run_demo(list(argv)) or 0)
+    return int(run_demo(list(argv), _Parser) or 0)
 
 
 def _cmd_top(a) -> int:
@@ -554,6 +554,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         configure(output=None, serve=None)   # the command is not measured, nor served
     argv = list(argv)
     try:
+        try:   # every command reads the environment strictly (docs/configuration.md): a bad value is exit 2
+            config.from_env(strict=True)
+        except ValueError as e:
+            raise CLIError(f"{argv[0] + ': ' if argv and not argv[0].startswith('-') else ''}{e}") from None
         if argv[:1] == ["demo"]:   # the demo parses its own options
             return _demo(argv[1:])
         args = build_parser().parse_args(argv)

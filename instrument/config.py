@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import sys
 import warnings
 from typing import Any, Callable, Dict, Mapping, Optional, Tuple
 
@@ -306,9 +307,16 @@ def from_env(environ: Optional[Mapping[str, str]] = None, strict: bool = False) 
     if problems:
         if strict:
             raise ValueError("; ".join(problems))
-        for p in problems:
+        for p in problems if not command_line() else ():   # the command reads them strictly: exit 2, one line
             warnings.warn(f"instrument: {p}; using the default", RuntimeWarning, stacklevel=3)
     return Config(values)
+
+
+def command_line() -> bool:
+    """Whether this process is the `instrument` command (`instrument ...`, `python -m instrument ...`): it reads
+    the environment strictly itself, and reads services rather than serving."""
+    arg0 = sys.argv[0] if sys.argv else ""
+    return os.path.basename(arg0) in ("instrument", "-m") or arg0.endswith(os.path.join("instrument", "__main__.py"))
 
 
 def hot_values(cfg: Config) -> Dict[str, Any]:
@@ -337,10 +345,16 @@ def env_name(option: str) -> str:
 
 
 def set_in_env(option: str, environ: Optional[Mapping[str, str]] = None) -> bool:
-    """Whether the environment sets this option (a value asked for by name, not a default)."""
+    """Whether the environment asks for this option by name: a valid value other than the default
+    (INSTRUMENT_COUNTERS=default asks for no more than leaving it unset does)."""
     env = os.environ if environ is None else environ
     o = BY_NAME.get(option)
-    return bool(o is not None and o.env and o.env in env)
+    if o is None or not o.env or o.env not in env:
+        return False
+    try:
+        return o.parse(o.env, env[o.env]) != defaults().values[option]
+    except ValueError:
+        return False
 
 
 def to_env(**options: Any) -> Dict[str, str]:

@@ -371,3 +371,39 @@ def test_advise_and_report_give_verdicts_and_next_steps(capsys, tmp_path):
     assert rc == 0 and json.loads(out)[0]["verdict"] == "compute-bound"
     rc, out, _ = main(capsys, "report", f)
     assert rc == 0 and "Where to look next" in out
+
+
+@pytest.mark.parametrize("variable, value", [("INSTRUMENT_OVERHEAD_BUDGET", "2"), ("INSTRUMENT_COUNTERS", "bogus")])
+def test_a_bad_environment_value_stops_every_command_in_one_line(tmp_path, variable, value):
+    """docs/configuration.md: the command line reads the environment strictly and exits 2, in one line naming
+    the variable, with no warning beside it."""
+    f = tmp_path / "s.json"
+    snap(st("request", 3, 1000)).save(f)
+    commands = [["report", f], ["doctor"], ["export", "--json", tmp_path / "o.json", f], ["diff", f, f],
+                ["run", "-o", tmp_path / "r.json", "--", sys.executable, "-c", "pass"], ["demo", "--requests", "1"],
+                ["top", "127.0.0.1:9", "--once"], ["advise", f], ["nsys", "--dry-run", "--", "python", "x.py"]]
+    for command in commands:
+        r = subprocess.run([sys.executable, "-m", "instrument", *map(str, command)], capture_output=True, text=True,
+                           timeout=120, env=dict(env(), **{variable: value}))
+        assert r.returncode == 2, (command, r.stderr)
+        assert r.stderr.startswith(f"instrument: {command[0]}: {variable}") and len(r.stderr.splitlines()) == 1, \
+            (command, r.stderr)
+        assert not (tmp_path / "r.json").exists()
+
+
+def test_the_demo_refuses_a_bad_option_in_one_line():
+    r = run_cli("demo", "--device", "bogus")
+    assert r.returncode == 2 and len(r.stderr.splitlines()) == 1
+    assert r.stderr.startswith("instrument: demo: argument --device: invalid choice: 'bogus'") and "--help" in r.stderr
+
+
+def test_report_ops_says_where_operators_come_from_when_none_were_recorded(tmp_path, capsys):
+    f = tmp_path / "s.json"
+    snap(st("request", 3, 1000)).save(f)
+    rc, out, _ = main(capsys, "report", f, "--ops")
+    assert rc == 0 and "no torch operators in this snapshot" in out and "instrument.profile()" in out
+    with_ops = {"by_self_cpu": [{"name": "aten::addmm", "calls": 3, "self_cpu_ns": 9000, "device_ns": 0}],
+                "by_device": [], "device_total_ns": 0}
+    snap(st("request", 3, 1000, ops=with_ops)).save(f)
+    rc, out, _ = main(capsys, "report", f, "--ops")
+    assert rc == 0 and "aten::addmm" in out and "no torch operators" not in out

@@ -172,8 +172,8 @@ def summary_lines(summary, variants) -> list:
 
 
 # ----------------------------------------------------------------- the run
-def _parser():
-    p = argparse.ArgumentParser(prog="instrument demo", description=(
+def _parser(parser_class=argparse.ArgumentParser):
+    p = parser_class(prog="instrument demo", description=(
         "Serve all-MiniLM-L6-v2 on a stream of batched requests, baseline vs optimized, find where the "
         "time goes with the SDK, and prove the fix."))
     p.add_argument("--requests", type=int, default=DEFAULT_REQUESTS, help="batches per variant (default %(default)s)")
@@ -239,8 +239,9 @@ def _modules(service, sentences, args):
             for s in snap if s.path[:-1] == root]
 
 
-def run_demo(argv=None) -> int:
-    args = _parser().parse_args(argv)
+def run_demo(argv=None, parser_class=argparse.ArgumentParser) -> int:
+    """The demo; parser_class reads its options (the command line's gives one-line errors)."""
+    args = _parser(parser_class).parse_args(argv)
     if args.requests < 1 or args.batch_size < 1:
         print("instrument demo: --requests and --batch-size must be at least 1", file=sys.stderr)
         return 2

@@ -220,9 +220,14 @@ def ops_lines(ops: Any, indent: str) -> List[str]:
 
 def render_with_ops(snap: Snapshot, sort: str = "tree", depth: Optional[int] = None, fold: bool = False,
                     format: str = "table", width: Optional[int] = None) -> str:
-    """The breakdown with each stage's items and torch operators under its row (table and markdown)."""
-    return render(snap, sort=sort, depth=depth, fold=fold, format=format, width=width,
+    """The breakdown with each stage's items and torch operators under its row (table and markdown), saying so
+    where no operators were recorded."""
+    text = render(snap, sort=sort, depth=depth, fold=fold, format=format, width=width,
                   below=lambda s, indent: item_lines(s, indent) + ops_lines(s.ops, indent))
+    if format in ("table", "markdown") and not any(s.ops for s in snap):
+        text += "\n" + textwrap.fill("no torch operators in this snapshot: they are recorded inside `with "
+                                     "instrument.profile():` (torch.profiler) around the calls", width or 80)
+    return text
 
 
 # ------------------------------------------------------------------------ tail

@@ -170,6 +170,18 @@ def test_explicit_request_for_unavailable_counter_warns_once():
     assert r.stderr.count("perf counters unavailable: cycles") == 1
 
 
+def test_the_default_counters_warn_alike_whether_set_or_implied():
+    """INSTRUMENT_COUNTERS=default asks for no more than leaving it unset: neither warns about the hardware
+    events a VM lacks."""
+    said = []
+    for env in ({}, {"INSTRUMENT_COUNTERS": "default"}):
+        r = run_python("import instrument\nwith instrument.stage('s'): pass\n"
+                       "print(instrument.snapshot()['s'].calls)", env=env)
+        assert r.returncode == 0 and r.stdout.strip() == "1", r.stderr
+        said.append(r.stderr)
+    assert said[0] == said[1] and "perf counters unavailable" not in said[1]
+
+
 def test_fds_cannot_be_opened_timing_goes_on():
     code = """
 import resource, os, warnings, instrument
