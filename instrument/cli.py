@@ -345,8 +345,8 @@ def _cmd_run(a) -> int:
                       key=lambda p: int(re.findall(r"\d+", os.path.basename(p))[-1]))
     if not produced:
         _remove_parts([], folder)
-        _err(f"run: the program wrote no snapshot (not Python, started with -I/-S/-E, or ended by SIGKILL?); "
-             f"nothing written to {out}")
+        _err(f"run: the program recorded no stage or wrote no snapshot (not Python, started with -I/-S/-E, or "
+             f"ended by SIGKILL?); nothing written to {out}")
         return status
     snaps, merged_parts = [], []
     for p in produced:

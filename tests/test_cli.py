@@ -161,6 +161,42 @@ def test_program_sigterm_handler_is_chained(tmp_path):
     assert Snapshot.load(tmp_path / "r.json")["a"].calls == 1
 
 
+SPAWNS = textwrap.dedent("""
+    import multiprocessing as mp
+    import instrument
+
+    def child(q):
+        with instrument.stage("child"):
+            q.put(1)
+
+    if __name__ == "__main__":
+        ctx = mp.get_context("spawn")   # a Queue starts multiprocessing's resource tracker, a Python process too
+        q = ctx.Queue()
+        p = ctx.Process(target=child, args=(q,))
+        p.start()
+        q.get()
+        p.join()
+        with instrument.stage("parent"):
+            pass
+""")
+
+
+def test_run_merges_the_processes_that_recorded_and_leaves_no_part_behind(tmp_path):
+    """multiprocessing's resource tracker records nothing and ends after the program: it adds no part, before the
+    merge or after it."""
+    import time
+    (tmp_path / "app.py").write_text(SPAWNS)
+    r = run_cli("run", "-o", tmp_path / "r.json", "--", sys.executable, tmp_path / "app.py")
+    assert r.returncode == 0, r.stderr
+    s = Snapshot.load(tmp_path / "r.json")
+    assert s["parent"].calls == s["child"].calls == 1 and len(s.meta["merged_from"]) == 2
+    assert "parts removed)" in r.stderr and "holds other files" not in r.stderr
+    deadline = time.monotonic() + 3
+    while time.monotonic() < deadline and not (tmp_path / "r.parts").exists():   # the tracker's exit, had it written
+        time.sleep(0.1)
+    assert not (tmp_path / "r.parts").exists()
+
+
 def test_run_of_a_program_that_writes_nothing(tmp_path):
     r = run_cli("run", "-o", tmp_path / "r.json", "--", "sh", "-c", "exit 4")
     assert r.returncode == 4

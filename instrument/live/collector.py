@@ -494,8 +494,10 @@ def _save_at_exit() -> None:
     if not out:
         return
     try:
-        path = out.replace("{pid}", str(os.getpid()))
-        snapshot().save(path)
+        snap = snapshot()
+        if "{pid}" in out and not len(snap):   # a part per process: one that recorded nothing (a helper such as
+            return                             # multiprocessing's resource tracker, ending late) adds none
+        snap.save(out.replace("{pid}", str(os.getpid())))
     except Exception as e:
         try:
             sys.stderr.write(f"instrument: could not save the snapshot to {out}: {e}\n")
