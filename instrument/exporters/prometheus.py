@@ -27,7 +27,7 @@ imported when metrics are made, not with this module.
 from __future__ import annotations
 
 import importlib
-from typing import Any, Callable, Iterator, List, Sequence
+from typing import Any, Callable, Dict, Iterator, List, Sequence
 
 from .. import histogram as _hist
 from ..snapshot import SPLIT, Z99, Snapshot, StageStats, path_text
@@ -158,7 +158,12 @@ def families(snap: Snapshot) -> List[Any]:
 
 
 class InstrumentCollector:
-    """A prometheus_client collector: `source()` gives the Snapshot to expose at each scrape."""
+    """A prometheus_client collector: `source()` gives the Snapshot to expose at each scrape.
+
+    Its counters never go down from one scrape to the next: an estimate (and a part of the wall-time split derived
+    from estimates) can move down a little as reads come in, and a counter that goes down reads as a reset.  Each
+    counter series keeps its highest value while its stage's call count does not go down (a reset of the
+    recording, where it does, starts it again)."""
 
     def __init__(self, source: Callable[[], Snapshot]) -> None:
         client()
@@ -166,12 +171,27 @@ class InstrumentCollector:
             raise TypeError(f"source must be a function returning a Snapshot (such as instrument.snapshot), "
                             f"got {type(source).__name__}")
         self.source = source
+        self._held: Dict[tuple, tuple] = {}   # (sample name, labels) -> (highest value, the stage's calls then)
 
     def describe(self) -> List[Any]:
         return []   # no samples taken at registration time
 
     def collect(self) -> Iterator[Any]:
-        yield from families(self.source())
+        snap = self.source()
+        calls = {(s.name, path_text(s.path)): s.calls for s in snap}
+        for fam in families(snap):
+            if fam.type == "counter":
+                fam.samples = [self._monotone(smp, calls) for smp in fam.samples]
+            yield fam
+
+    def _monotone(self, smp: Any, calls: Dict[tuple, int]) -> Any:
+        key = (smp.name, tuple(sorted(smp.labels.items())))
+        n = calls.get((smp.labels.get("stage"), smp.labels.get("path")), 0)
+        held = self._held.get(key)
+        if held is not None and held[1] <= n and smp.value < held[0]:
+            smp = smp._replace(value=held[0])
+        self._held[key] = (smp.value, n)
+        return smp
 
 
 def _registry(snap: Snapshot) -> Any:

@@ -965,7 +965,7 @@ def _record(slots: Optional["_ThreadSlots"], f: _Frame, p: Optional[_Frame], m: 
                 s.mux[k][1] += dr
                 s.mux[k][2] += dr != de
     if _ring and not m.abandoned:
-        cpu = m.x[Q_CPU] if m.read and m.x is not None and m.x[Q_CPU] is not None else -1
+        cpu = max(m.x[Q_CPU], 0) if m.read and m.x is not None and m.x[Q_CPU] is not None else -1   # as csrc/record.c
         _ring[_ring_next] = (f.node, slots.native_id, f.r0.t, m.wall, f.r0.q[Q_CPU] if cpu >= 0 else -1, int(cpu))
         _ring_next = (_ring_next + 1) % len(_ring)
         _ring_total += 1
