@@ -23,16 +23,18 @@ import signal
 import subprocess
 import sys
 import threading
-from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from . import config
 from ._version import __version__
 from .analysis.advice import advise
 from .analysis.diff import diff
+from .analysis.ranks import rank_view
 from .analysis.tail import tail
 from .analysis.verdict import with_verdicts
-from .exporters import table
-from .snapshot import Snapshot, SnapshotError, atomic_write, load_many, path_text
+from .exporters import multiproc, ranks, table
+from .snapshot import (RANK_KEY, Snapshot, SnapshotError, atomic_write, load_many, merge_processes, path_text,
+                       rank_of)
 
 TABLE_FORMATS = ("table", "markdown", "csv", "json")
 EXPORTS = ("chrome", "prometheus", "hatchet", "html")
@@ -87,27 +89,6 @@ def declared_version(path: str) -> Optional[int]:
     return int(m.group(1)) if m else None
 
 
-def merge_snapshots(snaps: Iterable[Snapshot], progress: Optional[Callable[[int], None]] = None) -> Snapshot:
-    """Exact merge (Snapshot.merge); timeline events and exemplars keep their process
-    (`pid`) and are put on the merged snapshot's time base."""
-    acc: Optional[Snapshot] = None
-    events: List[Dict[str, Any]] = []
-    for k, s in enumerate(snaps, 1):
-        m = s.meta
-        base = round((m.get("start_time") or 0) * 1e9)
-        events += [dict(e, pid=e.get("pid", m.get("pid")), ts_ns=e["ts_ns"] + base) for e in s.events]
-        bare = Snapshot(s.stages, m, None, [dict(e, pid=e.get("pid", m.get("pid")), start_ns=e["start_ns"] + base)
-                                            for e in s.exemplars])
-        acc = bare if acc is None else acc.merge(bare)
-        if progress:
-            progress(k)
-    if acc is None:
-        raise CLIError("no snapshot files given")
-    t0 = round((acc.meta.get("start_time") or 0) * 1e9)
-    return Snapshot(acc.stages, acc.meta, [dict(e, ts_ns=e["ts_ns"] - t0) for e in events],
-                    [dict(e, start_ns=e["start_ns"] - t0) for e in acc.exemplars])
-
-
 def _check_versions(paths: Sequence[str]) -> None:
     seen: Dict[int, str] = {}
     for p in paths:
@@ -140,10 +121,73 @@ class _Progress:
         sys.stderr.flush()
 
 
+def _files(paths: Sequence[str]) -> List[str]:
+    """The paths, each folder replaced by the snapshot files in it (.snap files of the snapshot writer, .json)."""
+    out: List[str] = []
+    for p in paths:
+        if not os.path.isdir(p):
+            out.append(p)
+            continue
+        found = multiproc.files(p)
+        if not found:
+            raise CLIError(f"{p}: a folder with no snapshot files (instrument-*.snap, *.json) in it")
+        out += found
+    return out
+
+
+def _read(path: str) -> Snapshot:
+    """A snapshot file, or the newest whole snapshot of a process's .snap file (the snapshot writer's)."""
+    if not path.endswith(".snap"):
+        return Snapshot.load(path)
+    snap = multiproc.read(path)
+    if snap is None:
+        raise CLIError(f"{path}: its process had written no snapshot into it yet")
+    return snap
+
+
 def _load_all(paths: Sequence[str], progress: bool = False) -> Snapshot:
+    paths = _files(paths)
     _check_versions(paths)
     p = _Progress(len(paths), progress and len(paths) >= 10)
-    return merge_snapshots((Snapshot.load(f) for f in paths), p)
+    return merge_processes((_read(f) for f in paths), p)
+
+
+def by_rank(paths: Sequence[str], cmd: str) -> Tuple[Snapshot, List[str]]:
+    """The per-rank merge of snapshot files of one job's ranks, checked: every file names its rank (or merges
+    ranks), no process is given twice, all are of one world size.  Files that name no rank and hold no calls
+    (the launcher's own process) are left out and returned."""
+    paths = _files(paths)
+    _check_versions(paths)
+    kept, skipped = [], []
+    seen: Dict[tuple, str] = {}
+    worlds: Dict[int, str] = {}
+    for p in paths:
+        snap = _read(p)
+        m = snap.meta
+        procs = m.get("merged_from") or [dict(m.get(RANK_KEY) or {}, rank=rank_of(m), pid=m.get("pid"),
+                                              host=m.get("host"), start_time=m.get("start_time"))]
+        if any(x.get("rank") is None for x in procs):
+            if not any(s.calls for s in snap.stages):
+                skipped.append(p)
+                continue
+            raise CLIError(f"{cmd}: {p} names no rank (not recorded by a rank of a torch.distributed job or under "
+                           "torchrun); leave it out, or merge without --by-rank")
+        for x in procs:
+            key = (x.get("pid"), x.get("host"), x.get("start_time"))
+            if key in seen:
+                raise CLIError(f"{cmd}: {seen[key]} and {p} both hold rank {x['rank']}'s process {key[0]}: the same "
+                               "recording twice; give one of them")
+            seen[key] = p
+            if isinstance(x.get("world_size"), int):
+                worlds.setdefault(x["world_size"], p)
+        kept.append(snap)
+    if len(worlds) > 1:
+        (wa, pa), (wb, pb) = sorted(worlds.items())[:2]
+        raise CLIError(f"{cmd}: {pa} is of a world of {wa} ranks but {pb} of {wb}: files of different jobs")
+    if not kept:
+        raise CLIError(f"{cmd}: none of the files names a rank (record under torchrun, or with torch.distributed "
+                       "initialised)")
+    return merge_processes(kept), skipped
 
 
 def _optional(module: str, attr: str, cmd: str):
@@ -184,6 +228,8 @@ def _cmd_report(a) -> int:
         raise CLIError("report: no snapshot file given; usage: instrument report FILE... or --since EARLIER LATER")
     if a.quantile is not None and not a.tail:
         raise CLIError("report: --quantile goes with --tail")
+    if a.ranks:
+        return _report_ranks(a)
     snap = with_verdicts(_window(*a.since) if a.since else load_many(a.files))
     fmt = "json" if a.json else a.format
     if a.tail:
@@ -201,6 +247,21 @@ def _cmd_report(a) -> int:
         print()
         about = f"{a.since[1]} since {a.since[0]}" if a.since else ", ".join(a.files)
         print(table.render_advice(advise(snap), about=about))
+    return 0
+
+
+def _report_ranks(a) -> int:
+    if a.since or a.tail or a.ops:
+        raise CLIError("report: --ranks reads FILE... (a merge of ranks, or each rank's files); it does not go with "
+                       "--since, --tail or --ops")
+    fmt = "json" if a.json else a.format
+    if fmt not in ranks.FORMATS:
+        raise CLIError(f"report --ranks: --format {fmt} is not available; use table or json (--json)")
+    try:
+        view = rank_view(by_rank(a.files, "report --ranks")[0])
+    except ValueError as e:
+        raise CLIError(f"report --ranks: {', '.join(a.files)}: {e}") from None
+    print(ranks.render(view, format=fmt))
     return 0
 
 
@@ -241,11 +302,24 @@ def _cmd_diff(a) -> int:
 
 # -------------------------------------------------------------------- merge
 def _cmd_merge(a) -> int:
+    if a.by_rank:
+        return _merge_by_rank(a)
     snap = _load_all(a.files, progress=True)
     _save(snap, a.output)
     if a.output != "-":
         _err(f"merge: {len(a.files)} files ({len(snap.meta.get('merged_from') or [0])} processes, "
              f"{len(snap)} stages) into {a.output}")
+    return 0
+
+
+def _merge_by_rank(a) -> int:
+    snap, skipped = by_rank(a.files, "merge --by-rank")
+    _save(snap, a.output)
+    if a.output != "-":
+        view = rank_view(snap)
+        _err(f"merge --by-rank: {len(snap.meta['merged_from'])} processes into {a.output}: "
+             f"{' '.join(ranks.summary(view)[:3])}"
+             + (f" Left out, naming no rank and holding no calls: {', '.join(skipped)}" if skipped else ""))
     return 0
 
 
@@ -341,6 +415,16 @@ def _process_files(output: str) -> Dict[str, Tuple[int, int]]:
     return found
 
 
+def rank_output(output: str) -> str:
+    """`output` of `instrument run`, named for the rank when a launcher (torchrun) started it as one rank of a
+    job: run.json -> run.rank2.json (each rank writes its own; `instrument merge --by-rank` joins them)."""
+    who = config.launcher_rank()
+    if who is None:
+        return output
+    stem, ext = (output[:-5], ".json") if output.endswith(".json") else (output, "")
+    return f"{stem}.rank{who['rank']}{ext}"
+
+
 def _cmd_run(a) -> int:
     cmd = _rest(a.command)
     if not cmd:
@@ -350,6 +434,7 @@ def _cmd_run(a) -> int:
     out = a.output
     if out == "-":
         raise CLIError("run: -o - is not supported (stdout is the program's); give a file name")
+    out = rank_output(out)
     if not os.path.isdir(os.path.dirname(os.path.abspath(out))):
         raise CLIError(f"run: {out}: the folder does not exist")
     try:
@@ -403,10 +488,12 @@ def _cmd_run(a) -> int:
             _err(f"run: skipped {e}")
     if not snaps:
         return status
-    merged = merge_snapshots(snaps)
+    merged = merge_processes(snaps)
     _save(merged, out)
     if not a.no_report:
         print(table.render(with_verdicts(merged)), file=sys.stderr)
+        if any(st.ranks for st in merged.stages):
+            print("\n" + ranks.render(rank_view(merged)), file=sys.stderr)
     names = f"{', '.join(os.path.basename(p) for p in produced[:8])}{' …' if len(produced) > 8 else ''}"
     if a.keep_parts:
         where = f"; parts kept in {folder}"
@@ -549,6 +636,8 @@ def build_parser() -> argparse.ArgumentParser:
     rp.add_argument("--fold", action="store_true", help="one row per stage name wherever it nested")
     rp.add_argument("--format", choices=TABLE_FORMATS, default="table")
     rp.add_argument("--ops", action="store_true", help="show the torch operators under each stage")
+    rp.add_argument("--ranks", action="store_true", help="the ranks of a torch.distributed job side by side: each "
+                    "stage's spread over ranks per step, the straggler, the wait it caused, missing ranks")
     rp.set_defaults(func=_cmd_report)
 
     d = sub.add_parser("diff", help="compare two snapshots stage by stage")
@@ -567,6 +656,8 @@ def build_parser() -> argparse.ArgumentParser:
     m = sub.add_parser("merge", help="merge snapshot files exactly")
     m.add_argument("files", nargs="+", metavar="FILE")
     m.add_argument("-o", "--output", default="-", help="merged snapshot (default: stdout)")
+    m.add_argument("--by-rank", action="store_true", help="the files are the ranks of one torch.distributed job "
+                   "(parts of `instrument run`, snapshot writer files or folders): checked, merged per rank")
     m.set_defaults(func=_cmd_merge)
 
     e = sub.add_parser("export", help="write snapshots in another format")

@@ -1,5 +1,5 @@
-"""Installs the torch integrations (profiler ranges, GPU timing) once torch is
-imported, and never imports torch itself.
+"""Installs the torch integrations (profiler ranges, GPU timing, torch.distributed) once
+torch is imported, and never imports torch itself.
 
 When instrument is imported or configured, or `instrument.profile()` is called,
 with torch already in sys.modules, they are installed at once.  Otherwise a
@@ -7,13 +7,15 @@ finder at the front of sys.meta_path waits for `import torch`: it finds nothing
 itself, wraps torch's loader so that the integrations are installed right after
 torch's own module has run, and then removes itself, so imports cost nothing
 afterwards.  `importlib.util.find_spec("torch")` alone (availability checks)
-does not remove it.  With both `torch` and `gpu` options off nothing is installed.
+does not remove it.  With the `torch`, `gpu` and `collectives` options off nothing is installed.
+A process that a launcher (torchrun) started names its rank from the start.
 """
 from __future__ import annotations
 
 import sys
 
-from . import callsite, gpu, hooks, integrations, torch_profiler
+from .. import config
+from . import callsite, distributed, gpu, hooks, integrations, torch_profiler
 
 _ready = False
 _cfg = None   # the configuration in force, as the collector last applied it
@@ -32,7 +34,9 @@ def on_configure(cfg) -> None:
     if _ready:
         _apply(cfg)
         return
-    if cfg.torch == "off" and cfg.gpu == "off":
+    if config.launcher_rank():
+        integrations.register(distributed.INTEGRATION)
+    if cfg.torch == "off" and cfg.gpu == "off" and not cfg.collectives:
         return
     if "on" in (cfg.torch, cfg.gpu):
         _register()   # so meta says why it is not working yet
@@ -58,6 +62,7 @@ def _apply(cfg) -> None:
         torch_profiler.install()
     torch_profiler.apply(cfg)
     gpu.apply(cfg)
+    distributed.apply(cfg)
 
 
 def _on_torch(cfg) -> None:
