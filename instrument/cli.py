@@ -154,40 +154,55 @@ def _load_all(paths: Sequence[str], progress: bool = False) -> Snapshot:
 
 def by_rank(paths: Sequence[str], cmd: str) -> Tuple[Snapshot, List[str]]:
     """The per-rank merge of snapshot files of one job's ranks, checked: every file names its rank (or merges
-    ranks), no process is given twice, all are of one world size.  Files that name no rank and hold no calls
-    (the launcher's own process) are left out and returned."""
+    ranks, and maybe the launcher's process) and all are of one world size.  Of several snapshots of one process (its snapshot writer's file and
+    its exit-time part) the latest is kept: a process's snapshots only grow.  Files left out are returned: those
+    earlier snapshots, and files that name no rank and hold no calls (the launcher's own process)."""
     paths = _files(paths)
     _check_versions(paths)
-    kept, skipped = [], []
-    seen: Dict[tuple, str] = {}
+    singles: Dict[tuple, Tuple[str, Snapshot]] = {}   # process -> its latest snapshot
+    merges: List[Tuple[str, Snapshot, List[tuple]]] = []
+    left: List[str] = []
     worlds: Dict[int, str] = {}
     for p in paths:
         snap = _read(p)
         m = snap.meta
         procs = m.get("merged_from") or [dict(m.get(RANK_KEY) or {}, rank=rank_of(m), pid=m.get("pid"),
                                               host=m.get("host"), start_time=m.get("start_time"))]
-        if any(x.get("rank") is None for x in procs):
+        if all(x.get("rank") is None for x in procs) if m.get("merged_from") else procs[0]["rank"] is None:
             if not any(s.calls for s in snap.stages):
-                skipped.append(p)
+                left.append(p)
                 continue
             raise CLIError(f"{cmd}: {p} names no rank (not recorded by a rank of a torch.distributed job or under "
                            "torchrun); leave it out, or merge without --by-rank")
         for x in procs:
-            key = (x.get("pid"), x.get("host"), x.get("start_time"))
-            if key in seen:
-                raise CLIError(f"{cmd}: {seen[key]} and {p} both hold rank {x['rank']}'s process {key[0]}: the same "
-                               "recording twice; give one of them")
-            seen[key] = p
             if isinstance(x.get("world_size"), int):
                 worlds.setdefault(x["world_size"], p)
-        kept.append(snap)
+        keys = [(x.get("pid"), x.get("host"), x.get("start_time")) for x in procs]
+        if m.get("merged_from"):
+            merges.append((p, snap, keys))
+            continue
+        prev = singles.get(keys[0])
+        if prev is not None and (m.get("duration_ns") or 0) <= (prev[1].meta.get("duration_ns") or 0):
+            left.append(p)
+            continue
+        if prev is not None:
+            left.append(prev[0])
+        singles[keys[0]] = (p, snap)
+    owner = {k: p for k, (p, _) in singles.items()}
+    for p, _, keys in merges:
+        for k in keys:
+            if k in owner:
+                raise CLIError(f"{cmd}: {p} merges process {k[0]}, which {owner[k]} holds too: give the merge or its "
+                               "parts, not both")
+            owner[k] = p
     if len(worlds) > 1:
         (wa, pa), (wb, pb) = sorted(worlds.items())[:2]
         raise CLIError(f"{cmd}: {pa} is of a world of {wa} ranks but {pb} of {wb}: files of different jobs")
+    kept = [snap for _, snap in singles.values()] + [snap for _, snap, _ in merges]
     if not kept:
         raise CLIError(f"{cmd}: none of the files names a rank (record under torchrun, or with torch.distributed "
                        "initialised)")
-    return merge_processes(kept), skipped
+    return merge_processes(kept), left
 
 
 def _optional(module: str, attr: str, cmd: str):
@@ -257,8 +272,9 @@ def _report_ranks(a) -> int:
     fmt = "json" if a.json else a.format
     if fmt not in ranks.FORMATS:
         raise CLIError(f"report --ranks: --format {fmt} is not available; use table or json (--json)")
+    snap = by_rank(a.files, "report --ranks")[0]
     try:
-        view = rank_view(by_rank(a.files, "report --ranks")[0])
+        view = rank_view(snap)
     except ValueError as e:
         raise CLIError(f"report --ranks: {', '.join(a.files)}: {e}") from None
     print(ranks.render(view, format=fmt))
@@ -319,7 +335,8 @@ def _merge_by_rank(a) -> int:
         view = rank_view(snap)
         _err(f"merge --by-rank: {len(snap.meta['merged_from'])} processes into {a.output}: "
              f"{' '.join(ranks.summary(view)[:3])}"
-             + (f" Left out, naming no rank and holding no calls: {', '.join(skipped)}" if skipped else ""))
+             + (f" Left out (no rank and no calls, or an earlier snapshot of a process given again): "
+                f"{', '.join(skipped)}" if skipped else ""))
     return 0
 
 

@@ -105,7 +105,7 @@ class StageStats:
     # system (kernel) share of cpu_total/cpu_self, from the thread's rusage at the same reads; None: not measured
     cpu_sys_total: Optional[int] = None
     cpu_sys_self: Optional[int] = None
-    # per rank of a torch.distributed job, {rank: {"calls", "wall_ns", "self_ns", "cpu_ns", "gpu_ns"}}: kept by
+    # per rank of a torch.distributed job, {rank: {"calls", "errors", "wall_ns", "self_ns", "cpu_ns", "gpu_ns"}}: by
     # merge() of snapshots that name their rank (meta.distributed.rank); None for one process's snapshot
     ranks: Optional[Mapping[int, Mapping[str, Any]]] = None
 
@@ -650,10 +650,11 @@ def merge_exemplars(groups: Sequence[Tuple[Sequence[Mapping[str, Any]], Mapping[
 # meta.merged_from.  Collectives timed by the SDK are stages named COLLECTIVE_PREFIX + the torch.distributed function.
 
 RANK_KEY = "distributed"
-RANK_FIELDS = ("calls", "wall_ns", "self_ns", "cpu_ns", "gpu_ns")
+RANK_FIELDS = ("calls", "errors", "wall_ns", "self_ns", "cpu_ns", "gpu_ns")
 COLLECTIVE_PREFIX = "dist."
-COLLECTIVES = ("all_reduce", "all_gather", "all_gather_into_tensor", "reduce_scatter", "reduce_scatter_tensor",
-               "all_to_all", "all_to_all_single", "broadcast", "reduce", "barrier", "send", "recv")
+COLLECTIVES = ("all_reduce", "all_gather", "all_gather_single", "all_gather_into_tensor", "reduce_scatter",
+               "reduce_scatter_single", "reduce_scatter_tensor", "all_to_all", "all_to_all_single", "broadcast",
+               "reduce", "barrier", "send", "recv")
 
 
 def is_collective(name: str) -> bool:
@@ -670,8 +671,8 @@ def rank_of(meta: Mapping[str, Any]) -> Optional[int]:
 
 def rank_figures(s: StageStats) -> Dict[str, Any]:
     """A stage's figures as one rank's entry of StageStats.ranks."""
-    return {"calls": s.calls, "wall_ns": s.wall_total, "self_ns": s.wall_self, "cpu_ns": s.cpu_total,
-            "gpu_ns": (s.gpu or {}).get("total_ns")}
+    return {"calls": s.calls, "errors": s.errors, "wall_ns": s.wall_total, "self_ns": s.wall_self,
+            "cpu_ns": s.cpu_total, "gpu_ns": (s.gpu or {}).get("total_ns")}
 
 
 def merge_ranks(a: Optional[Mapping[int, Mapping[str, Any]]],
@@ -710,15 +711,16 @@ def _ranks_from(path: Tuple[str, ...], raw: Any) -> Optional[Dict[int, Dict[str,
         raise SnapshotError(f"stage {path_text(path)}: ranks must be a list of objects, got {str(raw)[:80]}")
     out: Dict[int, Dict[str, Any]] = {}
     for x in raw:
-        r, calls = x.get("rank"), x.get("calls")
-        numbers = [x.get(k) for k in RANK_FIELDS[1:]]
-        if (not isinstance(r, int) or isinstance(r, bool) or r < 0 or r in out or not isinstance(calls, int)
-                or isinstance(calls, bool) or calls < 0 or x.get("wall_ns") is None or x.get("self_ns") is None
+        counts = [x.get(k) for k in ("rank", "calls", "errors")]
+        numbers = [x.get(k) for k in RANK_FIELDS[2:]]
+        if (not all(isinstance(n, int) and not isinstance(n, bool) and n >= 0 for n in counts) or counts[0] in out
+                or x.get("wall_ns") is None or x.get("self_ns") is None
                 or not all(v is None or (isinstance(v, (int, float)) and not isinstance(v, bool) and v >= 0)
                            for v in numbers)):
-            raise SnapshotError(f"stage {path_text(path)}: a ranks entry needs a rank (an integer >= 0, once), "
-                                f"calls >= 0, wall_ns and self_ns >= 0, cpu_ns and gpu_ns >= 0 or null; got "
+            raise SnapshotError(f"stage {path_text(path)}: a ranks entry needs a rank (once), calls and errors "
+                                f"(integers >= 0), wall_ns and self_ns >= 0, cpu_ns and gpu_ns >= 0 or null; got "
                                 f"{str(dict(x))[:80]}")
+        r = counts[0]
         out[r] = {k: x.get(k) for k in RANK_FIELDS}
     return out
 
@@ -1048,8 +1050,9 @@ def _source(meta: Mapping[str, Any]) -> Dict[str, Any]:
 
 
 def merge_processes(snaps: Iterable[Snapshot], progress: Optional[Callable[[int], None]] = None) -> Snapshot:
-    """Snapshots of separate processes as one (Snapshot.merge: exact, per rank where they name theirs); timeline
-    events and exemplars keep their process (`pid`) and are put on the merged snapshot's time base."""
+    """Snapshots of separate processes as one (Snapshot.merge: exact, per rank where they name theirs, so one
+    that names its rank is a merge of one); timeline events and exemplars keep their process (`pid`) and are
+    put on the merged snapshot's time base."""
     acc: Optional[Snapshot] = None
     events: List[Dict[str, Any]] = []
     for k, s in enumerate(snaps, 1):
@@ -1058,7 +1061,7 @@ def merge_processes(snaps: Iterable[Snapshot], progress: Optional[Callable[[int]
         events += [dict(e, pid=e.get("pid", m.get("pid")), ts_ns=e["ts_ns"] + base) for e in s.events]
         bare = Snapshot(s.stages, m, None, [dict(e, pid=e.get("pid", m.get("pid")), start_ns=e["start_ns"] + base)
                                             for e in s.exemplars])
-        acc = bare if acc is None else acc.merge(bare)
+        acc = (bare.merge() if rank_of(m) is not None else bare) if acc is None else acc.merge(bare)
         if progress:
             progress(k)
     if acc is None:

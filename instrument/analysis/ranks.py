@@ -14,8 +14,10 @@ snapshots that name their rank, as instrument.distributed.gather, `instrument me
   step exceeds the median of the other ranks' by the most; the wait it caused is what each other rank
   spent per step in the first collective after it (in the same top-level stage, the next step's when
   none follows) beyond the straggler's own time there.
-- Ranks below the world size with no data are missing; a rank with fewer steps than the most any rank
-  took stopped early (killed, crashed, or not finished when its snapshot was taken).
+- Ranks below the world size with no data are missing; a rank that completed fewer steps (calls of the
+  main top-level stage that did not raise) than the most any rank did stopped early (killed, crashed, or
+  not finished when its snapshot was taken).  Calls that raised are listed per stage and rank (a
+  collective raises on the ranks left when a peer dies).
 """
 from __future__ import annotations
 
@@ -67,8 +69,9 @@ class RankView:
     ranks: Tuple[int, ...]              # ranks with data
     missing: Tuple[int, ...]            # ranks below the world size without data
     hosts: Dict[int, str]
-    steps: Dict[int, int]               # per rank, calls of the main top-level stage (the one with most time)
+    steps: Dict[int, int]               # per rank, completed calls of the main top-level stage (most time)
     stopped: Tuple[int, ...]            # ranks with fewer steps than the most
+    failed: Dict[Tuple[str, ...], Dict[int, int]]   # stage -> rank -> calls that raised
     step_path: Optional[Tuple[str, ...]]
     stages: Tuple[StageAcrossRanks, ...]
     straggler: Optional[Straggler]
@@ -88,6 +91,7 @@ class RankView:
             "world_size": self.world_size, "ranks": list(self.ranks), "missing": list(self.missing),
             "hosts": {str(r): h for r, h in sorted(self.hosts.items())},
             "steps": {str(r): n for r, n in sorted(self.steps.items())}, "stopped": list(self.stopped),
+            "failed": {path_text(p): {str(r): n for r, n in sorted(d.items())} for p, d in self.failed.items()},
             "step_stage": None if self.step_path is None else path_text(self.step_path),
             "straggler": None if s is None else {
                 "rank": s.rank, "stage": path_text(s.path), "excess_ns_per_step": round(s.excess_ns),
@@ -117,13 +121,16 @@ def rank_view(snap: Snapshot) -> RankView:
     missing = tuple(r for r in range(world) if r not in present) if world else ()
     roots = {s.path: s for s in ranked if len(s.path) == 1}
     main = max(roots.values(), key=lambda s: sum(f["wall_ns"] for f in s.ranks.values()), default=None)
-    steps = {r: (main.ranks.get(r) or {}).get("calls", 0) for r in present} if main is not None else {}
+    done = {r: f["calls"] - f["errors"] for r, f in main.ranks.items()} if main is not None else {}
+    steps = {r: done.get(r, 0) for r in present} if main is not None else {}
     most = max(steps.values(), default=0)
     rows = [_across(s, roots.get(s.path[:1])) for s in ranked]
     rows = [x for x in rows if x is not None]
     return RankView(world_size=world, ranks=tuple(present), missing=missing,
                     hosts={m["rank"]: m.get("host") for m in sources},
                     steps=steps, stopped=tuple(r for r, n in steps.items() if n < most),
+                    failed={s.path: {r: f["errors"] for r, f in sorted(s.ranks.items()) if f["errors"]}
+                            for s in ranked if any(f["errors"] for f in s.ranks.values())},
                     step_path=None if main is None else main.path, stages=tuple(rows),
                     straggler=_straggler(snap, rows, roots))
 

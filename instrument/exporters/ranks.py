@@ -31,6 +31,10 @@ def summary(v: RankView) -> List[str]:
         most = max(v.steps.values())
         out.append("Stopped early: " + "; ".join(f"rank {r} after {v.steps[r]} of {most} steps" for r in v.stopped)
                    + " (killed, crashed, or not finished when its snapshot was taken).")
+    if v.failed:
+        out.append("Calls that raised: " + "; ".join(
+            f"{path_text(p)} on " + ", ".join(f"rank {r} ({n})" for r, n in d.items()) for p, d in v.failed.items())
+            + ".")
     s = v.straggler
     if s is None:
         out.append("Straggler: none (one rank, or no stage ran on more than one).")
