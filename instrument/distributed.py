@@ -33,7 +33,7 @@ def gather(dst: int = 0, group: Any = None) -> Optional[Snapshot]:
 
 
 def identity() -> dict:
-    """{"rank", "world_size", "local_rank", "host", "backend", "source"} of this process."""
+    """{"rank", "world_size", "local_rank", "backend", "source"} of this process (rank None outside a job)."""
     return _live.identity()
 
 

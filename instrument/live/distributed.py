@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import functools
 import json
-import socket
 import sys
 import zlib
 from typing import Any, Callable, Dict, List, Optional
@@ -40,8 +39,8 @@ def _dist():
 
 
 def identity() -> Dict[str, Any]:
-    """{"rank", "world_size", "local_rank", "host", "backend", "source"} of this process (rank None when it
-    is not one rank of a job)."""
+    """{"rank", "world_size", "local_rank", "backend", "source"} of this process (rank None when it is not one
+    rank of a job; its host is meta["host"])."""
     global _remembered
     launcher = _config.launcher_rank() or {}
     d = _dist()
@@ -53,13 +52,10 @@ def identity() -> Dict[str, Any]:
     except Exception:   # a group being torn down: what was seen last stands
         pass
     if _remembered is not None:
-        who = dict(_remembered)
-    elif launcher:
-        who = dict(launcher, backend=None, source="launcher environment")
-    else:
-        who = {"rank": None, "world_size": None, "local_rank": None, "backend": None, "source": None}
-    who["host"] = socket.gethostname()
-    return who
+        return dict(_remembered)
+    if launcher:
+        return dict(launcher, backend=None, source="launcher environment")
+    return {"rank": None, "world_size": None, "local_rank": None, "backend": None, "source": None}
 
 
 class _Distributed(integrations.Integration):
