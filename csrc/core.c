@@ -19,9 +19,11 @@ int g_ctr_rdpmc = 0;
 
 double g_budget = 0.0;
 double g_read_cost = 0.0;
-int64_t g_cpu_bias[3] = {0, 0, 0};
+int64_t g_cpu_bias = 0;
+int64_t g_wall_bias[2] = {0, 0};
 int g_cpu_split = 0;
-int g_cpu_clamp = 1;
+int g_run_queue = 0;
+int g_helper_cpu = 0;
 int g_cpu_fast = 0;
 
 int64_t g_open_frames = 0;

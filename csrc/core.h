@@ -4,10 +4,17 @@
  * per-node slots, and the bounded trace ring.  Everything else (formats,
  * percentiles, configuration parsing, torch) lives in Python.
  *
- * Units: nodes.c (the stage tree), stats.c (per-node aggregates, trace ring),
- * threads.c (per-thread slots), types.c (Stage, Region, the stack; enter and
- * exit), module.c (module functions and init), core.c (the state below);
- * hist.c, perf.c and nvtx_emit.c are self-contained.
+ * Units, each calling only units listed before it (tests/test_c_units.py holds
+ * this): core.c (the state below), hist.c, perf.c, nvtx_emit.c, rootexit.c
+ * (self-contained); nodes.c (the stage tree); items.c (items of a slot);
+ * stats.c (per-node slots, trace ring); threads.c (per-thread state);
+ * exemplars.c (a root call's breakdown); record.c (a finished call into the
+ * slots: the one record path); taskclock.c (asyncio task-relative readings);
+ * stack.c (the per-context stack; a dying one's calls recorded as abandoned);
+ * enter_exit.c (stage enter and exit); steps.c (the asyncio switch hook);
+ * stage.c (the Stage and Region types); calibrate.c (the configuration's
+ * costs); module.c (module functions and init).  frame.h holds the data of an
+ * open call and of a stack.
  *
  * Concurrency model: every call here runs with the GIL held.  Each thread
  * aggregates into its own slots (ThreadState.stats), so the hot path touches no
@@ -74,13 +81,15 @@ extern int g_ctr_status_known;
 extern int g_ctr_excl_used;        /* exclude_kernel that first thread ended up with */
 extern int g_ctr_rdpmc;            /* whether that first thread reads some group with rdpmc */
 
-/* The overhead budget (types.c): a stage whose calls are too short for its reads to fit the budget is read on
+/* The overhead budget (enter_exit.c): a stage whose calls are too short for its reads to fit the budget is read on
  * a random subset of calls, each read call weighted by the inverse of its chance (an unbiased estimate). */
 extern double g_budget;            /* share of a stage's time its reads may cost; 0: every call is read */
 extern double g_read_cost;         /* ns the reads of one call cost (both boundaries), from calibrate(); 0: unknown */
-extern int64_t g_cpu_bias[3];      /* ns of the reads' own cost inside a CPU window, per Frame.cpu_src */
-extern int g_cpu_clamp;            /* a call's CPU time is bounded by its wall time (off only while calibrating) */
-extern int g_cpu_split;            /* read the thread's rusage with the CPU time: the system share */
+extern int64_t g_cpu_bias;         /* ns of CPU time an empty read call records: taken out of every read call */
+extern int64_t g_wall_bias[2];     /* ns of the SDK's own work inside the wall window of an unread call [0], a read one [1] */
+extern int g_cpu_split;            /* read the thread's rusage with the CPU time: system time, context switches */
+extern int g_run_queue;            /* read the thread's run-queue time (schedstat) with the CPU time */
+extern int g_helper_cpu;           /* read the CPU time of the process's threads that run no stage */
 extern int g_cpu_fast;             /* the thread CPU clock from a task-clock mmap page (cap_user_time), validated
                                     * against CLOCK_THREAD_CPUTIME_ID by calibrate(); 0: clock_gettime */
 

@@ -6,33 +6,38 @@
 
 #include "core.h"
 #include "threads.h"
-#include "types.h"
+#include "frame.h"
 
-#define XM_MAX_PARTS 64           /* distinct stages in one call's breakdown; more are added up as "(other)" */
-#define XM_MAX_K 1024
+struct CallMeasure;   /* record.h */
 
-typedef struct { int32_t node; int64_t ns; } XmPart;   /* node -1: the "(other)" of a full breakdown */
+#define EXEMPLAR_MAX_PARTS 64           /* distinct stages in one call's breakdown; more are added up as "(other)" */
+#define EXEMPLAR_MAX_K 1024
+
+/* A stage's self time in one root call, and how it went: on a CPU, waiting for one, awaiting, waiting for the
+ * loop (blocked is the rest); on_cpu and runqueue -1 where that stage was not read in the call.  Node -1: the
+ * "(other)" of a full breakdown. */
+typedef struct { int32_t node; int64_t ns, on_cpu, runqueue, awaiting, loop; } ExemplarPart;
 
 /* A root call in progress: its breakdown so far.  Pooled: taken at the root's enter, given back at its exit. */
-typedef struct XmCall {
+typedef struct ExemplarCall {
     uint64_t seq;                 /* the root frame's seq */
     int32_t n, cap;
-    XmPart *parts;
-    struct XmCall *next;          /* the free pool */
-} XmCall;
+    ExemplarPart *parts;
+    struct ExemplarCall *next;          /* the free pool */
+} ExemplarCall;
 
 #pragma GCC visibility push(hidden)
 
-extern int32_t g_xm_k;            /* K; 0 = off */
+extern int32_t g_exemplar_k;            /* K; 0 = off */
 
-void xm_enter(Stack *st, const Frame *f);                     /* after a frame was pushed: a root call starts */
-void xm_exit(Stack *st, const Frame *f, int64_t wall, ThreadState *ts);   /* after a frame closed */
-void xm_stack_gone(Stack *st);                  /* the stack is freed with a root call open */
-int xm_set_k(int32_t k);                               /* drops every store; 0, or -1 when out of memory */
-void xm_reset(void);                                   /* drops every store (reset, fork) */
-PyObject *xm_collect(void);                            /* [(root, seq, slow, sample, wall, t0, tid, [(node, ns)])] */
-size_t xm_bytes(void);                                 /* memory held by the stores (all root stages) */
-size_t xm_pool_bytes(void);                            /* memory held by the calls, open or pooled */
+void exemplar_enter(Stack *st, const Frame *f);                     /* after a frame was pushed: a root call starts */
+void exemplar_exit(Stack *st, const Frame *f, const struct CallMeasure *m, ThreadState *ts);   /* a frame closed */
+void exemplar_stack_gone(Stack *st);                  /* the stack is freed with a root call open */
+int exemplar_set_k(int32_t k);                               /* drops every store; 0, or -1 when out of memory */
+void exemplar_reset(void);                                   /* drops every store (reset, fork) */
+PyObject *exemplar_collect(void);   /* [(root, seq, slow, sample, wall, t0, tid, [(node, ns, on_cpu, rq, await, loop)])] */
+size_t exemplar_bytes(void);                                 /* memory held by the stores (all root stages) */
+size_t exemplar_pool_bytes(void);                            /* memory held by the calls, open or pooled */
 
 #pragma GCC visibility pop
 

@@ -9,8 +9,6 @@
 #include <math.h>
 #include <string.h>
 
-#include "threads.h"
-#include "types.h"
 
 #define ITEM_NAME_MAX 200
 
@@ -160,38 +158,39 @@ static int item_name_ok(PyObject *name) {
     return 1;
 }
 
-/* add(name, value=1) */
-PyObject *mod_add(PyObject *m, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames) {
+/* add(name, value=1)'s arguments: the item name, interned and held (*name), and its value; -1 with the exception a
+ * bad argument raises. */
+int items_parse(PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames, PyObject **name_out, int64_t *n,
+                double *x, int *is_float) {
     PyObject *name = nargs > 0 ? args[0] : NULL, *value = nargs > 1 ? args[1] : NULL;
     Py_ssize_t nkw = kwnames ? PyTuple_GET_SIZE(kwnames) : 0;
-    if (nargs > 2) return PyErr_Format(PyExc_TypeError, "add() takes an item name and a value: add(name, value=1)");
+    if (nargs > 2) { PyErr_Format(PyExc_TypeError, "add() takes an item name and a value: add(name, value=1)"); return -1; }
     for (Py_ssize_t k = 0; k < nkw; k++) {
         PyObject *kw = PyTuple_GET_ITEM(kwnames, k);
         PyObject **slot = PyUnicode_CompareWithASCIIString(kw, "value") == 0 ? &value
                         : PyUnicode_CompareWithASCIIString(kw, "name") == 0 ? &name : NULL;
-        if (!slot) return PyErr_Format(PyExc_TypeError, "add() got an unexpected keyword argument %R", kw);
-        if (*slot) return PyErr_Format(PyExc_TypeError, "add() got multiple values for argument %R", kw);
+        if (!slot) { PyErr_Format(PyExc_TypeError, "add() got an unexpected keyword argument %R", kw); return -1; }
+        if (*slot) { PyErr_Format(PyExc_TypeError, "add() got multiple values for argument %R", kw); return -1; }
         *slot = args[nargs + k];
     }
-    if (!name) return PyErr_Format(PyExc_TypeError, "add() needs the item name: add(name, value=1)");
-    if (!item_name_ok(name)) return NULL;
-    int64_t n = 1;
-    double x = 0.0;
-    int is_float = 0;
-    if (value && item_value(value, &n, &x, &is_float) < 0) return NULL;
-    if (!g_enabled) Py_RETURN_NONE;
+    if (!name) { PyErr_Format(PyExc_TypeError, "add() needs the item name: add(name, value=1)"); return -1; }
+    if (!item_name_ok(name)) return -1;
+    *n = 1, *x = 0.0, *is_float = 0;
+    if (value && item_value(value, n, x, is_float) < 0) return -1;
     if (PyUnicode_CHECK_INTERNED(name)) {
         Py_INCREF(name);
     } else {   /* held until used: an interned str lives only as long as someone holds it */
         name = PyUnicode_CheckExact(name) ? Py_NewRef(name) : PyUnicode_FromObject(name);   /* a subclass: its str */
-        if (!name) { internal_failure("add"); Py_RETURN_NONE; }
+        if (!name) return -1;
         PyUnicode_InternInPlace(&name);
     }
-    ThreadState *ts = ts_get();
-    NodeStats *s = ts ? stats_get(&ts->stats, current_node()) : NULL;
-    ItemStat *it = s ? item_slot(s, name) : NULL;
-    Py_DECREF(name);
-    if (!it) { internal_failure("add"); Py_RETURN_NONE; }
+    *name_out = name;
+    return 0;
+}
+
+int items_add(NodeStats *s, PyObject *name, int64_t n, double x, int is_float) {
+    ItemStat *it = item_slot(s, name);
+    if (!it) return -1;
     item_put(it, n, x, 1, (uint64_t)is_float);
-    Py_RETURN_NONE;
+    return 0;
 }

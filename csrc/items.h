@@ -21,7 +21,9 @@ struct ItemStat {
 int items_merge(NodeStats *d, const NodeStats *s);     /* 0, or -1 when out of memory */
 void items_clear(NodeStats *s);
 PyObject *items_to_list(const NodeStats *s);          /* [(name, int_total, float_total, calls, float_calls)] */
-PyObject *mod_add(PyObject *m, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames);
+int items_parse(PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames, PyObject **name, int64_t *n,
+                double *x, int *is_float);                     /* add()'s arguments; 0, or -1 with an exception */
+int items_add(NodeStats *s, PyObject *name, int64_t n, double x, int is_float);   /* 0, or -1 out of memory */
 
 #pragma GCC visibility pop
 

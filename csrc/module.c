@@ -1,25 +1,29 @@
-/* The module: its functions (stage, configure, set_counters, set_hooks, collect,
- * reset, after_fork_child, now_ns, hist_index, current_path, add (items.c), set_root_exit_hook) and its
- * init, which
- * also adds the NVTX functions (nvtx_emit.c) and CounterGroup (perf.c). */
+/* The module: its functions (stage, configure, configuration, calibrate,
+ * set_counters, set_hooks, collect, reset, after_fork_child, now_ns, hist_index,
+ * current_path, add, set_root_exit_hook) and its init, which also adds the NVTX
+ * functions (nvtx_emit.c), CounterGroup (perf.c) and the asyncio runners
+ * (steps.c). */
 #include "core.h"   /* first: Python.h sets the feature macros */
 
 #include <string.h>
 
+#include "enter_exit.h"
 #include "exemplars.h"
 #include "hist.h"
 #include "items.h"
 #include "nodes.h"
 #include "nvtx_emit.h"
 #include "rootexit.h"
+#include "stack.h"
+#include "stage.h"
 #include "stats.h"
+#include "steps.h"
+#include "taskclock.h"
 #include "threads.h"
-#include "types.h"
-#include "tasks.h"
 
 static PyObject *g_stage_cache = NULL;   /* name -> Stage */
 
-/* ------------------------------------------------------- module functions */
+/* ------------------------------------------------------------ stage, add */
 
 static PyObject *mod_stage(PyObject *m, PyObject *name) {
     PyObject *s = PyDict_GetItemWithError(g_stage_cache, name);   /* borrowed */
@@ -30,35 +34,159 @@ static PyObject *mod_stage(PyObject *m, PyObject *name) {
         check_name(name);
         return NULL;
     }
-    s = stage_new_named(name);
+    s = stage_new(name, NULL, 0);
     if (!s) return NULL;
     if (PyDict_GET_SIZE(g_stage_cache) < 100000 && PyDict_SetItem(g_stage_cache, ((Stage *)s)->name, s) < 0) PyErr_Clear();
     return s;
 }
 
-static PyObject *mod_configure(PyObject *m, PyObject *args, PyObject *kw) {
-    static char *kwlist[] = {"enabled", "cpu_clock", "max_stages", "trace_events", "nvtx", "exemplars", "budget",
-                             "cpu_split", NULL};
-    int enabled = g_enabled, cpu_clock = g_cpu_clock, nvtx = g_nvtx, cpu_split = g_cpu_split;
-    int max_nodes = g_max_nodes, xm_k = g_xm_k;
-    double budget = g_budget;
-    Py_ssize_t trace = (Py_ssize_t)g_ring_cap;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "|$ppinpidp:configure", kwlist, &enabled, &cpu_clock, &max_nodes,
-                                     &trace, &nvtx, &xm_k, &budget, &cpu_split)) return NULL;
-    if (!(budget >= 0 && budget <= 1))
-        return PyErr_Format(PyExc_ValueError, "budget must be a number from 0 (read every call) to 1");
-    if (max_nodes < 1) return PyErr_Format(PyExc_ValueError, "max_stages must be at least 1, got %d", max_nodes);
-    if (trace < 0) return PyErr_Format(PyExc_ValueError, "trace_events must be 0 or more, got %zd", trace);
-    if (xm_k < 0 || xm_k > XM_MAX_K) return PyErr_Format(PyExc_ValueError, "exemplars must be from 0 to %d, got %d", XM_MAX_K, xm_k);
-    xm_set_k(xm_k);
-    if ((size_t)trace != g_ring_cap && trace_resize((size_t)trace) < 0) return PyErr_NoMemory();
-    g_enabled = enabled;
-    g_budget = budget;
-    g_cpu_split = cpu_split;
-    g_cpu_clock = cpu_clock;
-    g_max_nodes = max_nodes;
-    g_nvtx = nvtx && nvtx_emit_available();
+/* add(name, value=1): items of the innermost open stage of this context (node 0 outside any stage). */
+static PyObject *mod_add(PyObject *m, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames) {
+    PyObject *name;
+    int64_t n;
+    double x;
+    int is_float;
+    if (items_parse(args, nargs, kwnames, &name, &n, &x, &is_float) < 0) {
+        if (!PyErr_ExceptionMatches(PyExc_MemoryError)) return NULL;   /* a bad argument raises at the call site */
+        internal_failure("add");
+        Py_RETURN_NONE;
+    }
+    if (g_enabled) {
+        ThreadState *ts = ts_get();
+        NodeStats *s = ts ? stats_get(&ts->stats, current_node()) : NULL;
+        if (!s || items_add(s, name, n, x, is_float) < 0) internal_failure("add");
+    }
+    Py_DECREF(name);
     Py_RETURN_NONE;
+}
+
+/* ------------------------------------------------------------ configure */
+
+/* The hot-path options (config.py marks them `hot`): each validates its value (apply 0) or applies it (apply 1);
+ * 0, or -1 with an exception naming the option and what is allowed. */
+typedef int (*OptionSet)(PyObject *v, int apply);
+
+static int set_flag(PyObject *v, int apply, int *target, const char *name) {
+    int b = PyObject_IsTrue(v);
+    if (b < 0) return -1;
+    if (apply) *target = b;
+    (void)name;
+    return 0;
+}
+
+static int long_in(PyObject *v, long lo, long hi, const char *name, long *out) {
+    long x = PyLong_Check(v) && !PyBool_Check(v) ? PyLong_AsLong(v) : -1;
+    if (PyErr_Occurred() || !PyLong_Check(v) || PyBool_Check(v) || x < lo || x > hi) {
+        PyErr_Clear();
+        PyErr_Format(PyExc_ValueError, "%s must be an integer from %ld to %ld, got %R", name, lo, hi, v);
+        return -1;
+    }
+    *out = x;
+    return 0;
+}
+
+static int opt_enabled(PyObject *v, int apply) { return set_flag(v, apply, &g_enabled, "enabled"); }
+static int opt_cpu_clock(PyObject *v, int apply) { return set_flag(v, apply, &g_cpu_clock, "cpu_clock"); }
+static int opt_cpu_split(PyObject *v, int apply) { return set_flag(v, apply, &g_cpu_split, "cpu_split"); }
+static int opt_run_queue(PyObject *v, int apply) { return set_flag(v, apply, &g_run_queue, "run_queue"); }
+static int opt_helper_cpu(PyObject *v, int apply) { return set_flag(v, apply, &g_helper_cpu, "helper_cpu"); }
+
+static int opt_nvtx(PyObject *v, int apply) {
+    int on;
+    if (set_flag(v, 1, &on, "nvtx") < 0) return -1;
+    if (apply) g_nvtx = on && nvtx_emit_available();
+    return 0;
+}
+
+static int opt_max_stages(PyObject *v, int apply) {
+    long x;
+    if (long_in(v, 1, 10000000, "max_stages", &x) < 0) return -1;
+    if (apply) g_max_nodes = (int32_t)x;
+    return 0;
+}
+
+static int opt_trace_events(PyObject *v, int apply) {
+    long x;
+    if (long_in(v, 0, 100000000, "trace_events", &x) < 0) return -1;
+    if (apply && (size_t)x != g_ring_cap && trace_resize((size_t)x) < 0) { PyErr_NoMemory(); return -1; }
+    return 0;
+}
+
+static int opt_exemplars(PyObject *v, int apply) {
+    long x;
+    if (long_in(v, 0, EXEMPLAR_MAX_K, "exemplars", &x) < 0) return -1;
+    if (apply) exemplar_set_k((int32_t)x);
+    return 0;
+}
+
+/* None reads every call (0 here) */
+static int opt_overhead_budget(PyObject *v, int apply) {
+    double x = v == Py_None ? 0.0 : PyFloat_AsDouble(v);
+    if ((x == -1.0 && PyErr_Occurred()) || PyBool_Check(v) || !(x >= 0 && x <= 1)) {
+        PyErr_Clear();
+        PyErr_Format(PyExc_ValueError, "overhead_budget must be None (read every call) or a number from 0 to 1, "
+                     "got %R", v);
+        return -1;
+    }
+    if (apply) g_budget = x;
+    return 0;
+}
+
+static const struct { const char *name; OptionSet set; } OPTIONS[] = {
+    {"enabled", opt_enabled}, {"cpu_clock", opt_cpu_clock}, {"cpu_split", opt_cpu_split}, {"nvtx", opt_nvtx},
+    {"max_stages", opt_max_stages}, {"trace_events", opt_trace_events}, {"exemplars", opt_exemplars},
+    {"overhead_budget", opt_overhead_budget}, {"run_queue", opt_run_queue}, {"helper_cpu", opt_helper_cpu},
+};
+#define N_OPTIONS ((int)(sizeof(OPTIONS) / sizeof(OPTIONS[0])))
+
+static OptionSet option_setter(PyObject *key) {
+    for (int k = 0; k < N_OPTIONS; k++)
+        if (PyUnicode_Check(key) && PyUnicode_CompareWithASCIIString(key, OPTIONS[k].name) == 0) return OPTIONS[k].set;
+    return NULL;
+}
+
+/* configure(**options): every value checked before any is applied. */
+static PyObject *mod_configure(PyObject *m, PyObject *args, PyObject *kw) {
+    if (args && PyTuple_GET_SIZE(args)) return PyErr_Format(PyExc_TypeError, "configure() takes keyword arguments only");
+    for (int apply = 0; kw && apply < 2; apply++) {
+        PyObject *key, *value;
+        Py_ssize_t pos = 0;
+        while (PyDict_Next(kw, &pos, &key, &value)) {
+            OptionSet set = option_setter(key);
+            if (!set) {
+                PyObject *names = PyUnicode_FromString("");
+                for (int k = 0; names && k < N_OPTIONS; k++)
+                    Py_SETREF(names, PyUnicode_FromFormat("%U%s%s", names, k ? ", " : "", OPTIONS[k].name));
+                if (names) PyErr_Format(PyExc_TypeError, "configure() got an unknown option %R; the hot-path options "
+                                        "are: %U", key, names);
+                Py_XDECREF(names);
+                return NULL;
+            }
+            if (set(value, apply) < 0) return NULL;
+        }
+    }
+    Py_RETURN_NONE;
+}
+
+/* configuration(): the hot-path options in force, as configure() takes them. */
+static PyObject *mod_configuration(PyObject *m, PyObject *unused) {
+    return Py_BuildValue("{s:O,s:O,s:O,s:O,s:i,s:n,s:i,s:N,s:O,s:O}", "enabled", g_enabled ? Py_True : Py_False,
+                         "cpu_clock", g_cpu_clock ? Py_True : Py_False, "cpu_split", g_cpu_split ? Py_True : Py_False,
+                         "nvtx", g_nvtx ? Py_True : Py_False, "max_stages", (int)g_max_nodes,
+                         "trace_events", (Py_ssize_t)g_ring_cap, "exemplars", (int)g_exemplar_k, "overhead_budget",
+                         g_budget > 0 ? PyFloat_FromDouble(g_budget) : Py_NewRef(Py_None),
+                         "run_queue", g_run_queue ? Py_True : Py_False, "helper_cpu", g_helper_cpu ? Py_True : Py_False);
+}
+
+static void forget_counters(StatsArray *a) {
+    for (int32_t i = 0; i < a->n; i++) {
+        NodeStats *s = a->v[i];
+        if (!s) continue;
+        stats_flush(s);
+        free(s->ctr);
+        s->ctr = NULL;
+        if (s->est) memset(&s->est[Q_CTR], 0, PERF_MAX_EVENTS * sizeof(Estimate));
+    }
 }
 
 /* set_counters([(type, config), ...], exclude_kernel, taskclock_index): the events every thread opens. */
@@ -84,9 +212,8 @@ static PyObject *mod_set_counters(PyObject *m, PyObject *args) {
     Py_DECREF(seq);
     if (tc >= n) tc = -1;
     /* counter slots of the old events would be misread under the new ones */
-    for (ThreadState *ts = g_threads; ts; ts = ts->next)
-        for (int32_t i = 0; i < ts->stats.n; i++) if (ts->stats.v[i]) { free(ts->stats.v[i]->ctr); ts->stats.v[i]->ctr = NULL; }
-    for (int32_t i = 0; i < g_retired.n; i++) if (g_retired.v[i]) { free(g_retired.v[i]->ctr); g_retired.v[i]->ctr = NULL; }
+    for (ThreadState *ts = g_threads; ts; ts = ts->next) forget_counters(&ts->stats);
+    forget_counters(&g_retired);
     memcpy(g_ctr_desc, d, sizeof(perf_event_desc) * (size_t)n);
     g_ctr_n = (int)n;
     g_ctr_exclude_kernel = excl;
@@ -111,120 +238,179 @@ static PyObject *mod_set_hooks(PyObject *m, PyObject *args) {
     Py_RETURN_NONE;
 }
 
+/* --------------------------------------------------------------- collect */
+
+/* Appends a new reference to a list; -1 (and the reference dropped) on failure. */
+static int append_new(PyObject *l, PyObject *item) {
+    if (!item) return -1;
+    int r = PyList_Append(l, item);
+    Py_DECREF(item);
+    return r;
+}
+
 static PyObject *hist_to_list(const hist *h) {
     PyObject *l = PyList_New(0);
-    if (!l) return NULL;
-    for (int b = 0; b < HIST_BLOCKS; b++) {
+    for (int b = 0; l && b < HIST_BLOCKS; b++) {
         if (!h->block[b]) continue;
         for (int s = 0; s < HIST_SUB; s++) {
             uint64_t c = h->block[b][s];
-            if (!c) continue;
-            PyObject *t = Py_BuildValue("(iK)", (b << HIST_SUB_BITS) | s, (unsigned long long)c);
-            if (!t || PyList_Append(l, t) < 0) { Py_XDECREF(t); Py_DECREF(l); return NULL; }
-            Py_DECREF(t);
+            if (c && append_new(l, Py_BuildValue("(iK)", (b << HIST_SUB_BITS) | s, (unsigned long long)c)) < 0) {
+                Py_CLEAR(l);
+                break;
+            }
         }
     }
     return l;
 }
 
-/* Everything recorded so far, merged over threads, as plain Python data. */
+/* An estimate's row (an _EstimateRow in _native.pyi); None when nothing measured it. */
+static PyObject *estimate_row(const NodeStats *s, int q) {
+    const Estimate *e = s->est ? &s->est[q] : NULL;
+    if (!e || !e->reads) Py_RETURN_NONE;
+    return Py_BuildValue("{s:d,s:d,s:d,s:d,s:K}", "total", e->est, "self", e->est_self, "var", e->var,
+                         "var_self", e->var_self, "reads", (unsigned long long)e->reads);
+}
+
+static PyObject *counters_to_list(const NodeStats *s) {
+    PyObject *l = PyList_New(0);
+    for (int k = 0; l && k < g_ctr_n; k++) {
+        PyObject *e = estimate_row(s, Q_CTR + k);
+        if (e && e != Py_None && s->ctr) {
+            const CounterStat *c = &s->ctr[k];
+            PyObject *mux = Py_BuildValue("{s:K,s:K,s:K}", "enabled", (unsigned long long)c->enabled,
+                                          "running", (unsigned long long)c->running, "scaled", (unsigned long long)c->scaled);
+            if (!mux || PyDict_Update(e, mux) < 0) Py_CLEAR(e);
+            Py_XDECREF(mux);
+        }
+        if (append_new(l, e) < 0) Py_CLEAR(l);
+    }
+    return l;
+}
+
+static PyObject *estimates(const NodeStats *s) {
+    static const char *names[Q_SCALARS] = {"cpu", "sys", "vcsw", "ivcsw", "runqueue", "helpers"};
+    PyObject *d = PyDict_New();
+    for (int q = 0; d && q < Q_SCALARS; q++) {
+        PyObject *e = estimate_row(s, q);
+        if (!e || PyDict_SetItemString(d, names[q], e) < 0) Py_CLEAR(d);
+        Py_XDECREF(e);
+    }
+    return d;
+}
+
+static PyObject *blockers_to_list(const NodeStats *s) {
+    PyObject *l = PyList_New(0);
+    for (int32_t k = 0; l && k < s->n_blockers; k++)
+        if (append_new(l, Py_BuildValue("(iL)", s->blockers[k].node, (long long)s->blockers[k].ns)) < 0) Py_CLEAR(l);
+    return l;
+}
+
+/* One collect() stats row (a StatsRow in _native.pyi). */
+static PyObject *stats_row(int32_t id, const NodeStats *s) {
+    PyObject *d = Py_BuildValue("{s:i,s:K,s:K,s:L,s:L,s:L,s:L,s:K,s:K,s:L,s:L,s:L,s:L}", "node", id,
+        "calls", (unsigned long long)s->calls, "errors", (unsigned long long)s->errors,
+        "wall_total", (long long)s->wall_total, "wall_self", (long long)s->wall_self,
+        "wall_min", (long long)s->wall_min, "wall_max", (long long)s->wall_max,
+        "overlapped", (unsigned long long)s->overlapped, "abandoned", (unsigned long long)s->abandoned,
+        "susp_total", (long long)s->susp_total, "susp_self", (long long)s->susp_self,
+        "loop_total", (long long)s->loop_total, "loop_self", (long long)s->loop_self);
+    PyObject *more = d ? Py_BuildValue("{s:K,s:L,s:L,s:N,s:N,s:N,s:N,s:N}", "covered", (unsigned long long)s->covered,
+        "cov_run", (long long)s->cov_run, "cov_run_self", (long long)s->cov_run_self, "hist", hist_to_list(&s->h),
+        "estimates", estimates(s), "counters", counters_to_list(s), "blockers", blockers_to_list(s),
+        "items", items_to_list(s)) : NULL;
+    if (!more || PyDict_Update(d, more) < 0) Py_CLEAR(d);
+    Py_XDECREF(more);
+    return d;
+}
+
+static PyObject *collect_nodes(void) {
+    PyObject *l = PyList_New(0);
+    for (int32_t id = 1; l && id < g_n_nodes; id++)
+        if (append_new(l, Py_BuildValue("(iiOi)", id, g_nodes[id].parent, g_nodes[id].name, (int)g_nodes[id].other)) < 0)
+            Py_CLEAR(l);
+    return l;
+}
+
+static PyObject *collect_stats(const StatsArray *all) {
+    PyObject *l = PyList_New(0);
+    for (int32_t id = 0; l && id < all->n; id++) {
+        const NodeStats *s = all->v[id];
+        if (!s || (!s->calls && !s->n_items)) continue;   /* node 0: items added outside any stage */
+        if (append_new(l, stats_row(id, s)) < 0) Py_CLEAR(l);
+    }
+    return l;
+}
+
+static PyObject *collect_events(void) {
+    size_t n = g_ring_total < g_ring_cap ? (size_t)g_ring_total : g_ring_cap;
+    size_t start = g_ring_total < g_ring_cap ? 0 : g_ring_next;
+    PyObject *l = PyList_New(0);
+    for (size_t k = 0; l && k < n; k++) {
+        TraceEvent *e = &g_ring[(start + k) % g_ring_cap];
+        if (append_new(l, Py_BuildValue("(iILLLL)", e->node, e->tid, (long long)e->t0, (long long)e->dur,
+                                        (long long)e->cpu0, (long long)e->cpu)) < 0) Py_CLEAR(l);
+    }
+    return l;
+}
+
+static PyObject *collect_counter_status(void) {
+    PyObject *l = PyList_New(0);
+    for (int k = 0; l && k < g_ctr_n; k++)
+        if (append_new(l, g_ctr_status_known ? PyLong_FromLong(g_ctr_status[k]) : Py_NewRef(Py_None)) < 0) Py_CLEAR(l);
+    return l;
+}
+
+/* The parts of collect() beyond the stages: exemplars, their memory, how the counters opened, the tasks. */
+static int collect_extras(PyObject *res) {
+    if (PyDict_SetItemString(res, "exemplars", Py_None) < 0) return -1;
+    PyObject *x = exemplar_collect();
+    if (!x || PyDict_SetItemString(res, "exemplars", x) < 0) { Py_XDECREF(x); return -1; }
+    Py_DECREF(x);
+    x = Py_BuildValue("(nn)", (Py_ssize_t)exemplar_bytes(), (Py_ssize_t)exemplar_pool_bytes());
+    if (!x || PyDict_SetItemString(res, "exemplar_bytes", x) < 0) { Py_XDECREF(x); return -1; }
+    Py_DECREF(x);
+    if (g_ctr_status_known) {
+        x = Py_BuildValue("{s:O,s:O}", "exclude_kernel", g_ctr_excl_used ? Py_True : Py_False,
+                          "rdpmc", g_ctr_rdpmc ? Py_True : Py_False);
+        if (!x || PyDict_SetItemString(res, "counter_open", x) < 0) { Py_XDECREF(x); return -1; }
+        Py_DECREF(x);
+    }
+    return taskclock_collect(res);
+}
+
+/* Everything recorded so far, merged over threads, as plain Python data (a CollectResult in _native.pyi). */
 static PyObject *mod_collect(PyObject *m, PyObject *unused) {
     StatsArray all = {NULL, 0};
     int failed = stats_array_merge(&all, &g_retired) < 0;
     size_t live = 0;
     for (ThreadState *ts = g_threads; ts; ts = ts->next, live++) failed |= stats_array_merge(&all, &ts->stats) < 0;
-    PyObject *nodes = PyList_New(0), *stats = PyList_New(0), *events = PyList_New(0), *res = NULL;
-    if (failed || !nodes || !stats || !events) { if (failed) PyErr_NoMemory(); goto done; }
-    for (int32_t id = 1; id < g_n_nodes; id++) {
-        PyObject *t = Py_BuildValue("(iiOi)", id, g_nodes[id].parent, g_nodes[id].name, (int)g_nodes[id].other);
-        if (!t || PyList_Append(nodes, t) < 0) { Py_XDECREF(t); goto done; }
-        Py_DECREF(t);
+    if (failed) {
+        stats_array_clear(&all);
+        return PyErr_NoMemory();
     }
-    for (int32_t id = 0; id < all.n; id++) {
-        NodeStats *s = all.v[id];
-        if (!s || (!s->calls && !s->n_items)) continue;   /* node 0: items added outside any stage */
-        PyObject *h = hist_to_list(&s->h);
-        if (!h) goto done;
-        PyObject *ctr = PyList_New(0);
-        if (!ctr) { Py_DECREF(h); goto done; }
-        for (int k = 0; s->ctr && k < g_ctr_n; k++) {
-            CounterStat *c = &s->ctr[k];
-            PyObject *t = Py_BuildValue("(ddKKKKKd)", c->total, c->self, (unsigned long long)c->enabled,
-                (unsigned long long)c->running, (unsigned long long)c->counted, (unsigned long long)c->scaled,
-                (unsigned long long)c->covered, c->wsum);
-            if (!t || PyList_Append(ctr, t) < 0) { Py_XDECREF(t); Py_DECREF(ctr); Py_DECREF(h); goto done; }
-            Py_DECREF(t);
-        }
-        PyObject *t = Py_BuildValue("{s:i,s:K,s:K,s:L,s:L,s:L,s:L,s:K,s:L,s:L,s:N}", "node", id,
-            "calls", (unsigned long long)s->calls, "errors", (unsigned long long)s->errors,
-            "wall_total", (long long)s->wall_total, "wall_self", (long long)s->wall_self,
-            "wall_min", (long long)s->wall_min, "wall_max", (long long)s->wall_max,
-            "cpu_calls", (unsigned long long)s->cpu_calls, "cpu_total", (long long)s->cpu_total,
-            "cpu_self", (long long)s->cpu_self, "hist", h);
-        if (t && PyDict_SetItemString(t, "counters", ctr) < 0) Py_CLEAR(t);
-        PyObject *cr = t ? Py_BuildValue("{s:K,s:d,s:d,s:L,s:K,s:L,s:L,s:L,s:L}", "cpu_reads", (unsigned long long)s->cpu_reads,
-            "cpu_wsum", s->cpu_wsum, "cpu_wall_w", s->cpu_wall_w, "cpu_cov_wall", (long long)s->cpu_cov_wall,
-            "sys_reads", (unsigned long long)s->sys_reads, "sys_total", (long long)s->sys_total,
-            "sys_self", (long long)s->sys_self, "sys_cpu_total", (long long)s->sys_cpu_total,
-            "sys_cpu_self", (long long)s->sys_cpu_self) : NULL;
-        if (t && (!cr || PyDict_Update(t, cr) < 0)) Py_CLEAR(t);
-        Py_XDECREF(cr);
-        if (t && tasks_collect_stats(t, s) < 0) Py_CLEAR(t);
-        Py_DECREF(ctr);
-        PyObject *items = t ? items_to_list(s) : NULL;
-        if (t && (!items || PyDict_SetItemString(t, "items", items) < 0)) Py_CLEAR(t);
-        Py_XDECREF(items);
-        if (!t || PyList_Append(stats, t) < 0) { Py_XDECREF(t); goto done; }
-        Py_DECREF(t);
-    }
-    size_t n = g_ring_total < g_ring_cap ? (size_t)g_ring_total : g_ring_cap;
-    size_t start = g_ring_total < g_ring_cap ? 0 : g_ring_next;
-    for (size_t k = 0; k < n; k++) {
-        TraceEvent *e = &g_ring[(start + k) % g_ring_cap];
-        PyObject *t = Py_BuildValue("(iILLLL)", e->node, e->tid, (long long)e->t0, (long long)e->dur, (long long)e->cpu0, (long long)e->cpu);
-        if (!t || PyList_Append(events, t) < 0) { Py_XDECREF(t); goto done; }
-        Py_DECREF(t);
-    }
-    PyObject *status = PyList_New(0);
-    if (!status) goto done;
-    for (int k = 0; k < g_ctr_n; k++) {
-        PyObject *v = g_ctr_status_known ? PyLong_FromLong(g_ctr_status[k]) : Py_NewRef(Py_None);
-        if (!v || PyList_Append(status, v) < 0) { Py_XDECREF(v); Py_DECREF(status); goto done; }
-        Py_DECREF(v);
-    }
-    res = Py_BuildValue("{s:N,s:O,s:O,s:O,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:n,s:L}", "counter_errno", status, "nodes", nodes, "stats", stats, "events", events,
-        "events_dropped", (unsigned long long)(g_ring_total - n), "unmatched_exits", (unsigned long long)g_unmatched,
-        "out_of_order_exits", (unsigned long long)g_out_of_order, "cross_thread_exits", (unsigned long long)g_cross_thread,
-        "internal_failures", (unsigned long long)g_internal, "folded_calls", (unsigned long long)g_folded,
-        "max_stages", (unsigned long long)g_max_nodes, "threads", (Py_ssize_t)live, "clock_ns", (long long)now_ns());
-    PyObject *xm = res ? xm_collect() : NULL;
-    if (res && (!xm || PyDict_SetItemString(res, "exemplars", xm) < 0)) Py_CLEAR(res);
-    Py_XDECREF(xm);
-    PyObject *xb = res ? Py_BuildValue("(nn)", (Py_ssize_t)xm_bytes(), (Py_ssize_t)xm_pool_bytes()) : NULL;
-    if (res && (!xb || PyDict_SetItemString(res, "exemplar_bytes", xb) < 0)) Py_CLEAR(res);
-    Py_XDECREF(xb);
-    if (res && g_ctr_status_known) {
-        PyObject *x = Py_BuildValue("{s:O,s:O}", "exclude_kernel", g_ctr_excl_used ? Py_True : Py_False,
-                                    "rdpmc", g_ctr_rdpmc ? Py_True : Py_False);
-        if (!x || PyDict_SetItemString(res, "counter_open", x) < 0) Py_CLEAR(res);
-        Py_XDECREF(x);
-    }
-    if (res && tasks_collect(res) < 0) Py_CLEAR(res);
-done:
+    size_t kept = g_ring_total < g_ring_cap ? (size_t)g_ring_total : g_ring_cap;
+    PyObject *res = Py_BuildValue("{s:N,s:N,s:N,s:N,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:n,s:L}",
+        "counter_errno", collect_counter_status(), "nodes", collect_nodes(), "stats", collect_stats(&all),
+        "events", collect_events(), "events_dropped", (unsigned long long)(g_ring_total - kept),
+        "unmatched_exits", (unsigned long long)g_unmatched, "out_of_order_exits", (unsigned long long)g_out_of_order,
+        "cross_thread_exits", (unsigned long long)g_cross_thread, "internal_failures", (unsigned long long)g_internal,
+        "folded_calls", (unsigned long long)g_folded, "max_stages", (unsigned long long)g_max_nodes,
+        "threads", (Py_ssize_t)live, "clock_ns", (long long)now_ns());
     stats_array_clear(&all);
-    Py_XDECREF(nodes);
-    Py_XDECREF(stats);
-    Py_XDECREF(events);
+    if (res && collect_extras(res) < 0) Py_CLEAR(res);
     return res;
 }
+
+/* ---------------------------------------------------------- reset, fork */
 
 static void zero_all(void) {
     for (ThreadState *ts = g_threads; ts; ts = ts->next) stats_array_clear(&ts->stats);
     stats_array_clear(&g_retired);
-    xm_reset();
+    exemplar_reset();
     g_ring_next = 0;
     g_ring_total = 0;
     g_unmatched = g_out_of_order = g_cross_thread = g_internal = g_folded = 0;
+    g_task_steps = g_task_reads = g_task_changes = g_task_overlapped = g_task_abandoned = 0;
 }
 
 static PyObject *mod_reset(PyObject *m, PyObject *unused) {
@@ -249,6 +435,8 @@ static PyObject *mod_after_fork_child(PyObject *m, PyObject *unused) {
     Py_RETURN_NONE;
 }
 
+/* ------------------------------------------------------------ the rest */
+
 static PyObject *mod_now_ns(PyObject *m, PyObject *unused) { return PyLong_FromLongLong(now_ns()); }
 
 static PyObject *mod_hist_index(PyObject *m, PyObject *v) {
@@ -259,7 +447,7 @@ static PyObject *mod_hist_index(PyObject *m, PyObject *v) {
 
 static PyObject *mod_current_path(PyObject *m, PyObject *unused) {
     Stack *st = stack_current(0);
-    int32_t node = st ? (st->depth ? st->frames[st->depth - 1].node : stack_base(st)) : 0;
+    int32_t node = st ? stack_top_node(st) : 0;
     PyObject *l = PyList_New(0);
     for (; l && node > 0; node = g_nodes[node].parent) {
         if (PyList_Insert(l, 0, g_nodes[node].name) < 0) Py_CLEAR(l);
@@ -270,7 +458,7 @@ static PyObject *mod_current_path(PyObject *m, PyObject *unused) {
     return t;
 }
 
-/* calibrate(n=200): the configuration's costs on this thread (types.c), for the budget and meta.overhead. */
+/* calibrate(n=200): the configuration's costs on this thread (calibrate.c), for the budget and meta.overhead. */
 static PyObject *mod_calibrate(PyObject *m, PyObject *args) {
     int n = 200;
     if (!PyArg_ParseTuple(args, "|i:calibrate", &n)) return NULL;
@@ -280,7 +468,9 @@ static PyObject *mod_calibrate(PyObject *m, PyObject *args) {
 
 static PyMethodDef native_methods[] = {
     {"stage", (PyCFunction)mod_stage, METH_O, "stage(name) -> Stage, one object per name"},
-    {"configure", (PyCFunction)(void (*)(void))mod_configure, METH_VARARGS | METH_KEYWORDS, NULL},
+    {"configure", (PyCFunction)(void (*)(void))mod_configure, METH_VARARGS | METH_KEYWORDS,
+     "configure(**options): the hot-path options (those config.py marks hot)"},
+    {"configuration", (PyCFunction)mod_configuration, METH_NOARGS, "the hot-path options in force"},
     {"calibrate", (PyCFunction)mod_calibrate, METH_VARARGS, NULL},
     {"set_counters", (PyCFunction)mod_set_counters, METH_VARARGS, "set_counters(events, exclude_kernel, taskclock_index)"},
     {"set_hooks", (PyCFunction)mod_set_hooks, METH_VARARGS, "set_hooks(enter, exit): called around every stage; None, None clears"},
@@ -299,12 +489,12 @@ static PyMethodDef native_methods[] = {
 static struct PyModuleDef native_module = {PyModuleDef_HEAD_INIT, "instrument._native", "The compiled hot path of instrument.", -1, native_methods};
 
 PyMODINIT_FUNC PyInit__native(void) {
-    if (types_init() < 0 || threads_init() < 0) return NULL;
+    if (stage_types_init() < 0 || stack_init() < 0 || threads_init() < 0) return NULL;
     PyObject *m = PyModule_Create(&native_module);
     if (!m) return NULL;
     g_stage_cache = PyDict_New();
     g_warn_once = PySet_New(NULL);
-    if (nvtx_add_functions(m) < 0 || perf_add_types(m) < 0 || tasks_add_functions(m) < 0) return NULL;
+    if (nvtx_add_functions(m) < 0 || perf_add_types(m) < 0 || steps_add_functions(m) < 0) return NULL;
     if (!g_stage_cache || !g_warn_once) return NULL;
     if (nodes_init() < 0) return NULL;   /* node 0 is the root */
     Py_INCREF(&Stage_Type);

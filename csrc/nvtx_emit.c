@@ -53,6 +53,12 @@ static inline void ensure_domain(void)
     if (!generation) nvtx_emit_init(NVTX_EMIT_DEFAULT_DOMAIN);
 }
 
+int nvtx_emit_active(void)
+{
+    ensure_domain();
+    return domain != NULL;
+}
+
 void *nvtx_emit_register(const char *message)
 {
     ensure_domain();
@@ -95,6 +101,7 @@ void nvtx_emit_end(uint64_t id) { nvtxDomainRangeEnd(domain, id); }
 #else /* built without the NVTX headers: same API, nothing emitted */
 
 int nvtx_emit_available(void) { return 0; }
+int nvtx_emit_active(void) { return 0; }
 int nvtx_emit_init(const char *name)
 {
     if (!name || !*name) name = NVTX_EMIT_DEFAULT_DOMAIN;

@@ -28,6 +28,7 @@ void     nvtx_emit_pop(void);
 uint64_t nvtx_emit_start(void *registered, uint32_t color, uint32_t category);
 void     nvtx_emit_end(uint64_t id);
 int      nvtx_emit_available(void);                      /* 1 when compiled with the NVTX headers */
+int      nvtx_emit_active(void);                         /* 1 when a tool is attached (else every call is a no-op) */
 
 #ifdef Py_PYTHON_H
 /* Adds nvtx_init, nvtx_domain, nvtx_color, nvtx_push, nvtx_pop, nvtx_range_start, nvtx_range_end,

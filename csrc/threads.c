@@ -2,21 +2,29 @@
  * ending thread's slots are folded into g_retired. */
 #include "threads.h"
 
-#include "tasks.h"
+#include <stdlib.h>
+#include <unistd.h>
 
 ThreadState *g_threads = NULL;
 _Thread_local ThreadState *tls_ts = NULL;
 StatsArray g_retired = {NULL, 0};
+int64_t g_retired_cpu = 0;
+int32_t g_n_threads = 0;
 
 static PyObject *g_ts_key = NULL;        /* the thread dict entry that owns the state */
 
 static void ThreadState_dealloc(ThreadState *ts) {
     /* Runs on the ending thread when its thread dict is cleared: fold its slots. */
-    tasks_thread_free(ts);
+    free(ts->tasks);   /* asyncio attribution's state (taskclock.h): plain memory */
+    ts->tasks = NULL;
     if (stats_array_merge(&g_retired, &ts->stats) < 0) g_internal++;
     stats_array_clear(&ts->stats);
     if (ts->perf_gen) perf_set_close(&ts->perf);
     if (ts->clk_state == 1) perf_clock_close(&ts->clk);
+    if (ts->sched_fd >= 0) close(ts->sched_fd);
+    struct timespec t;   /* its last CPU time leaves the live threads' sum for the retired one */
+    g_retired_cpu += clock_gettime(ts->cpu_clock_id, &t) == 0 ? (int64_t)t.tv_sec * 1000000000 + t.tv_nsec : ts->cpu_seen;
+    g_n_threads--;
     if (ts->prev) ts->prev->next = ts->next; else if (g_threads == ts) g_threads = ts->next;
     if (ts->next) ts->next->prev = ts->prev;
     if (tls_ts == ts) tls_ts = NULL;
@@ -49,6 +57,9 @@ ThreadState *ts_create(void) {
     ts->clk.fd = -1;
     ts->clk.page = NULL;
     ts->tasks = NULL;
+    ts->sched_fd = -1;
+    ts->cpu_seen = 0;
+    if (pthread_getcpuclockid(pthread_self(), &ts->cpu_clock_id) != 0) ts->cpu_clock_id = CLOCK_THREAD_CPUTIME_ID;
     static uint64_t next_serial = 0;
     ts->serial = ++next_serial;
     uint64_t z = ts->serial * 0x9E3779B97F4A7C15ULL + (uint64_t)now_ns();   /* splitmix64 of serial and time */
@@ -56,6 +67,7 @@ ThreadState *ts_create(void) {
     z = (z ^ (z >> 27)) * 0x94D049BB133111EBULL;
     ts->rng = (z ^ (z >> 31)) | 1;
     ts->native_id = PyThread_get_thread_native_id();
+    g_n_threads++;
     ts->prev = NULL;
     ts->next = g_threads;
     if (g_threads) g_threads->prev = ts;

@@ -15,7 +15,10 @@ typedef struct ThreadState {
     uint64_t rng;                /* xorshift state: which calls of a short stage are read (overhead budget) */
     perf_clock clk;              /* the thread's CPU time without a system call (g_cpu_fast) */
     int8_t clk_state;            /* 0 not tried, 1 open, -1 unavailable */
-    struct TaskThread *tasks;    /* asyncio attribution (tasks.c), allocated on first use */
+    int sched_fd;                /* /proc/thread-self/schedstat of this thread; -1 not open, -2 unavailable */
+    clockid_t cpu_clock_id;      /* this thread's CPU clock, readable from other threads (helper CPU) */
+    int64_t cpu_seen;            /* its CPU time when last read that way */
+    struct TaskThread *tasks;    /* asyncio attribution (taskclock.c), allocated on first use */
     struct ThreadState *prev, *next;
 } ThreadState;
 
@@ -24,6 +27,8 @@ typedef struct ThreadState {
 extern ThreadState *g_threads;           /* registry of live thread states */
 extern _Thread_local ThreadState *tls_ts;
 extern StatsArray g_retired;             /* slots of threads that have ended */
+extern int64_t g_retired_cpu;            /* CPU time of threads that have ended after running stages */
+extern int32_t g_n_threads;              /* live thread states */
 
 int threads_init(void);                  /* 0, or -1 with an exception */
 ThreadState *ts_create(void);            /* ts_get on a thread's first stage; NULL on failure */

@@ -35,7 +35,7 @@ from .live.capture import capture, capture_every
 from .live.collector import configure, current_config, region, reset, stage
 from .snapshot import Snapshot, SnapshotError, StageStats
 
-_collector._finish = with_verdicts   # live snapshots carry verdicts, judged by the thresholds in force
+_collector.judge = with_verdicts   # live snapshots carry verdicts, judged by the thresholds in force
 
 add = _live_backend.current.add   # add(name, value=1): items of the innermost open stage; the hot path's own function
 
@@ -137,7 +137,7 @@ def start_snapshot_writer(directory: Optional[str] = None, interval: float = 5.0
     forked afterwards keep their own file.  `serve_metrics` and `instrument top` then
     serve and read the merge.  Returns the writer (`.path`, `.writes`, `.failures`)."""
     from .exporters import multiproc
-    w = multiproc.start_snapshot_writer(directory, interval, source=lambda: _collector.snapshot(finish=False))
+    w = multiproc.start_snapshot_writer(directory, interval, source=lambda: _collector.snapshot(judged=False))
     _collector.on_root_exit(w.root_exit if every_call else None)
     return w
 

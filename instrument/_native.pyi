@@ -1,10 +1,11 @@
 """Typed interface of the compiled hot path (csrc/).
 
-instrument._pure implements the same stage interface (everything here but
+instrument.live.pure implements the same stage interface (everything here but
 CounterGroup, the nvtx_* functions and _perf_mmap_decode).
-tests/test_native_interface.py checks that this file names what the module exports.
+tests/test_native_interface.py checks that this file names what the module exports,
+and that collect() of both backends gives exactly the rows declared here.
 """
-from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, TypedDict, Union
 
 MAX_NAME_LEN: int
 HIST_SUB_BITS: int
@@ -47,13 +48,102 @@ class CounterGroup:
     def __enter__(self) -> "CounterGroup": ...
     def __exit__(self, *exc: Any) -> bool: ...
 
+class _Configuration(TypedDict):
+    """The hot-path options (config.OPTIONS marked hot), as configure() takes them and configuration() gives them."""
+    enabled: bool
+    cpu_clock: bool
+    cpu_split: bool
+    nvtx: bool
+    max_stages: int
+    trace_events: int
+    exemplars: int
+    overhead_budget: Optional[float]       # None: every call read
+    run_queue: bool
+    helper_cpu: bool
+
+class _Calibration(TypedDict):
+    read_ns: float                         # one call's reads, both boundaries: the overhead budget's unit
+    run_queue: str                         # where run-queue time comes from, or why it does not
+    helper_cpu: str                        # how helper threads' CPU time is read, or why it is not
+    base_ns: Optional[float]               # a stage call without reads; None while a stage is open on the thread
+    cpu_bias_ns: int                       # what an empty read call records as CPU time: taken out of every read call
+    wall_bias_ns: int                      # what an empty read call records as wall time: taken out of every read call
+    unread_wall_bias_ns: int               # what an empty unread call records as wall time: taken out of the others
+    cpu_source: str                        # none, thread-clock or task-clock
+    sys: bool                              # system time read with the CPU time
+    thread_clock: str                      # how the thread CPU clock is read
+
+class _EstimateRow(TypedDict):
+    """A quantity estimated over a stage's covered calls (csrc/record.c): unbiased, with its variance."""
+    total: float
+    self: float
+    var: float            # of the total's estimate (0 when every covered call was read)
+    var_self: float
+    reads: int            # read calls that measured it
+
+class _CounterRow(_EstimateRow):
+    enabled: int          # summed time enabled / running of the read calls (multiplexing)
+    running: int
+    scaled: int           # read calls whose value was scaled
+
+class _Estimates(TypedDict):
+    cpu: Optional[_EstimateRow]        # CPU time, task-relative, the SDK's own share taken out
+    sys: Optional[_EstimateRow]        # of it, system time
+    vcsw: Optional[_EstimateRow]       # voluntary context switches
+    ivcsw: Optional[_EstimateRow]      # involuntary ones
+    runqueue: Optional[_EstimateRow]   # time ready in the run queue
+    helpers: Optional[_EstimateRow]    # CPU time of the process's threads that run no stage
+
+class _StatsRow(TypedDict):
+    node: int
+    calls: int
+    errors: int
+    wall_total: int
+    wall_self: int
+    wall_min: int
+    wall_max: int
+    overlapped: int       # asyncio: calls that overlapped other tasks with no hook to tell them apart
+    abandoned: int        # calls whose context died with the stage open
+    susp_total: int       # wall time the call's task was suspended
+    susp_self: int
+    loop_total: int       # of it, woken and waiting for the event loop
+    loop_self: int
+    covered: int          # calls the estimates stand for: read, and left unread by the budget
+    cov_run: int          # their running wall time (wall less suspended)
+    cov_run_self: int
+    hist: List[Tuple[int, int]]                        # (bucket, count)
+    estimates: _Estimates
+    counters: List[Optional[_CounterRow]]               # one per event given to set_counters
+    blockers: List[Tuple[int, int]]                     # (node, ns): stages that held the loop while it was ready
+    items: List[Tuple[str, int, float, int, int]]       # (name, int total, float total, adds, float adds)
+
+class _CollectResult(TypedDict, total=False):
+    counter_errno: List[Optional[int]]                  # per event: 0 open, an errno, None not opened yet
+    counter_open: Dict[str, bool]                       # exclude_kernel, rdpmc (once a thread opened them)
+    nodes: List[Tuple[int, int, str, int]]              # (id, parent, name, is the "(other)" node)
+    stats: List[_StatsRow]
+    events: List[Tuple[int, int, int, int, int, int]]   # trace ring: (node, tid, t0, dur, cpu0, cpu)
+    events_dropped: int
+    unmatched_exits: int
+    out_of_order_exits: int
+    cross_thread_exits: int
+    internal_failures: int
+    folded_calls: int
+    max_stages: int
+    threads: int
+    clock_ns: int
+    # (root, seq, slow, sample, wall, t0, tid, [(node, self ns, on CPU, run queue, awaiting, loop-ready)])
+    exemplars: List[Tuple[int, int, bool, bool, int, int, int, List[Tuple[int, int, int, int, int, int]]]]
+    exemplar_bytes: Tuple[int, int]                     # stores, open or pooled calls
+    tasks: Dict[str, int]                               # steps, switch_reads, unhooked_changes, overlapped, abandoned
+
 def stage(name: str, /) -> Stage: ...
-def configure(*, enabled: bool = ..., cpu_clock: bool = ..., max_stages: int = ..., trace_events: int = ...,
-              nvtx: bool = ..., exemplars: int = ..., budget: float = ..., cpu_split: bool = ...) -> None: ...
-def calibrate(n: int = ..., /) -> Dict[str, Any]: ...
+def configure(**options: Any) -> None: ...             # the keys of _Configuration; unknown ones are refused
+def configuration() -> _Configuration: ...
+def calibrate(n: int = ..., /) -> _Calibration: ...
 def set_counters(events: Sequence[Tuple[int, int]], exclude_kernel: bool, taskclock_index: int, /) -> None: ...
 def set_hooks(enter: Optional[Callable[[str], Any]], exit: Optional[Callable[[Any], Any]], /) -> None: ...
-def collect() -> Dict[str, Any]: ...
+def collect() -> _CollectResult: ...
 def reset() -> None: ...
 def after_fork_child() -> None: ...
 def now_ns() -> int: ...
@@ -62,10 +152,11 @@ def current_path() -> Tuple[str, ...]: ...
 def add(name: str, value: Union[int, float] = ...) -> None: ...   # items of the innermost open stage of this context
 def set_root_exit_hook(hook: Optional[Callable[[], Any]], /) -> None: ...   # after every outermost stage exit
 
-# asyncio attribution (csrc/tasks.c): stand-ins that instrument.live.tasks installs as
+# asyncio attribution (csrc/steps.c): stand-ins that instrument.live.tasks installs as
 # asyncio.events.Handle._run and asyncio.base_events.BaseEventLoop._run_once
 def step_runner(run: Callable[[Any], Any], /) -> Callable[[Any], Any]: ...
 def iteration_runner(run: Callable[[Any], Any], /) -> Callable[[Any], Any]: ...
+def ready_runner(call_soon: Callable[..., Any], /) -> Callable[..., Any]: ...   # stands in for BaseEventLoop._call_soon
 
 def nvtx_init(domain: str, /) -> None: ...
 def nvtx_domain() -> str: ...

@@ -162,34 +162,41 @@ class Option:
     default: Any
     parse: Callable[[str, Any], Any]
     doc: str
+    hot: bool = False   # read by the hot path: handed to the backend's configure() under this name, on both backends
 
 
 OPTIONS: Tuple[Option, ...] = (
-    Option("enabled", None, True, _bool, "record stages at all; INSTRUMENT_DISABLE=1 turns every stage into a no-op"),
+    Option("enabled", None, True, _bool, "record stages at all; INSTRUMENT_DISABLE=1 turns every stage into a no-op", hot=True),
     Option("output", "INSTRUMENT_OUTPUT", None, _path, "save the snapshot to this JSON file at interpreter exit"),
     Option("counters", "INSTRUMENT_COUNTERS", "default", _counters,
            "perf_event counters per stage: default, none, or a comma list of names / r<hex> raw codes"),
     Option("cpu_clock", "INSTRUMENT_CPU_CLOCK", True, _bool,
-           "read the thread CPU clock at stage boundaries when no task-clock counter gives CPU time"),
+           "read the thread CPU clock at stage boundaries when no task-clock counter gives CPU time", hot=True),
     Option("overhead_budget", "INSTRUMENT_OVERHEAD_BUDGET", 0.01, _budget,
            "share of a stage's own time its counter and CPU-time reads may cost: stages too short for a read on "
            "every call are read on a random subset of calls and their CPU time and counters estimated (calls and "
-           "wall time stay exact); none: read every call"),
+           "wall time stay exact); none: read every call", hot=True),
     Option("cpu_split", "INSTRUMENT_CPU_SPLIT", True, _bool,
            "split each stage's CPU time into user and system (kernel) time from the thread's rusage, read with "
-           "the CPU time"),
+           "the CPU time", hot=True),
+    Option("run_queue", "INSTRUMENT_RUN_QUEUE", True, _bool,
+           "read the thread's run-queue time (/proc/thread-self/schedstat) with the CPU time: the off-CPU time of a "
+           "stage split into waiting for a CPU (run queue) and blocked (I/O, locks, sleep)", hot=True),
+    Option("helper_cpu", "INSTRUMENT_HELPER_CPU", True, _bool,
+           "read the CPU time of the process's threads that run no stage (torch/OpenMP intra-op pools, tokenizer "
+           "pools) with the CPU time: parallel compute shows as CPU, not as waiting", hot=True),
     Option("task_attribution", "INSTRUMENT_TASK_ATTRIBUTION", True, _bool,
            "charge CPU time and counters inside asyncio tasks to each task's own stages (a hook on asyncio's task "
            "steps); off: a call that overlaps other tasks on its thread keeps its wall time, its CPU time and counters "
            "are left out (cpu_ns.overlapped_calls)"),
     Option("max_stages", "INSTRUMENT_MAX_STAGES", 10000, _int(1, 10_000_000),
-           "distinct stage nodes kept; more are folded into '(other)'"),
+           "distinct stage nodes kept; more are folded into '(other)'", hot=True),
     Option("trace_events", "INSTRUMENT_TRACE_EVENTS", 0, _int(0, 100_000_000),
-           "size of the ring of timeline events kept for the Chrome trace export (0 = off)"),
+           "size of the ring of timeline events kept for the Chrome trace export (0 = off)", hot=True),
     Option("exemplars", "INSTRUMENT_EXEMPLARS", 32, _int(0, 1024),
            "calls kept per top-level stage with their per-stage breakdown: the K slowest and a sample of K "
-           "typical ones, for `instrument report --tail` (0 = off)"),
-    Option("nvtx", "INSTRUMENT_NVTX", True, _bool, "emit an NVTX range for every stage"),
+           "typical ones, for `instrument report --tail` (0 = off)", hot=True),
+    Option("nvtx", "INSTRUMENT_NVTX", True, _bool, "emit an NVTX range for every stage", hot=True),
     Option("nvtx_domain", "INSTRUMENT_NVTX_DOMAIN", "instrument", _text, "the NVTX domain of the ranges"),
     Option("torch", "INSTRUMENT_TORCH", "auto", _tristate,
            "open torch.profiler ranges for stages while a profiler is active (auto: when torch is imported)"),
@@ -215,6 +222,10 @@ OPTIONS: Tuple[Option, ...] = (
            "CPU/wall above which a stage is judged compute-bound"),
     Option("verdict_gpu_share", "INSTRUMENT_VERDICT_GPU_SHARE", 0.6, _float(0.0, 1.0),
            "GPU time / wall above which a stage is judged gpu-bound"),
+    Option("verdict_runqueue_share", "INSTRUMENT_VERDICT_RUNQUEUE_SHARE", 0.3, _float(0.0, 1.0),
+           "share of a stage's own time ready but waiting for a CPU (run queue) from which it is judged cpu-starved"),
+    Option("verdict_loop_share", "INSTRUMENT_VERDICT_LOOP_SHARE", 0.3, _float(0.0, 1.0),
+           "share of a stage's own time woken but waiting for the event loop from which it is judged loop-blocked"),
     Option("verdict_kernel_share", "INSTRUMENT_VERDICT_KERNEL_SHARE", 0.5, _float(0.0, 1.0),
            "system (kernel) time / CPU time above which a busy stage is judged kernel-bound"),
     Option("verdict_miss_ratio", "INSTRUMENT_VERDICT_MISS_RATIO", 0.1, _float(0.0, 1.0),
@@ -299,6 +310,11 @@ def from_env(environ: Optional[Mapping[str, str]] = None, strict: bool = False) 
         for p in problems:
             warnings.warn(f"instrument: {p}; using the default", RuntimeWarning, stacklevel=3)
     return Config(values)
+
+
+def hot_values(cfg: Config) -> Dict[str, Any]:
+    """The hot-path options of `cfg`, as the backends' configure() takes them."""
+    return {o.name: cfg.values[o.name] for o in OPTIONS if o.hot}
 
 
 def verdict_thresholds(cfg: Optional[Config] = None) -> Dict[str, float]:

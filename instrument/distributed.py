@@ -28,7 +28,7 @@ def gather(dst: int = 0, group: Any = None) -> Optional[Snapshot]:
     local rank and host of each in meta.merged_from), with verdicts; None on the other ranks.  A
     collective: every rank calls it.  It sends CPU tensors over the job's group, or over a gloo group
     made once for it when the job's backend is NCCL (no GPU memory is used)."""
-    snap = _live.gather(lambda: _collector.snapshot(finish=False), dst, group)
+    snap = _live.gather(lambda: _collector.snapshot(judged=False), dst, group)
     return None if snap is None else with_verdicts(snap)
 
 

@@ -11,6 +11,7 @@ JSON: {"format": "instrument-snapshot", "version": 1, "meta": {...},
 from __future__ import annotations
 
 import json
+import math
 import os
 import tempfile
 from dataclasses import dataclass, field, replace
@@ -22,6 +23,10 @@ FORMAT = "instrument-snapshot"
 VERSION = 1
 MAX_FILE_BYTES = 1 << 30          # refuse to read snapshot files over 1 GiB
 QUANTILES = (("p50", 0.5), ("p90", 0.9), ("p99", 0.99), ("p999", 0.999))
+Z99 = 2.5758293035489   # the normal quantile of a two-sided 99 % interval
+SPLIT = ("on_cpu", "runqueue", "blocked", "awaiting", "loop_ready", "unknown")   # a stage's wall time, in parts
+SWITCHES = ("voluntary", "involuntary")
+EXEMPLAR_SPLIT = ("on_cpu", "runqueue", "awaiting", "loop_ready")   # an exemplar part's split (blocked: the rest)
 TOP_OPS = 10                                            # operators kept per ranking in a stage's `ops`
 MAX_WINDOWS = 512          # windows kept per stage by merge(); beyond, neighbours are joined two by two
 OP_FIELDS = ("calls", "self_cpu_ns", "cpu_total_ns", "device_ns")
@@ -70,6 +75,48 @@ def _num(x: Any) -> Any:
     return None if x is None else (int(x) if isinstance(x, float) and x.is_integer() and abs(x) < 2 ** 53 else x)
 
 
+def ci99(total: Optional[float], var: float, upper: Optional[float] = None) -> Optional[Tuple[float, float]]:
+    """The 99 % interval of an estimated sum with this variance (normal approximation), within [0, upper]."""
+    if total is None:
+        return None
+    half = Z99 * math.sqrt(var) if var > 0 else 0.0
+    hi = total + half
+    if upper is not None:
+        hi = min(hi, max(upper, total))
+    return (max(total - half, 0.0), hi)
+
+
+def _estimate_json(e: Mapping[str, Any], upper: Optional[float] = None) -> Dict[str, Any]:
+    """An estimate {"total", "self", "var", "var_self", "reads"} as saved: standard deviations, and the interval."""
+    d = {"total": _num(round(e["total"], 3)), "self": _num(round(e["self"], 3)), "sd": round(math.sqrt(e["var"]), 3),
+         "sd_self": round(math.sqrt(e["var_self"]), 3), "reads": e["reads"]}
+    if e["var"] > 0:
+        d["ci99"] = [round(x, 3) for x in ci99(e["total"], e["var"], upper)]
+    return d
+
+
+def _estimate_from(path: Tuple[str, ...], what: str, raw: Any) -> Optional[Dict[str, Any]]:
+    if raw is None:
+        return None
+    try:
+        return {"total": float(raw["total"]), "self": float(raw.get("self", raw["total"])),
+                "var": float(raw.get("sd", 0)) ** 2, "var_self": float(raw.get("sd_self", 0)) ** 2,
+                "reads": int(raw.get("reads", 0))}
+    except (KeyError, TypeError, ValueError, AttributeError):
+        raise SnapshotError(f"stage {path_text(path)}: {what} needs a total, got {str(raw)[:80]}") from None
+
+
+def merge_estimate(a: Optional[Mapping[str, Any]], b: Optional[Mapping[str, Any]],
+                   sign: int = 1) -> Optional[Dict[str, Any]]:
+    """Two estimates of disjoint calls as one (sign +1), or what the later one adds to the earlier (-1)."""
+    if a is None or b is None:
+        return dict(a) if a is not None else (dict(b) if b is not None and sign > 0 else None)
+    out = {k: a[k] + sign * b[k] for k in ("total", "self", "var", "var_self", "reads")}
+    for k in ("total", "var", "var_self", "reads"):
+        out[k] = max(out[k], 0)
+    return out
+
+
 @dataclass(frozen=True)
 class StageStats:
     """Statistics of one node of the stage tree (a path of stage names)."""
@@ -105,9 +152,32 @@ class StageStats:
     # system (kernel) share of cpu_total/cpu_self, from the thread's rusage at the same reads; None: not measured
     cpu_sys_total: Optional[int] = None
     cpu_sys_self: Optional[int] = None
+    # the estimates' variances (0 when every covered call was read): a 99 % interval is total +- 2.576 * sqrt(var)
+    cpu_var: float = 0.0
+    cpu_var_self: float = 0.0
+    # estimated like CPU time, each {"total", "self", "var", "var_self", "reads"}: time ready in the run queue,
+    # waiting for a CPU; CPU time of the process's threads that run no stage while the calls ran (helpers); and
+    # the thread's voluntary / involuntary context switches
+    runqueue: Optional[Mapping[str, Any]] = None
+    helpers: Optional[Mapping[str, Any]] = None
+    switches: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
+    # of the suspended time, woken but waiting for the event loop to run the task (the rest was awaiting)
+    loop_total: int = 0
+    loop_self: int = 0
+    # running wall time (wall less suspended) of the calls CPU time covers (cpu_calls): on CPU + run queue + blocked
+    covered_run: int = 0
+    covered_run_self: int = 0
+    # the stages that ran on the loop while this one was ready to run: {path text: ns}
+    loop_blockers: Mapping[str, int] = field(default_factory=dict)
     # per rank of a torch.distributed job, {rank: {"calls", "errors", "wall_ns", "self_ns", "cpu_ns", "gpu_ns"}}: by
     # merge() of snapshots that name their rank (meta.distributed.rank); None for one process's snapshot
     ranks: Optional[Mapping[int, Mapping[str, Any]]] = None
+
+    @classmethod
+    def empty(cls, path: Tuple[str, ...]) -> "StageStats":
+        """A stage with no calls (an ancestor still open when a snapshot was taken)."""
+        return cls(path=tuple(path), calls=0, errors=0, wall_total=0, wall_self=0, wall_min=None, wall_max=None,
+                   cpu_total=None, cpu_self=None, cpu_calls=0, hist={})
 
     @property
     def name(self) -> str:
@@ -165,10 +235,72 @@ class StageStats:
     def cpu_ns(self) -> Dict[str, Any]:
         d = {"total": self.cpu_total, "self": self.cpu_self, "calls": self.cpu_calls, "read_calls": self.cpu_reads,
              "estimated": self.cpu_estimated}
+        if self.cpu_estimated and self.cpu_total is not None:
+            d.update(sd=round(math.sqrt(self.cpu_var), 3), sd_self=round(math.sqrt(self.cpu_var_self), 3),
+                     ci99=[round(x, 3) for x in self.cpu_ci99])
+        if self.helpers is not None:
+            d["helpers"] = _estimate_json(self.helpers)
         if self.cpu_sys_total is not None:
             d["sys"] = {"total": self.cpu_sys_total, "self": self.cpu_sys_self}
             d["user"] = {"total": self.cpu_user_total, "self": self.cpu_user_self}
         return d
+
+    @property
+    def cpu_ci99(self) -> Optional[Tuple[float, float]]:
+        """The 99 % interval of cpu_total (the total itself when every covered call was read)."""
+        return ci99(self.cpu_total, self.cpu_var, self.covered_run)
+
+    @property
+    def awaiting_total(self) -> int:
+        return max(self.suspended_total - self.loop_total, 0)
+
+    @property
+    def awaiting_self(self) -> int:
+        return max(self.suspended_self - self.loop_self, 0)
+
+    def split_part(self, part: str, self_: bool = False) -> Optional[float]:
+        """One part of the stage's wall time (SPLIT), total or self; None where it was not measured."""
+        run = (self.wall_self - self.suspended_self) if self_ else (self.wall_total - self.suspended_total)
+        cov = self.covered_run_self if self_ else self.covered_run
+        cpu = self.cpu_self if self_ else self.cpu_total
+        rq = None if self.runqueue is None else self.runqueue["self" if self_ else "total"]
+        if part == "awaiting":
+            return self.awaiting_self if self_ else self.awaiting_total
+        if part == "loop_ready":
+            return self.loop_self if self_ else self.loop_total
+        if part == "unknown":
+            return max(run - cov, 0) if cpu is not None else max(run, 0)
+        if cpu is None:
+            return None
+        if part == "on_cpu":
+            return cpu
+        if part == "runqueue":
+            return rq
+        if part == "blocked":
+            return max(cov - cpu - (rq or 0), 0) if rq is not None else None
+        raise KeyError(f"no wall-time part {part!r}; the parts are: {', '.join(SPLIT)}")
+
+    @property
+    def wall_split(self) -> Optional[Dict[str, Dict[str, Any]]]:
+        """The stage's wall time in parts (SPLIT), each {"total", "self"} and, where estimated, "ci99": on a CPU,
+        ready in the run queue, blocked (off the CPU by its own doing: I/O, locks, sleep), awaiting (its asyncio
+        task suspended, not yet woken), loop_ready (woken, waiting for the loop), unknown (running time no reading
+        covers).  The parts add up to the wall time; None before any call."""
+        if not self.calls:
+            return None
+        out: Dict[str, Dict[str, Any]] = {}
+        for part in SPLIT:
+            t, s_ = self.split_part(part), self.split_part(part, True)
+            if t is None or (part == "unknown" and not t and not s_):
+                continue
+            d: Dict[str, Any] = {"total": _num(t), "self": _num(s_)}
+            if part in ("on_cpu", "runqueue", "blocked") and self.cpu_estimated:
+                var = self.cpu_var if part == "on_cpu" else (self.runqueue or {}).get("var", 0.0)
+                if part == "blocked":
+                    var = self.cpu_var + (self.runqueue or {}).get("var", 0.0)
+                d["ci99"] = list(ci99(t, var, self.covered_run))
+            out[part] = d
+        return out
 
     def attributed_wall(self, wall: Optional[int] = None) -> Optional[float]:
         """Wall time (default: total) scaled to the calls whose CPU time and counters could be attributed
@@ -220,9 +352,20 @@ class StageStats:
             "path": list(self.path), "calls": self.calls, "errors": self.errors,
             "wall_ns": {k: _num(v) for k, v in wall.items()},
             "cpu_ns": self.cpu_ns,
-            "counters": {k: dict(v) for k, v in self.counters.items()},
+            "counters": {k: _counter_json(v) for k, v in self.counters.items()},
             "hist": {"scheme": _hist.SCHEME, "buckets": [[i, c] for i, c in sorted(self.hist.items())]},
         }
+        split = self.wall_split
+        if split:
+            if "runqueue" in split and self.runqueue is not None:
+                split["runqueue"].update({k: v for k, v in _estimate_json(self.runqueue, self.covered_run).items()
+                                          if k in ("sd", "sd_self", "reads")})
+            split["covered_running"] = {"total": self.covered_run, "self": self.covered_run_self}
+            d["wall_split_ns"] = split
+        if self.switches:
+            d["context_switches"] = {k: _estimate_json(v) for k, v in self.switches.items()}
+        if self.loop_blockers:
+            d["loop_blockers_ns"] = dict(self.loop_blockers)
         if self.other:
             d["other"] = True
         if self.overlapped_calls:
@@ -281,19 +424,53 @@ class StageStats:
                        cpu_sys_total=None if (c.get("sys") or {}).get("total") is None else int(c["sys"]["total"]),
                        cpu_sys_self=None if (c.get("sys") or {}).get("self") is None else int(c["sys"]["self"]),
                        hist=_hist.from_pairs(h.get("buckets", [])),
-                       counters={k: dict(v) for k, v in (d.get("counters") or {}).items()},
+                       counters={k: _counter_from(v) for k, v in (d.get("counters") or {}).items()},
                        gpu=d.get("gpu"), ops=d.get("ops"), other=bool(d.get("other", False)),
                        verdict=d.get("verdict"), windows=_windows_from(path, d.get("windows")),
                        overlapped_calls=int(c.get("overlapped_calls", 0)),
                        abandoned_calls=int(d.get("abandoned_calls", 0)),
                        suspended_total=int((d.get("suspended_ns") or {}).get("total", 0)),
                        suspended_self=int((d.get("suspended_ns") or {}).get("self", 0)),
-                       items=_items_from(path, d.get("items")), ranks=_ranks_from(path, d.get("ranks")))
+                       items=_items_from(path, d.get("items")), **_split_from(path, d, c),
+                       ranks=_ranks_from(path, d.get("ranks")))
         except SnapshotError:
             raise
         except (KeyError, TypeError, ValueError, AttributeError) as e:
             raise SnapshotError(f"malformed stage entry {str(dict(d))[:200] if isinstance(d, Mapping) else d!r}: "
                                 f"{type(e).__name__}: {e}") from None
+
+
+def _counter_json(c: Mapping[str, Any]) -> Dict[str, Any]:
+    """A counter's dict as saved: its variances as standard deviations, and its interval where estimated."""
+    d = {k: v for k, v in c.items() if k not in ("var", "var_self")}
+    if c.get("var") and c.get("total") is not None:
+        d.update(sd=round(math.sqrt(c["var"]), 3), sd_self=round(math.sqrt(c.get("var_self") or 0), 3),
+                 ci99=[round(x, 3) for x in ci99(c["total"], c["var"])])
+    return d
+
+
+def _counter_from(raw: Mapping[str, Any]) -> Dict[str, Any]:
+    d = {k: v for k, v in dict(raw).items() if k not in ("sd", "sd_self", "ci99")}
+    if raw.get("sd"):
+        d.update(var=float(raw["sd"]) ** 2, var_self=float(raw.get("sd_self") or 0) ** 2)
+    return d
+
+
+def _split_from(path: Tuple[str, ...], d: Mapping[str, Any], c: Mapping[str, Any]) -> Dict[str, Any]:
+    """The fields of the wall-time split, the helpers and the context switches, from a saved stage."""
+    split = d.get("wall_split_ns") or {}
+    if not isinstance(split, Mapping):
+        raise SnapshotError(f"stage {path_text(path)}: wall_split_ns must be an object")
+    rq, loop, cov = split.get("runqueue"), split.get("loop_ready") or {}, split.get("covered_running") or {}
+    switches = d.get("context_switches") or {}
+    sd = float(c.get("sd") or 0), float(c.get("sd_self") or 0)
+    return {"runqueue": _estimate_from(path, "wall_split_ns.runqueue", rq),
+            "helpers": _estimate_from(path, "cpu_ns.helpers", c.get("helpers")),
+            "switches": {k: _estimate_from(path, f"context_switches.{k}", v) for k, v in switches.items()},
+            "loop_total": int(loop.get("total", 0)), "loop_self": int(loop.get("self", 0)),
+            "covered_run": int(cov.get("total", 0)), "covered_run_self": int(cov.get("self", 0)),
+            "cpu_var": sd[0] ** 2, "cpu_var_self": sd[1] ** 2,
+            "loop_blockers": {str(k): int(v) for k, v in (d.get("loop_blockers_ns") or {}).items()}}
 
 
 def _windows_from(path: Tuple[str, ...], raw: Any) -> Optional[Tuple[Dict[str, Any], ...]]:
@@ -383,7 +560,7 @@ def merge_counters(a: Mapping[str, Mapping[str, Any]], b: Mapping[str, Mapping[s
             out[k] = dict(v)
             continue
         d = out[k]
-        for f in ("total", "self", "enabled_ns", "running_ns", "counted_calls", "read_calls"):
+        for f in ("total", "self", "enabled_ns", "running_ns", "counted_calls", "read_calls", "var", "var_self"):
             if f in d or f in v:
                 d[f] = _add(d.get(f), v.get(f))
         d["scaled"] = bool(d.get("scaled")) or bool(v.get("scaled"))
@@ -392,6 +569,21 @@ def merge_counters(a: Mapping[str, Mapping[str, Any]], b: Mapping[str, Mapping[s
         if d.get("enabled_ns"):
             d["running_fraction"] = (d.get("running_ns") or 0) / d["enabled_ns"]
     return out
+
+
+def _combined_split(a: StageStats, b: StageStats, sign: int) -> Dict[str, Any]:
+    """The split's fields of two recordings merged (sign +1), or of a window (-1: what `a` added to `b`)."""
+    blockers = dict(a.loop_blockers)
+    for k, v in b.loop_blockers.items():
+        blockers[k] = blockers.get(k, 0) + sign * v
+    return {"cpu_var": max(a.cpu_var + sign * b.cpu_var, 0.0), "cpu_var_self": max(a.cpu_var_self + sign * b.cpu_var_self, 0.0),
+            "runqueue": merge_estimate(a.runqueue, b.runqueue, sign), "helpers": merge_estimate(a.helpers, b.helpers, sign),
+            "switches": {k: merge_estimate(a.switches.get(k), b.switches.get(k), sign)
+                         for k in set(a.switches) | set(b.switches)},
+            "loop_total": a.loop_total + sign * b.loop_total, "loop_self": a.loop_self + sign * b.loop_self,
+            "covered_run": a.covered_run + sign * b.covered_run,
+            "covered_run_self": a.covered_run_self + sign * b.covered_run_self,
+            "loop_blockers": {k: v for k, v in blockers.items() if v > 0}}
 
 
 def _reads(a: StageStats, b: StageStats, sign: int) -> Optional[int]:
@@ -434,7 +626,8 @@ def merge_stage(a: StageStats, b: StageStats, windows: bool = False) -> StageSta
                    suspended_total=a.suspended_total + b.suspended_total,
                    suspended_self=a.suspended_self + b.suspended_self,
                    windows=join_windows(a.all_windows() + b.all_windows()) if windows else None,
-                   items=merge_items(a.items, b.items), ranks=merge_ranks(a.ranks, b.ranks))
+                   items=merge_items(a.items, b.items), **_combined_split(a, b, +1),
+                   ranks=merge_ranks(a.ranks, b.ranks))
 
 
 def gpu_fields(total: int, samples: int, dropped: int, errors: int, lo: Optional[int], hi: Optional[int],
@@ -500,7 +693,7 @@ def _since_counters(a: Mapping[str, Mapping[str, Any]], b: Mapping[str, Mapping[
     out: Dict[str, Dict[str, Any]] = {}
     for k, v in a.items():
         d, e = dict(v), b.get(k) or {}
-        for f in ("total", "self", "enabled_ns", "running_ns", "counted_calls", "read_calls"):
+        for f in ("total", "self", "enabled_ns", "running_ns", "counted_calls", "read_calls", "var", "var_self"):
             if f in d:
                 d[f] = _since(d.get(f), e.get(f))
         if d.get("counted_calls") == 0:
@@ -584,7 +777,7 @@ def since_stage(a: StageStats, b: StageStats) -> StageStats:
                    abandoned_calls=a.abandoned_calls - b.abandoned_calls,
                    suspended_total=a.suspended_total - b.suspended_total,
                    suspended_self=a.suspended_self - b.suspended_self, items=_since_items(a.path, a.items, b.items),
-                   ranks=since_ranks(a.path, a.ranks, b.ranks))
+                   ranks=since_ranks(a.path, a.ranks, b.ranks), **_combined_split(a, b, -1))
 
 
 # ------------------------------------------------------------------ exemplars
@@ -602,7 +795,11 @@ def _exemplar_from(d: Any) -> Dict[str, Any]:
             bp = b["path"]
             if not isinstance(bp, list) or not bp or not all(isinstance(x, str) for x in bp):
                 raise SnapshotError(f"exemplar breakdown path must be a list of names, got {bp!r}")
-            parts.append({"path": list(bp), "wall_ns": int(b["wall_ns"])})
+            part = {"path": list(bp), "wall_ns": int(b["wall_ns"])}
+            split = b.get("split")
+            if isinstance(split, Mapping):   # how that stage's self time went in the call (None: not read)
+                part["split"] = {k: None if split.get(k) is None else int(split[k]) for k in EXEMPLAR_SPLIT}
+            parts.append(part)
         out = {"path": list(path), "wall_ns": int(d["wall_ns"]), "start_ns": int(d.get("start_ns") or 0),
                "pid": d.get("pid"), "tid": d.get("tid"), "seq": d.get("seq"), "slow": bool(d.get("slow")),
                "sample": bool(d.get("sample")), "breakdown": parts}
@@ -734,7 +931,7 @@ def _tree_order(stages: Iterable[StageStats]) -> List[StageStats]:
         for k in range(1, len(s.path)):
             anc = s.path[:k]
             if anc not in by_path:
-                by_path[anc] = StageStats(anc, 0, 0, 0, 0, None, None, None, None, 0, {})
+                by_path[anc] = StageStats.empty(anc)
                 order.append(anc)
         if s.path in by_path and by_path[s.path].calls:
             by_path[s.path] = merge_stage(by_path[s.path], s)

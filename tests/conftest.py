@@ -44,3 +44,31 @@ def run_python(code, env=None, timeout=120, cwd=None):
     e = dict(os.environ)
     e.update(env or {})
     return subprocess.run([sys.executable, "-c", code], env=e, capture_output=True, text=True, timeout=timeout, cwd=cwd)
+
+
+HOG = "import os, sys; os.sched_setaffinity(0, {int(sys.argv[1])})\nwhile True: pass"
+
+
+@pytest.fixture
+def shared_core():
+    """This process and a CPU hog pinned to one core (the scheduler shares it between them); the process's
+    affinity is given back afterwards."""
+    import subprocess
+    import time
+    old = os.sched_getaffinity(0)
+    core = min(old)
+    hog = subprocess.Popen([sys.executable, "-c", HOG, str(core)])
+    try:
+        os.sched_setaffinity(0, {core})
+        time.sleep(0.05)   # the hog runs
+        yield core
+    finally:
+        os.sched_setaffinity(0, old)
+        hog.kill()
+        hog.wait()
+
+
+def run_delay_ns():
+    """This thread's run-queue wait so far, as the kernel counts it (/proc/thread-self/schedstat, field 2)."""
+    with open("/proc/thread-self/schedstat") as f:
+        return int(f.read().split()[1])

@@ -43,8 +43,18 @@ def test_every_declaration_is_exported(stub):
     assert not extra, f"declared in {STUB.name} but not exported by instrument._native: {sorted(extra)}"
 
 
+def typed_dicts(stub):
+    """The stub's TypedDicts: {name: [fields declared]} (rows the module builds, not types it exports)."""
+    out = {}
+    for n in stub.body:
+        if isinstance(n, ast.ClassDef) and any(getattr(b, "id", None) in ("TypedDict", *out) for b in n.bases):
+            out[n.name] = [f.target.id for f in n.body if isinstance(f, ast.AnnAssign)]
+    return out
+
+
 def test_class_members_match(stub):
-    classes = [n for n in stub.body if isinstance(n, ast.ClassDef)]
+    rows = typed_dicts(stub)
+    classes = [n for n in stub.body if isinstance(n, ast.ClassDef) and n.name not in rows]
     assert classes
     for cls in classes:
         runtime = getattr(_native, cls.name)
@@ -53,3 +63,44 @@ def test_class_members_match(stub):
         stubbed = public(declared(cls.body))
         assert exported == stubbed, (f"{cls.name}: missing from the stub {sorted(exported - stubbed)}, "
                                      f"not on the type {sorted(stubbed - exported)}")
+
+
+def test_collect_rows_are_the_declared_typed_dicts(stub, backend):
+    """Both backends' collect() give exactly the fields _native.pyi declares (the seam the collector reads)."""
+    rows = typed_dicts(stub)
+    instrument.configure(counters="task-clock,page-faults", overhead_budget=None)
+    with instrument.stage("outer"):
+        with instrument.stage("inner"):
+            instrument.add("tokens", 3)
+    raw = backend.collect()
+    assert set(raw) <= set(rows["_CollectResult"]) and set(raw) >= {"nodes", "stats", "tasks", "clock_ns"}
+    assert len(raw["stats"]) == 2
+    counter_row = rows["_EstimateRow"] + rows["_CounterRow"]   # _CounterRow extends _EstimateRow
+    for row in raw["stats"]:
+        assert sorted(row) == sorted(rows["_StatsRow"])
+        assert sorted(row["estimates"]) == sorted(rows["_Estimates"])
+        assert sorted(row["estimates"]["cpu"]) == sorted(rows["_EstimateRow"])
+        assert len(row["counters"]) == 2
+        for c in row["counters"]:
+            assert sorted(c) == sorted(counter_row)
+    assert sorted(backend.calibrate(20)) == sorted(rows["_Calibration"])
+
+
+def test_every_hot_option_reaches_both_backends(stub, backend):
+    """An option config.py marks hot is taken by configure() and given back by configuration() on both backends,
+    under its own name; the stub declares the same set."""
+    from instrument import config
+    hot = {o.name for o in config.OPTIONS if o.hot}
+    assert hot == set(typed_dicts(stub)["_Configuration"])
+    values = config.hot_values(config.defaults().replace(max_stages=321, trace_events=7, exemplars=5,
+                                                          overhead_budget=0.25, cpu_split=False))
+    backend.configure(**values)
+    got = backend.configuration()
+    assert set(got) == hot
+    for k in ("max_stages", "trace_events", "exemplars", "overhead_budget", "cpu_split", "enabled", "cpu_clock"):
+        assert got[k] == values[k], k
+    with pytest.raises(TypeError, match="unknown option 'budget'"):
+        backend.configure(budget=0.1)
+    with pytest.raises(ValueError, match="max_stages must be an integer from 1"):
+        backend.configure(max_stages=0, exemplars=3)
+    assert backend.configuration()["exemplars"] == 5, "a refused call changes nothing"

@@ -11,16 +11,15 @@ import socket
 import sys
 import threading
 import time
-import warnings
 from dataclasses import replace
 from typing import Any, Callable, Dict, List, Optional
 
 from .. import config as _config
 from .. import counters
 from .._version import __version__
-from ..snapshot import Snapshot, StageStats
+from ..snapshot import Snapshot, StageStats, path_text
 from . import backend as _backend
-from . import callsite, integrations, nvtx, perf, tasks, torchwatch
+from . import callsite, integrations, nvtx, perf
 
 backend = _backend.current   # the hot path reads this global; _on_backend_switch keeps it current
 
@@ -28,7 +27,7 @@ _state_lock = threading.Lock()
 _config_now: _config.Config = _config.from_env()
 _start_wall = time.time()
 _start_clock = backend.now_ns()
-_finish: Optional[Callable[[Snapshot], Snapshot]] = None   # set by the facade: verdicts (instrument.analysis)
+judge: Optional[Callable[[Snapshot], Snapshot]] = None   # set by the facade: adds verdicts (instrument.analysis)
 
 
 def current_config() -> _config.Config:
@@ -58,19 +57,14 @@ def configure(**options: Any) -> _config.Config:
 def _apply(cfg: _config.Config, explicit_counters: bool = False) -> None:
     if cfg.nvtx:
         nvtx.init(cfg.nvtx_domain)
-    backend.configure(enabled=cfg.enabled, cpu_clock=cfg.cpu_clock, max_stages=cfg.max_stages,
-                      trace_events=cfg.trace_events, nvtx=cfg.nvtx, exemplars=cfg.exemplars,
-                      budget=cfg.overhead_budget or 0.0, cpu_split=cfg.cpu_split)
+    backend.configure(**_config.hot_values(cfg))
     _apply_counters(cfg.counters, explicit_counters)
     _calibrate()
-    try:
-        tasks.apply(cfg.task_attribution, backend)
-    except Exception as e:  # attribution must never stop the configuration; overlapped calls are then marked
-        warnings.warn(f"instrument: asyncio attribution: {e}", RuntimeWarning, stacklevel=3)
-    try:
-        torchwatch.on_configure(cfg)
-    except Exception as e:  # an integration must never stop the configuration
-        callsite.warn(f"instrument: torch integration: {e}")
+    for integ in integrations.registered():
+        try:
+            integrations.call(integ, "configure", cfg)
+        except Exception as e:  # an integration must never stop the configuration
+            callsite.warn(f"instrument: {integ.name}: {e}")
 
 
 def use_backend(module) -> None:
@@ -267,7 +261,7 @@ def reset() -> None:
     _forget_held()
     for integ in integrations.registered():
         try:
-            integ.reset()
+            integrations.call(integ, "reset")
         except Exception:
             pass
     _start_wall, _start_clock = time.time(), backend.now_ns()
@@ -291,16 +285,17 @@ def _meta(raw: Dict[str, Any]) -> Dict[str, Any]:
         "exemplars": dict(zip(("k", "bytes", "call_bytes"), (_config_now.exemplars, *raw.get("exemplar_bytes", (0, 0))))),
         "counters": _counter_meta(raw),
         "nvtx": {"emitter": nvtx.backend(), "domain": _config_now.nvtx_domain if _config_now.nvtx else None},
-        "tasks": tasks.status(raw.get("tasks")),
     }
     overhead = _overhead(raw)
     if overhead is not None:
         meta["overhead"] = overhead
     for integ in integrations.registered():
         try:
-            meta[integ.name] = integ.status()
+            st = integrations.call(integ, "status", raw)
         except Exception as e:
-            meta[integ.name] = {"error": str(e)}
+            st = {"error": str(e)}
+        if st is not None:
+            meta[integ.name] = st
     return meta
 
 
@@ -318,43 +313,46 @@ def _counter_meta(raw: Dict[str, Any]) -> Dict[str, Any]:
             "read": "rdpmc" if opened.get("rdpmc") else "read()" if events else None}
 
 
-def _counter_dict(names, rows) -> Dict[str, Dict[str, Any]]:
+def _counter_dict(names, rows, covered: int) -> Dict[str, Dict[str, Any]]:
     """counted_calls: the calls the estimate stands for; read_calls: those read (fewer under the overhead budget)."""
     out = {}
-    for name, (total, self_, enabled, running, reads, scaled, covered, wsum) in zip(names, rows):
-        if not reads or wsum <= 0:
+    for name, row in zip(names, rows):
+        if row is None:
             out[name] = {"total": None, "self": None, "counted_calls": 0, "read_calls": 0}
             continue
-        # every call read with weight 1: exact sums; else the read calls' weighted mean, times the calls it stands for
-        est = reads != covered or wsum != reads
-        f = covered / wsum if est else 1.0
-        out[name] = {"total": total * f, "self": max(self_ * f, 0.0), "counted_calls": covered, "read_calls": reads,
-                     "estimated": est,
-                     "scaled": bool(scaled), "enabled_ns": enabled, "running_ns": running,
+        est = row["reads"] != covered
+        enabled, running = row["enabled"], row["running"]
+        out[name] = {"total": max(row["total"], 0.0), "self": row["self"], "counted_calls": covered,
+                     "read_calls": row["reads"], "estimated": est, "var": row["var"], "var_self": row["var_self"],
+                     "scaled": bool(row["scaled"]), "enabled_ns": enabled, "running_ns": running,
                      "running_fraction": running / enabled if enabled else None}
     return out
 
 
+def _estimate(row: Optional[Dict[str, Any]]) -> Optional[Dict[str, Any]]:
+    return None if row is None else {k: row[k] for k in ("total", "self", "var", "var_self", "reads")}
+
+
 def _cpu_fields(s: Dict[str, Any]) -> Dict[str, Any]:
-    """CPU time (estimated over cpu_calls under the budget) and its system share, from a collect() stats row."""
-    if not s["cpu_calls"] or not s["cpu_reads"] or s["cpu_wsum"] <= 0:
-        return {"cpu_total": None, "cpu_self": None, "cpu_calls": s["cpu_calls"] if s["cpu_reads"] else 0}
-    est = s["cpu_reads"] != s["cpu_calls"] or s["cpu_wsum"] != s["cpu_reads"]
-    if not est:   # every call read, with weight 1: exact sums
-        total, self_ = s["cpu_total"], max(s["cpu_self"], 0)
-    else:   # the read calls' CPU per wall time, times the wall time of the calls they stand for (exact)
-        f = s["cpu_cov_wall"] / s["cpu_wall_w"] if s["cpu_wall_w"] > 0 else s["cpu_calls"] / s["cpu_wsum"]
-        total, self_ = round(s["cpu_total"] * f), max(round(s["cpu_self"] * f), 0)
-    out = {"cpu_total": total, "cpu_self": self_, "cpu_calls": s["cpu_calls"],
-           "cpu_read_calls": s["cpu_reads"] if est else None}
-    if s["sys_reads"]:
-        if not est and s["sys_reads"] == s["cpu_reads"]:
-            st, ss = s["sys_total"], s["sys_self"]
-        else:   # the system share of the calls whose system time was read stands for the rest
-            st = s["sys_total"] * total / s["sys_cpu_total"] if s["sys_cpu_total"] > 0 else 0
-            ss = s["sys_self"] * self_ / s["sys_cpu_self"] if s["sys_cpu_self"] > 0 else 0
-        out["cpu_sys_total"] = int(min(max(st, 0), total))
-        out["cpu_sys_self"] = int(min(max(ss, 0), self_))
+    """CPU time and what is read with it (system time, switches, run queue, helpers), from a collect() stats row:
+    estimates over the covered calls, exact where every covered call was read."""
+    est, covered = s["estimates"], s["covered"]
+    cpu = est["cpu"]
+    out: Dict[str, Any] = {"covered_run": s["cov_run"], "covered_run_self": s["cov_run_self"],
+                           "runqueue": _estimate(est["runqueue"]), "helpers": _estimate(est["helpers"]),
+                           "switches": {k: _estimate(est[q]) for k, q in (("voluntary", "vcsw"), ("involuntary", "ivcsw"))
+                                        if est[q] is not None}}
+    if cpu is None:
+        return dict(out, cpu_total=None, cpu_self=None, cpu_calls=0)
+    # single calls are not clamped (their corrections are medians): the totals are bounded here, by the running
+    # time of the calls they cover, as one thread's CPU time is
+    total = min(max(round(cpu["total"]), 0), s["cov_run"])
+    self_ = min(round(cpu["self"]), max(s["cov_run_self"], 0))
+    out.update(cpu_total=total, cpu_self=self_, cpu_calls=covered, cpu_var=cpu["var"], cpu_var_self=cpu["var_self"],
+               cpu_read_calls=cpu["reads"] if cpu["reads"] != covered else None)
+    if est["sys"] is not None:
+        out["cpu_sys_total"] = int(min(max(est["sys"]["total"], 0), total))
+        out["cpu_sys_self"] = int(min(max(est["sys"]["self"], 0), max(self_, 0)))
     return out
 
 
@@ -400,38 +398,6 @@ def _forget_held() -> None:
         _held.clear()
 
 
-def _estimated_selves(stages: List[StageStats]) -> List[StageStats]:
-    """Self CPU time, system time and counters of a stage whose own or children's figures are estimates: its
-    estimated total less its children's (the per-call difference needs every call of the children read)."""
-    children: Dict[tuple, List[StageStats]] = {}
-    for st in stages:
-        if len(st.path) > 1:
-            children.setdefault(st.path[:-1], []).append(st)
-
-    def sampled(x: StageStats, name: Optional[str] = None) -> bool:
-        if name is None:
-            return x.cpu_read_calls is not None
-        return bool((x.counters.get(name) or {}).get("estimated"))
-
-    out = []
-    for st in stages:
-        kids = children.get(st.path, [])
-        fields: Dict[str, Any] = {}
-        if st.cpu_total is not None and (sampled(st) or any(sampled(k) for k in kids)):
-            self_ = max(st.cpu_total - sum(k.cpu_total or 0 for k in kids), 0)
-            fields["cpu_self"] = self_
-            if st.cpu_sys_total is not None:
-                fields["cpu_sys_self"] = min(max(st.cpu_sys_total - sum(k.cpu_sys_total or 0 for k in kids), 0), self_)
-        ctr = {}
-        for name, c in st.counters.items():
-            if c.get("total") is not None and (sampled(st, name) or any(sampled(k, name) for k in kids)):
-                ctr[name] = dict(c, self=max(c["total"] - sum(k.counter(name) or 0 for k in kids), 0.0))
-        if ctr:
-            fields["counters"] = dict(st.counters, **ctr)
-        out.append(replace(st, **fields) if fields else st)
-    return out
-
-
 def _overhead(raw: Dict[str, Any]) -> Optional[Dict[str, Any]]:
     """The SDK's own estimated cost: calls x a stage call's cost + read calls x one call's reads (calibrate())."""
     c = _calibration
@@ -440,20 +406,21 @@ def _overhead(raw: Dict[str, Any]) -> Optional[Dict[str, Any]]:
     calls = reads = 0
     for s in raw["stats"]:
         calls += s["calls"]
-        reads += max([s.get("cpu_reads", 0)] + [r[4] for r in s.get("counters") or ()])
+        reads += max([0] + [e["reads"] for e in list(s["estimates"].values()) + s["counters"] if e is not None])
     base, read = round(c["base_ns"], 1), round(c["read_ns"], 1)
     return {"per_call_ns": base, "per_read_ns": read, "calls": calls,
             "read_calls": reads, "estimated_ns": round(calls * base + reads * read),
-            "budget": _config_now.overhead_budget, "cpu_source": c.get("cpu_source"),
-            "cpu_bias_ns": c.get("cpu_bias_ns"), "sys": c.get("sys"), "thread_clock": c.get("thread_clock")}
+            "budget": _config_now.overhead_budget, **{k: c.get(k) for k in (
+                "cpu_source", "cpu_bias_ns", "wall_bias_ns", "unread_wall_bias_ns", "sys", "thread_clock", "run_queue",
+                "helper_cpu")}}
 
 
-def snapshot(finish: bool = True) -> Snapshot:
+def snapshot(judged: bool = True) -> Snapshot:
     """An immutable Snapshot of everything recorded so far; callable any time.
-    finish=False leaves out what the facade adds (verdicts): the snapshot writer's copy."""
+    judged=False leaves out what the facade adds (verdicts): the snapshot writer's copy."""
     for integ in integrations.registered():
         try:
-            integ.before_snapshot()
+            integrations.call(integ, "before_snapshot")
         except Exception as e:
             callsite.warn(f"instrument: {integ.name}: {e}")
     raw = backend.collect()
@@ -464,7 +431,7 @@ def snapshot(finish: bool = True) -> Snapshot:
     extra: Dict[tuple, Dict[str, Any]] = {}
     for integ in integrations.registered():
         try:
-            for path, fields in integ.stage_fields().items():
+            for path, fields in (integrations.call(integ, "stage_fields") or {}).items():
                 extra.setdefault(tuple(path), {}).update(fields)
         except Exception as e:
             callsite.warn(f"instrument: {integ.name}: {e}")
@@ -475,18 +442,19 @@ def snapshot(finish: bool = True) -> Snapshot:
             outside = _items(s.get("items"))
             continue
         path = paths[s["node"]]
-        overlapped, abandoned, susp_total, susp_self = s.get("tasks") or (0, 0, 0, 0)
         stages.append(StageStats(
-            path=path, calls=s["calls"], errors=s["errors"], wall_total=s["wall_total"], wall_self=s["wall_self"],
+            path=path, calls=s["calls"], errors=s["errors"], wall_total=s["wall_total"], wall_self=max(s["wall_self"], 0),
             wall_min=s["wall_min"] if s["calls"] else None, wall_max=s["wall_max"] if s["calls"] else None,
             hist=dict(s["hist"]), **_cpu_fields(s),
-            counters=_counter_dict(_counter_names, s.get("counters") or []),
-            other=s["node"] in others, overlapped_calls=overlapped, abandoned_calls=abandoned,
-            suspended_total=susp_total, suspended_self=susp_self, items=_items(s.get("items")),
+            counters=_counter_dict(_counter_names, s["counters"], s["covered"]),
+            loop_total=s["loop_total"], loop_self=s["loop_self"],
+            loop_blockers={path_text(paths[n]) if n in paths else "(other)": ns for n, ns in s["blockers"]},
+            other=s["node"] in others, overlapped_calls=s["overlapped"], abandoned_calls=s["abandoned"],
+            suspended_total=s["susp_total"], suspended_self=s["susp_self"], items=_items(s.get("items")),
             **extra.pop(path, {})))
-    stages = _estimated_selves(_hold(stages))
+    stages = _hold(stages)
     for path, fields in extra.items():   # stages only an integration saw (e.g. GPU time of a still-open stage)
-        stages.append(StageStats(path, 0, 0, 0, 0, None, None, None, None, 0, {}, **fields))
+        stages.append(replace(StageStats.empty(path), **fields))
     events = [{"path": list(paths[e[0]]), "tid": e[1], "ts_ns": e[2] - _start_clock, "dur_ns": e[3],
                "tts_ns": e[4] if e[4] >= 0 else None, "tdur_ns": e[5] if e[5] >= 0 else None}
               for e in raw["events"] if e[0] in paths]
@@ -494,7 +462,7 @@ def snapshot(finish: bool = True) -> Snapshot:
     if outside:
         meta["items_outside_stages"] = outside
     snap = Snapshot(stages, meta, events, _exemplars(raw.get("exemplars") or (), paths, meta["pid"]))
-    return _finish(snap) if _finish is not None and finish else snap
+    return judge(snap) if judge is not None and judged else snap
 
 
 def _items(rows) -> Dict[str, Dict[str, Any]]:
@@ -507,8 +475,10 @@ def _exemplars(rows, paths: Dict[int, tuple], pid: int) -> list:
     for root, seq, slow, sample, wall, t0, tid, parts in rows:
         if root not in paths:
             continue
-        breakdown = [{"path": list(paths[n]) if n in paths else list(paths[root]) + ["(other)"], "wall_ns": ns}
-                     for n, ns in parts]
+        breakdown = [{"path": list(paths[n]) if n in paths else list(paths[root]) + ["(other)"], "wall_ns": ns,
+                      "split": {"on_cpu": cpu if cpu >= 0 else None, "runqueue": rq if rq >= 0 else None,
+                                "awaiting": aw, "loop_ready": loop}}
+                     for n, ns, cpu, rq, aw, loop in parts]
         breakdown.sort(key=lambda b: -b["wall_ns"])
         out.append({"path": list(paths[root]), "wall_ns": wall, "start_ns": t0 - _start_clock, "pid": pid,
                     "tid": tid, "seq": seq, "slow": slow, "sample": sample, "breakdown": breakdown})
@@ -537,7 +507,7 @@ def _after_fork_child() -> None:
         _held.clear()
         _start_wall, _start_clock = time.time(), backend.now_ns()
         for integ in integrations.registered():
-            integ.after_fork_child()
+            integrations.call(integ, "after_fork_child")
     except Exception:
         pass
 

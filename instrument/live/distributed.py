@@ -1,6 +1,7 @@
 """torch.distributed: which rank this process is, its collectives timed as stages, and gather().
 
-Installed by torchwatch once torch is imported; never imports torch itself.
+An integration (instrument.live.integrations) from the start, so a process a launcher started names its
+rank; its collectives are installed by torchwatch once torch is imported.  Never imports torch itself.
 
 - The rank: while torch.distributed's default group is up, its rank and world size (remembered after
   the group is destroyed); before, those a launcher gave (torchrun's RANK, WORLD_SIZE, LOCAL_RANK).
@@ -25,7 +26,7 @@ from typing import Any, Callable, Dict, List, Optional
 
 from .. import config as _config
 from ..snapshot import COLLECTIVE_PREFIX, COLLECTIVES, RANK_KEY, Snapshot, merge_processes
-from . import backend, integrations
+from . import backend
 
 _originals: Dict[str, Callable] = {}   # function name -> torch's own, while ours is in its place
 _on = False                             # collectives timed now
@@ -58,14 +59,13 @@ def identity() -> Dict[str, Any]:
     return {"rank": None, "world_size": None, "local_rank": None, "backend": None, "source": None}
 
 
-class _Distributed(integrations.Integration):
-    name = RANK_KEY
-
-    def status(self) -> Dict[str, Any]:
-        return dict(identity(), collectives="timed" if _on else "off")
+name = RANK_KEY   # its key in Snapshot.meta (instrument.live.integrations)
 
 
-INTEGRATION = _Distributed()
+def status(raw: Optional[Dict[str, Any]] = None) -> Optional[Dict[str, Any]]:
+    """The rank, and whether collectives are timed; None (nothing in meta) when this process is no rank."""
+    who = identity()
+    return None if who["rank"] is None else dict(who, collectives="timed" if _on else "off")
 
 
 # ---------------------------------------------------------------- collectives
@@ -75,7 +75,6 @@ def apply(cfg) -> None:
     d = _dist()
     if d is None:
         return
-    integrations.register(INTEGRATION)
     if cfg.enabled and cfg.collectives:
         torch = sys.modules["torch"]
         compiling = getattr(getattr(torch, "compiler", None), "is_compiling", None) or (lambda: False)
@@ -124,7 +123,6 @@ def gather(source: Callable[[], Snapshot], dst: int = 0, group: Any = None) -> O
     if isinstance(dst, bool) or not isinstance(dst, int) or not 0 <= dst < d.get_world_size():
         raise ValueError(f"instrument.distributed.gather: dst must be a rank from 0 to {d.get_world_size() - 1}, "
                          f"got {dst!r}")
-    integrations.register(INTEGRATION)
     torch = sys.modules["torch"]
     group = _cpu_group(d) if group is None else group
     world = d.get_world_size(group)

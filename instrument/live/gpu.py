@@ -25,7 +25,6 @@ from typing import Any, Dict, Optional, Tuple
 from .. import histogram as _hist
 from ..snapshot import gpu_fields
 from . import backend, hooks
-from .integrations import Integration
 
 RESOLVE_EVERY = 16
 
@@ -210,6 +209,9 @@ def apply(cfg) -> None:
 
 
 # ------------------------------------------------------- integration protocol
+name = "gpu"   # its key in Snapshot.meta (instrument.live.integrations)
+
+
 def before_snapshot() -> None:
     if not _on and _option == "auto" and _cfg is not None and _cuda_initialised():
         apply(_cfg)
@@ -247,7 +249,7 @@ def after_fork_child() -> None:
         _on, _reason = False, _available()
 
 
-def status() -> Dict[str, Any]:
+def status(raw: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
     torch = sys.modules.get("torch")
     cuda: Dict[str, Any] = {"built": None, "initialized": None, "available": None}
     if torch is not None and hasattr(torch, "cuda"):
@@ -264,24 +266,3 @@ def status() -> Dict[str, Any]:
     return {"option": _option, "timing": _on, "reason": _reason, "pool": _bound, "pending": len(_pending),
             "dropped": dropped, "errors": errors, "cuda": cuda}
 
-
-class _GpuTiming(Integration):
-    name = "gpu"
-
-    def status(self) -> Dict[str, Any]:
-        return status()
-
-    def before_snapshot(self) -> None:
-        before_snapshot()
-
-    def stage_fields(self) -> Dict[Tuple[str, ...], Dict[str, Any]]:
-        return stage_fields()
-
-    def reset(self) -> None:
-        reset()
-
-    def after_fork_child(self) -> None:
-        after_fork_child()
-
-
-INTEGRATION = _GpuTiming()

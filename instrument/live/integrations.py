@@ -1,43 +1,33 @@
-"""The one interface between the collector and its integrations (torch profiler
-ranges and attribution, GPU time from CUDA events).
+"""The one interface between the collector and its integrations (asyncio task
+attribution, the torch watch, torch profiler ranges and attribution, GPU time
+from CUDA events).
 
-An integration is registered once it has something to say; the collector then
-calls these methods, and nothing else, at the matching moments.  None of them
-may raise into the user's program: the collector catches and reports.
+An integration is a module with a `name` (its key in Snapshot.meta) and any of
+these functions, called by the collector at the matching moments and nothing
+else: `configure(cfg)` (at import and every configure()), `status(raw)` (what
+meta says of it; None: nothing), `before_snapshot()`, `stage_fields()` (extra
+StageStats fields per stage path), `reset()`, `after_fork_child()`.  A function it
+does not define does nothing.  None of them may raise into the user's program:
+the collector catches and reports.
 """
 from __future__ import annotations
 
-from typing import Any, Dict, List, Tuple
+from types import ModuleType
+from typing import Any, Dict, List
+
+_registered: Dict[str, ModuleType] = {}
 
 
-class Integration:
-    """Base class: every method does nothing until overridden."""
-    name = "integration"   # its key in Snapshot.meta
-
-    def status(self) -> Dict[str, Any]:
-        """What meta says of it."""
-        return {}
-
-    def before_snapshot(self) -> None:
-        """Resolve what is pending, so the snapshot about to be taken is complete."""
-
-    def stage_fields(self) -> Dict[Tuple[str, ...], Dict[str, Any]]:
-        """Extra StageStats fields per stage path (`gpu`, `ops`)."""
-        return {}
-
-    def reset(self) -> None:
-        """Forget what was recorded (instrument.reset())."""
-
-    def after_fork_child(self) -> None:
-        """In a forked child: drop what belongs to the parent."""
-
-
-_registered: Dict[str, Integration] = {}
-
-
-def register(integration: Integration) -> None:
+def register(integration: ModuleType) -> None:
     _registered.setdefault(integration.name, integration)
 
 
-def registered() -> List[Integration]:
+def registered() -> List[ModuleType]:
     return list(_registered.values())
+
+
+def call(integration: ModuleType, method: str, *args: Any) -> Any:
+    """integration.method(*args), or None when it does not define it."""
+    f = getattr(integration, method, None)
+    return f(*args) if f is not None else None
+

@@ -8,6 +8,7 @@ import contextvars
 import heapq
 import math
 import operator
+import os
 import random
 import sys
 import threading
@@ -47,24 +48,18 @@ _ctr_excl = False
 _ctr_taskclock = -1
 _ctr_gen = 1
 _ctr_first: Optional[dict] = None   # what the first thread's open gave: errno per event, exclude_kernel
-# the overhead budget, as csrc/types.c: short stages are read on a random subset of calls, weighted by 1 / chance
+# the overhead budget, as csrc/enter_exit.c: short stages are read on a random subset of calls, weighted by 1 / chance
 _budget = 0.0                   # share of a stage's time its reads may cost; 0: every call is read
 _read_cost = 0.0                # ns one call's reads cost, from calibrate()
-_cpu_bias = [0, 0, 0]           # ns of the reads' own cost inside a CPU window, per cpu_src
-_cpu_split = False              # read the thread's rusage with the CPU time (system share)
-_clamp = True                   # a call's CPU time is bounded by its wall time (off only while calibrating)
+_cpu_bias = 0                   # ns of CPU time an empty read call records: taken out of every read call
+_wall_bias = [0, 0]             # ns of the SDK's own work inside the wall window of an unread call, a read one
+_cpu_split = False              # read the thread's rusage with the CPU time: system time, context switches
+_run_queue = False              # read the thread's run-queue time (schedstat) with the CPU time
+_helper_cpu = False             # read the CPU time of the process's threads that run no stage
 MIN_READ_CHANCE = 1.0 / 65536
+FIRST_READS = 8                 # a stage's first calls on a thread are read: its estimates start from them
 _RUSAGE_THREAD = getattr(resource, "RUSAGE_THREAD", None) if resource is not None else None
 
-
-def _sys_ns() -> int:
-    """System CPU time of the calling thread (rusage, µs resolution); -1 where unavailable."""
-    if _RUSAGE_THREAD is None:
-        return -1
-    try:
-        return int(round(resource.getrusage(_RUSAGE_THREAD).ru_stime * 1e6)) * 1000
-    except OSError:
-        return -1
 
 _lock = threading.RLock()         # guards node creation, thread registry, folding; never taken per stage
 _warned: set = set()
@@ -146,60 +141,140 @@ def _node_child(parent: int, name: str) -> int:
 
 
 # ----------------------------------------------------------- per-thread slots
-# slot: [calls, errors, cpu_calls, wall_total, wall_self, wall_min, wall_max, cpu_total, cpu_self, hist, counters,
-#        overlapped, abandoned, suspended_total, suspended_self, items,
-#        cpu_reads, sys_reads, sys_total, sys_self, sys_cpu_total, sys_cpu_self, cpu_wsum, cpu_wall_w, cpu_cov_wall]
-# counters: None or a list per event of [total, self, enabled, running, counted, scaled, covered, wsum]
-# items: {name: [int_total, float_total, calls, float_calls]}
-def _new_slot() -> list:
-    return [0, 0, 0, 0, 0, sys.maxsize, 0, 0, 0, {}, None, 0, 0, 0, 0, {}, 0, 0, 0, 0, 0, 0, 0.0, 0.0, 0]
+# One slot per node and thread, with csrc/stats.h NodeStats' fields and names.  The quantities a read call
+# measures (csrc/stats.h Q_*), estimated over a node's covered calls as csrc/record.c does.
+Q_CPU, Q_SYS, Q_VCSW, Q_IVCSW, Q_RQ, Q_HELPERS = range(6)
+Q_SCALARS = Q_CTR = 6
+SCALAR_NAMES = ("cpu", "sys", "vcsw", "ivcsw", "runqueue", "helpers")
+_SUMS = ("calls", "errors", "wall_total", "wall_self", "overlapped", "abandoned", "susp_total", "susp_self",
+         "loop_total", "loop_self", "covered", "cov_run", "cov_run_self")
 
 
-def _merge_slot(d: list, s: list) -> None:
-    for k in (0, 1, 2, 3, 4, 7, 8, 11, 12, 13, 14, 16, 17, 18, 19, 20, 21, 22, 23, 24):
-        d[k] += s[k]
-    d[5] = min(d[5], s[5])
-    d[6] = max(d[6], s[6])
-    h = d[9]
-    for i, c in s[9].items():
+class _Est:
+    """A quantity's estimate over a node's covered calls, and the read calls' sums its prediction of an unread call
+    comes from (csrc/stats.h Estimate): per running ns, or per call, whichever predicted the read calls better."""
+    __slots__ = ("est", "est_self", "var", "var_self", "rx", "rw", "rxs", "rws", "sse_w", "sse_c", "reads")
+
+    def __init__(self) -> None:
+        self.est = self.est_self = self.var = self.var_self = self.rx = self.rw = self.rxs = self.rws = 0.0
+        self.sse_w = self.sse_c = 0.0
+        self.reads = 0
+
+    def per_call(self) -> bool:
+        return bool(self.reads) and self.sse_c < self.sse_w
+
+    def predict(self, run: float, own: bool = False) -> float:
+        if not self.reads:
+            return 0.0
+        x, w = (self.rxs, self.rws) if own else (self.rx, self.rw)
+        if self.per_call():
+            return x / self.reads
+        return x / w * run if w > 0 else 0.0
+
+
+class _Slot:
+    __slots__ = _SUMS + ("wall_min", "wall_max", "hist", "pend_w", "pend_ws", "pend_n", "est", "mux", "blockers",
+                         "items")
+
+    def __init__(self) -> None:
+        for k in _SUMS:
+            setattr(self, k, 0)
+        self.wall_min, self.wall_max = sys.maxsize, 0
+        self.hist: Dict[int, int] = {}
+        self.pend_w = self.pend_ws = 0.0   # unread covered calls not yet in `est`: running wall (total, self), count
+        self.pend_n = 0
+        self.est: Optional[List[_Est]] = None   # per quantity, made on the first read call
+        self.mux: Optional[List[list]] = None   # per counter: [enabled, running, scaled] of the read calls
+        self.blockers: Dict[int, int] = {}       # node -> ns it held the loop while this stage was ready
+        self.items: Dict[str, _ItemSum] = {}
+
+    def flush(self) -> None:
+        """The pending unread calls into the estimates, at the current ratios."""
+        if self.est is None or not self.pend_n:
+            return
+        for e in self.est:   # both predictions are linear: one per pending sum
+            if e.per_call():
+                e.est += e.predict(0) * self.pend_n
+                e.est_self += e.predict(0, True) * self.pend_n
+            else:
+                e.est += e.predict(self.pend_w)
+                e.est_self += e.predict(self.pend_ws, True)
+        self.pend_w = self.pend_ws = 0.0
+        self.pend_n = 0
+
+
+class _ItemSum:
+    __slots__ = ("n", "x", "calls", "floats")   # sum of int values, sum of float values, add() calls, float ones
+
+    def __init__(self) -> None:
+        self.n, self.x, self.calls, self.floats = 0, 0.0, 0, 0
+
+
+BLOCKERS_MAX = 8
+
+
+def _add_blocker(blockers: Dict[int, int], node: int, ns: int) -> None:
+    if node not in blockers and node != -1 and len(blockers) >= BLOCKERS_MAX - 1:
+        node = -1   # full: the last entry adds up the rest
+    blockers[node] = blockers.get(node, 0) + ns
+
+
+def _merge_slot(d: _Slot, s: _Slot) -> None:
+    s.flush()
+    for k in _SUMS:
+        setattr(d, k, getattr(d, k) + getattr(s, k))
+    d.wall_min = min(d.wall_min, s.wall_min)
+    d.wall_max = max(d.wall_max, s.wall_max)
+    h = d.hist
+    for i, c in s.hist.items():
         h[i] = h.get(i, 0) + c
-    if s[10] is not None:
-        if d[10] is None:
-            d[10] = [[0.0, 0.0, 0, 0, 0, 0, 0, 0.0] for _ in s[10]]
-        for dc, sc in zip(d[10], s[10]):
-            for k in range(8):
-                dc[k] += sc[k]
-    for name, v in s[15].items():
-        it = _item_slot(d[15], name)
-        for k in range(4):
-            it[k] += v[k]
+    if s.est is not None:
+        if d.est is None:
+            d.est = [_Est() for _ in s.est]
+        for de, se in zip(d.est, s.est):
+            for k in _Est.__slots__:
+                setattr(de, k, getattr(de, k) + getattr(se, k))
+    if s.mux is not None:
+        if d.mux is None:
+            d.mux = [[0, 0, 0] for _ in s.mux]
+        for dm, sm in zip(d.mux, s.mux):
+            for k in range(3):
+                dm[k] += sm[k]
+    for node, ns in s.blockers.items():
+        _add_blocker(d.blockers, node, ns)
+    for name, v in s.items.items():
+        it = _item_slot(d.items, name)
+        it.n, it.x, it.calls, it.floats = it.n + v.n, it.x + v.x, it.calls + v.calls, it.floats + v.floats
 
 
-def _item_slot(items: dict, name: str) -> list:
+def _item_slot(items: Dict[str, "_ItemSum"], name: str) -> "_ItemSum":
     it = items.get(name)
     if it is None:
         if len(items) >= ITEMS_MAX and name != OTHER_NAME:
             _warn_once("items", f"instrument: more than {ITEMS_MAX} distinct item names in one stage; the others are "
                        f"added up as '{OTHER_NAME}'")
             return _item_slot(items, OTHER_NAME)
-        it = items[name] = [0, 0.0, 0, 0]
+        it = items[name] = _ItemSum()
     return it
 
 
-_retired: Dict[int, list] = {}
+_retired: Dict[int, _Slot] = {}
+_retired_cpu = 0   # CPU time of threads that ended after running stages (helper CPU leaves them out)
 _threads: "weakref.WeakValueDictionary[int, _ThreadSlots]" = weakref.WeakValueDictionary()  # live threads' slots
+STEP_RING = 64
 
 
 class _ThreadSlots:
     """One thread's slots; folded into the retired slots when the thread ends."""
     __slots__ = ("stats", "native_id", "perf", "perf_gen", "tok", "htok", "changes", "ctx", "batch", "chain", "last",
-                 "step_outer", "step_ctx", "rng", "__weakref__")
+                 "step_outer", "step_ctx", "step_handle", "step_t0", "step_node", "batch_t0", "spans", "rng", "sched_fd",
+                 "cpu_clock_id", "cpu_seen", "__weakref__")
 
     def __init__(self) -> None:
-        self.stats: Dict[int, list] = {}
+        self.stats: Dict[int, _Slot] = {}
         self.perf = None
         self.perf_gen = 0
-        # asyncio attribution (as csrc/tasks.c): token of the last boundary's context, unhooked context changes,
+        # asyncio attribution (as csrc/taskclock.c): token of the last boundary's context, unhooked context changes,
         # the context the step hook runs, open loop iterations, and whether `last` may serve the next switch
         self.tok = None
         self.htok = None         # a token made in the context the step hook runs: tells that context from others
@@ -207,23 +282,39 @@ class _ThreadSlots:
         self.ctx = None
         self.batch = 0
         self.chain = False
-        self.last = None
+        self.last: Optional[_Reading] = None
         self.step_outer = None   # the stack around the running step: it runs while the step's context has no stage open
         self.step_ctx = None
+        self.step_handle = None  # the handle whose step runs: when the tasks it wakes count as ready
+        self.step_t0 = 0
+        self.step_node = (0, 0)  # (wall, node): the longest outermost stage of the step's context closed in it
+        self.batch_t0 = 0        # when the loop iteration's first step started
+        self.spans: List[tuple] = []   # the latest steps on the loop: (t0, t1, node)
         self.native_id = threading.get_native_id()
         self.rng = random.Random()   # which calls of a short stage are read (overhead budget)
+        self.sched_fd = -1       # /proc/thread-self/schedstat; -2 unavailable
+        try:
+            self.cpu_clock_id = time.pthread_getcpuclockid(threading.get_ident())
+        except (AttributeError, OSError):
+            self.cpu_clock_id = None
+        self.cpu_seen = 0
         with _lock:
             _threads[id(self)] = self
 
     def __del__(self) -> None:
+        global _retired_cpu
         try:
             if self.perf is not None:
                 self.perf.close()
+            if self.sched_fd >= 0:
+                os.close(self.sched_fd)
             with _lock:
                 _threads.pop(id(self), None)
+                _retired_cpu += _clock_ns(self.cpu_clock_id, self.cpu_seen)
                 for nid, s in self.stats.items():
                     d = _retired.get(nid)
                     if d is None:
+                        s.flush()
                         _retired[nid] = s
                     else:
                         _merge_slot(d, s)
@@ -244,30 +335,33 @@ def _slots() -> _ThreadSlots:
 
 # ----------------------------------------------------------------- the stack
 class _Frame:
-    __slots__ = ("stage", "node", "parent", "slots", "epoch", "t0", "cpu0", "child_wall", "child_cpu", "hook",
-                 "nvtx", "nvtx_id", "c0", "child_c", "gen", "cpu_src", "taint0", "susp0", "child_susp",
-                 "xm", "xm_child", "w", "skipped", "child_est", "sys0", "child_sys")
+    __slots__ = ("stage", "node", "parent", "slots", "epoch", "hook", "nvtx", "nvtx_id", "gen", "taint0", "susp0",
+                 "loop0", "child_wall", "child_susp", "child_loop", "child", "r0", "xm", "xm_child", "w", "skipped")
 
 
 class _Stack:
-    """A context's open stages and task clock, as csrc/types.c's Stack and csrc/tasks.c keep them.
+    """A context's open stages and task clock, as csrc/stack.c's Stack and csrc/taskclock.c keep them.
 
     The clock sums what the thread's readings advanced while the context was suspended by the step hook, so
     readings taken in it are task-relative.  A context owns the stack it made (checked with the token of the
     context variable that holds it: a copied context sees its parent's stack but cannot exit its stages)."""
-    __slots__ = ("frames", "tok", "owner", "suspended", "taint", "chg_mark", "clk", "s_wall", "s_cpu", "s_gen", "s",
-                 "out", "__weakref__")
+    __slots__ = ("frames", "tok", "owner", "suspended", "ready", "n_read", "taint", "chg_mark", "clk", "s_wall",
+                 "s_loop", "s_q", "s_gen", "s", "out", "early", "__weakref__")
 
     def __init__(self, owner) -> None:
         self.frames: List[_Frame] = []
         self.tok = None
         self.owner = owner         # the context the step hook ran it in (None: made outside a hooked step)
         self.suspended = False
+        self.ready = 0             # when the suspended task was woken (it waits for the loop since); 0: not woken
+        self.n_read = 0            # open frames read at enter: a task switch reads for them
         self.taint = self.chg_mark = 0
         self.clk = None            # (thread slots, epoch) the sums are of; None: none yet
-        self.s_wall = self.s_cpu = self.s_gen = 0
+        self.s_wall = self.s_loop = self.s_gen = 0
+        self.s_q = [0] * Q_SCALARS
         self.s: Optional[list] = None
-        self.out = None
+        self.out: Optional[_Reading] = None
+        self.early: List["Stage"] = []   # stages closed with an outer one that exited first: their exits are ignored
 
     def __del__(self) -> None:
         # the context died with stages open (a task destroyed while pending): each is recorded up to the task's
@@ -372,19 +466,120 @@ def _fold(slots: "_ThreadSlots", st: _Stack) -> None:
         st.chg_mark = slots.changes
 
 
-def _take_reading(slots: "_ThreadSlots") -> tuple:
-    ctr, gen, cpu = None, 0, -1
+class _Reading:
+    """One boundary's readings, as csrc/readings.h Reading: the time; the scalar quantities (cumulative, -1 unread);
+    where CPU time came from (0 nowhere, 1 thread clock, 2 task-clock); the counters' generation (0: not read) and
+    values; the fork epoch; whether everything the configuration reads was read."""
+    __slots__ = ("t", "tq", "q", "cpu_src", "gen", "ctr", "epoch", "full")
+
+    def __init__(self, t: int) -> None:
+        self.t = self.tq = t   # tq: the time right at the CPU read, what the quantities' window is timed by
+        self.q, self.cpu_src, self.gen, self.ctr, self.epoch, self.full = [-1] * Q_SCALARS, 0, 0, None, _epoch, False
+
+    def copy(self) -> "_Reading":
+        r = _Reading(self.t)
+        r.tq, r.q, r.cpu_src, r.gen, r.ctr, r.epoch, r.full = (self.tq, list(self.q), self.cpu_src, self.gen, self.ctr,
+                                                               self.epoch, self.full)
+        return r
+
+
+HELPERS_MAX_THREADS = 16
+HELPERS_BASE = 1 << 50   # only deltas count: a base keeps a reading positive (-1 means unread)
+
+
+def _clock_ns(clock_id, default: int = -1) -> int:
+    try:
+        return time.clock_gettime_ns(clock_id) if clock_id is not None else default
+    except OSError:
+        return default
+
+
+def _sched_run_delay(slots: "_ThreadSlots") -> int:
+    """ns this thread waited in the run queue (/proc/thread-self/schedstat, field 2), cumulative; -1."""
+    if slots.sched_fd == -2:
+        return -1
+    try:
+        if slots.sched_fd == -1:
+            slots.sched_fd = os.open("/proc/thread-self/schedstat", os.O_RDONLY | os.O_CLOEXEC)
+        return int(os.pread(slots.sched_fd, 96, 0).split()[1])
+    except (OSError, IndexError, ValueError):
+        slots.sched_fd = -2
+        return -1
+
+
+def _helpers_cpu() -> int:
+    """The process's CPU time less that of every thread that has run a stage (live or ended); -1."""
+    live = list(_threads.values())
+    if len(live) > HELPERS_MAX_THREADS:
+        return -1
+    ours = _retired_cpu
+    me = getattr(_local, "slots", None)
+    for t in live:
+        c = time.thread_time_ns() if t is me else _clock_ns(t.cpu_clock_id)
+        if c >= 0:
+            t.cpu_seen = c   # a thread ending meanwhile keeps its last value
+        ours += t.cpu_seen
+    return HELPERS_BASE + time.process_time_ns() - ours
+
+
+def _read_rusage(r: _Reading) -> None:
+    if _RUSAGE_THREAD is None:
+        return
+    try:
+        u = resource.getrusage(_RUSAGE_THREAD)
+    except OSError:
+        return
+    r.q[Q_SYS], r.q[Q_VCSW], r.q[Q_IVCSW] = int(round(u.ru_stime * 1e6)) * 1000, u.ru_nvcsw, u.ru_nivcsw
+
+
+def _read_cpu(slots: "_ThreadSlots", r: _Reading) -> None:
     if _ctr_events and slots.perf is not None and slots.perf_gen == _ctr_gen:
-        ctr, gen = slots.perf.read(), _ctr_gen
-    if _cpu_clock and not (gen and _ctr_taskclock >= 0 and ctr[_ctr_taskclock][2]):
-        cpu = _thread_ns()
+        r.ctr, r.gen = slots.perf.read(), _ctr_gen
+        if _ctr_taskclock >= 0 and r.ctr[_ctr_taskclock][2]:
+            r.q[Q_CPU], r.cpu_src = r.ctr[_ctr_taskclock][0], 2
+    if not r.cpu_src and _cpu_clock:
+        r.q[Q_CPU], r.cpu_src = _thread_ns(), 1
+    r.tq = _perf_ns()
+
+
+def _read_boundary(slots: "_ThreadSlots", exit: bool) -> _Reading:
+    """Everything the configuration reads, as csrc/readings.c: the CPU window innermost (t: the caller's)."""
+    r = _Reading(0)
+    r.full = True
+    if not exit:
+        if _run_queue:
+            r.q[Q_RQ] = _sched_run_delay(slots)
+        if _helper_cpu:
+            r.q[Q_HELPERS] = _helpers_cpu()
+        if _cpu_split:
+            _read_rusage(r)
+        _read_cpu(slots, r)
+    else:
+        _read_cpu(slots, r)
+        if _cpu_split:
+            _read_rusage(r)
+        if _helper_cpu:
+            r.q[Q_HELPERS] = _helpers_cpu()
+        if _run_queue:
+            r.q[Q_RQ] = _sched_run_delay(slots)
+    return r
+
+
+def _take_reading(slots: "_ThreadSlots", full: bool, exit_order: bool) -> _Reading:
+    """A task switch's reading: what a read call reads where a read call is open in a context it switches; else
+    only the time.  Its own cost falls on the side of its CPU read that is not the task's (csrc/taskclock.c)."""
+    if not full:
+        return _Reading(_perf_ns())
+    r = _read_boundary(slots, exit_order)
+    r.t = _perf_ns()
     _tasks["switch_reads"] += 1
-    return (_perf_ns(), cpu, gen, _epoch, ctr)
+    return r
 
 
 def _clock_reset(st: _Stack, slots: "_ThreadSlots") -> None:
     st.clk = (slots, _epoch)
-    st.s_wall = st.s_cpu = st.s_gen = 0
+    st.s_wall = st.s_loop = st.s_gen = 0
+    st.s_q = [0] * Q_SCALARS
     st.s = st.out = None
 
 
@@ -397,243 +592,311 @@ def _clock_for(st: _Stack, slots: "_ThreadSlots") -> bool:
     return True
 
 
-def _suspend(slots: "_ThreadSlots", st: _Stack, r: tuple) -> None:
+def _suspend(slots: "_ThreadSlots", st: _Stack, r: _Reading) -> None:
     _fold(slots, st)
     if st.clk is None or st.clk[0] is not slots or st.clk[1] != _epoch:
         _clock_reset(st, slots)
     st.out = r
     st.suspended = True
+    st.ready = 0
 
 
-def _resume(slots: "_ThreadSlots", st: _Stack, r: tuple) -> None:
+def _step_span(slots: "_ThreadSlots", t0: int, t1: int, node: int) -> None:
+    slots.spans.append((t0, t1, node))
+    if len(slots.spans) > STEP_RING:
+        del slots.spans[0]
+
+
+def _charge_blockers(slots: "_ThreadSlots", node: int, start: int, end: int) -> None:
+    """The steps that ran on the loop between start and end, charged as blockers of `node`."""
+    s = slots.stats.get(node)
+    if s is None:
+        s = slots.stats[node] = _Slot()
+    for t0, t1, n in reversed(slots.spans):
+        if t1 <= start:
+            break
+        a, b = max(t0, start), min(t1, end)
+        if b > a and n:
+            _add_blocker(s.blockers, n, b - a)
+
+
+def _add_suspension(st: _Stack, out: _Reading, r: _Reading) -> None:
+    for k in range(Q_SCALARS):
+        if (out.q[k] >= 0) != (r.q[k] >= 0) or (k == Q_CPU and out.cpu_src != r.cpu_src):
+            st.taint += 1
+        elif r.q[k] >= 0:
+            st.s_q[k] += r.q[k] - out.q[k]
+    if out.gen and out.gen == r.gen:
+        if st.s_gen != r.gen or st.s is None:
+            st.s, st.s_gen = [[0, 0, 0] for _ in r.ctr], r.gen
+        for acc, (v0, e0, n0), (v1, e1, n1) in zip(st.s, out.ctr, r.ctr):
+            acc[0] += v1 - v0
+            acc[1] += e1 - e0
+            acc[2] += n1 - n0
+    elif out.gen != r.gen:
+        st.taint += 1
+
+
+def _resume(slots: "_ThreadSlots", st: _Stack, r: _Reading) -> None:
     clk, out = st.clk, st.out
-    if not st.suspended or clk is None or clk[0] is not slots or clk[1] != _epoch or out is None or out[3] != r[3]:
+    if not st.suspended or clk is None or clk[0] is not slots or clk[1] != _epoch or out is None or out.epoch != r.epoch:
         st.taint += 1             # it ran where no hook saw it leave, or elsewhere
         if clk is not None and (clk[0] is not slots or clk[1] != _epoch):
             _clock_reset(st, slots)
     else:
-        st.s_wall += r[0] - out[0]
-        if out[1] >= 0 and r[1] >= 0:
-            st.s_cpu += r[1] - out[1]
-        elif (out[1] >= 0) != (r[1] >= 0):
-            st.taint += 1
-        if out[2] and out[2] == r[2]:
-            if st.s_gen != r[2] or st.s is None:
-                st.s, st.s_gen = [[0, 0, 0] for _ in r[4]], r[2]
-            for acc, (v0, e0, n0), (v1, e1, n1) in zip(st.s, out[4], r[4]):
-                acc[0] += v1 - v0
-                acc[1] += e1 - e0
-                acc[2] += n1 - n0
-        elif out[2] != r[2]:
-            st.taint += 1
+        st.s_wall += r.tq - out.tq   # timed at the CPU reads: running time and CPU time stay comparable
+        ready = max(st.ready, out.tq)
+        if st.ready and r.tq > ready:
+            st.s_loop += r.tq - ready
+            if st.frames:
+                _charge_blockers(slots, st.frames[-1].node, ready, r.tq)
+        if st.n_read:
+            _add_suspension(st, out, r)
     st.suspended = False
+    st.ready = 0
     st.chg_mark = slots.changes
 
 
-def _less(reading: list, s: list) -> list:
-    return [(v - a[0], e - a[1], n - a[2]) for (v, e, n), a in zip(reading, s)]
-
-
-def _frame_reading(f: _Frame, c, cpu: int) -> tuple:
-    """A frame's own raw readings as a switch reading."""
-    return (_perf_ns(), cpu if f.cpu_src == 1 else -1, f.c0[0] if c is not None else 0, _epoch, c)
+def _relative(r: _Reading, st: _Stack) -> None:
+    """A reading made relative to the stack's task: what advanced while it was suspended taken out."""
+    for k in range(Q_SCALARS):
+        if r.q[k] >= 0:
+            r.q[k] -= st.s_q[k]
+    if r.gen and st.s is not None and st.s_gen == r.gen:
+        r.ctr = [(v - a[0], e - a[1], n - a[2]) for (v, e, n), a in zip(r.ctr, st.s)]
+    if r.cpu_src == 2:
+        r.q[Q_CPU] = r.ctr[_ctr_taskclock][0]
 
 
 def _task_enter(slots: "_ThreadSlots", st: _Stack, f: _Frame) -> None:
-    f.child_susp = f.susp0 = 0
+    f.child_susp = f.child_loop = f.susp0 = f.loop0 = 0
     _boundary(slots)
     _fold(slots, st)
     slots.chain = False
     o = slots.step_outer
     if o is not None and len(st.frames) == 1 and st is not o and not o.suspended and st.owner is slots.step_ctx:
         # the step's context opens its first stage: the stage around the step stops here
-        _suspend(slots, o, _take_reading(slots) if f.skipped else
-                 _frame_reading(f, None if f.c0 is None else f.c0[1], f.cpu0))
+        _suspend(slots, o, _take_reading(slots, o.n_read > 0, False) if not f.w or not o.n_read else f.r0.copy())
     has = _clock_for(st, slots)
     f.taint0 = st.taint
     if not has:
         return
-    f.susp0 = st.s_wall
-    if f.c0 is not None and st.s is not None and st.s_gen == f.c0[0]:
-        f.c0 = (f.c0[0], _less(f.c0[1], st.s))
-    if f.cpu_src == 2:
-        f.cpu0 = f.c0[1][_ctr_taskclock][0]
-    elif f.cpu_src == 1:
-        f.cpu0 -= st.s_cpu
+    f.susp0, f.loop0 = st.s_wall, st.s_loop
+    if f.w:
+        _relative(f.r0, st)
 
 
-def _task_exit(slots: "_ThreadSlots", st: _Stack, f: _Frame, c1, cpu1: int):
-    """(c1, cpu1, suspended ns, overlapped) with the readings made task-relative."""
+def _task_exit(slots: "_ThreadSlots", st: _Stack, f: _Frame, r1: Optional[_Reading], m: "_Measure") -> bool:
+    """The exit reading made task-relative; the call's suspended and loop-ready time into m; whether it overlapped."""
     _boundary(slots)
     _fold(slots, st)
     slots.chain = False
     o = slots.step_outer
     if o is not None and len(st.frames) == 1 and st is not o and o.suspended and st.owner is slots.step_ctx:
         # its last stage closes: the stage around the step resumes
-        _resume(slots, o, _take_reading(slots) if f.skipped else _frame_reading(f, c1, cpu1))
-    susp = 0
+        _resume(slots, o, _take_reading(slots, o.n_read > 0, True) if r1 is None or not o.n_read else r1.copy())
+    if len(st.frames) == 1 and st.owner is slots.step_ctx and slots.step_t0:   # who held the loop in this step
+        slots.step_node = max(slots.step_node, (_perf_ns() - f.r0.t, f.node))
     if _clock_for(st, slots):
-        if c1 is not None and st.s is not None and st.s_gen == f.c0[0]:
-            c1 = _less(c1, st.s)
-        if cpu1 >= 0:
-            if f.cpu_src == 2 and c1 is not None:
-                cpu1 = c1[_ctr_taskclock][0]
-            elif f.cpu_src == 1:
-                cpu1 -= st.s_cpu
-        susp = max(st.s_wall - f.susp0, 0)
+        if r1 is not None:
+            _relative(r1, st)
+        m.susp, m.loop = max(st.s_wall - f.susp0, 0), max(st.s_loop - f.loop0, 0)
     over = st.taint != f.taint0
     if over:
         _tasks["overlapped_calls"] += 1
-    return c1, cpu1, susp, over
-
-
-def _deltas(c0: list, c1: list) -> list:
-    out = []
-    for (v0, e0, r0), (v1, e1, r1) in zip(c0, c1):
-        de, dr = e1 - e0, r1 - r0
-        # multiplexed: scale by enabled/running; never ran: no value (not 0)
-        out.append((None if dr == 0 else float(v1 - v0) if dr == de else (v1 - v0) * (de / dr), de, dr))
-    return out
+    return over
 
 
 def _budget_read(slots: "_ThreadSlots", node: int) -> float:
-    """The weight of this call's readings under the overhead budget: 1 / its chance of being read; 0: not read."""
+    """The weight of this call's readings under the overhead budget: 1 / its chance of being read; 0: not read.
+    The chance is the budget's share of the stage's mean CPU time per call so far (of its running wall time where
+    no CPU time is measured) over what one call's reads cost (as csrc/enter_exit.c)."""
     if _budget <= 0 or _read_cost <= 0:
         return 1.0
     s = slots.stats.get(node)
-    if s is None or not s[0]:
-        return 1.0                     # the first call on this thread: read
-    p = _budget * (s[3] / s[0]) / _read_cost
+    if s is None or s.covered < FIRST_READS or s.est is None:
+        return 1.0                     # a stage's first calls on a thread are read
+    mean = s.cov_run / s.covered
+    if s.est[Q_CPU].reads:
+        mean = s.est[Q_CPU].predict(mean)
+    p = _budget * mean / _read_cost
     if p >= 1.0:
         return 1.0                     # long enough for a read on every call
     p = max(p, MIN_READ_CHANCE)
     return 1.0 / p if slots.rng.random() < p else 0.0
 
 
-def _record(slots: "_ThreadSlots", st: _Stack, f: _Frame, p: Optional[_Frame], wall: int, cpu: int, cvals,
-            susp: int, over: bool, error: bool, abandoned: bool, sys_ns: int = -1) -> None:
-    """One finished call of f (p: the frame below it in its stack) into the thread's slots."""
-    global _ring_next, _ring_total
-    w = f.w
-    if cpu >= 0:
-        # the reads' own cost inside the CPU window is not the stage's; one thread cannot use more than its wall
-        cpu = min(max(cpu - _cpu_bias[f.cpu_src], 0), wall) if _clamp else cpu - _cpu_bias[f.cpu_src]
-        if f.cpu_src == 2 and cvals is not None and cvals[_ctr_taskclock][0] is not None:
-            cvals = list(cvals)
-            cvals[_ctr_taskclock] = (float(cpu),) + tuple(cvals[_ctr_taskclock][1:])
-    sys_ns = min(sys_ns, cpu) if sys_ns >= 0 and cpu >= 0 and susp == 0 else -1
-    if p is not None:
-        p.child_wall += wall
-        p.child_susp += susp
-        if w != 1.0:
-            p.child_est = True
-        if cpu >= 0:
-            p.child_cpu += int(cpu * w + 0.5)
-        if sys_ns >= 0:
-            p.child_sys += int(sys_ns * w + 0.5)
-        if cvals is not None and p.c0 is not None and p.c0[0] == f.c0[0]:
-            for k, (v, _, _) in enumerate(cvals):
-                if v is not None:
-                    p.child_c[k] += v * w
-    if f.epoch != _epoch:
+# ------------------------------------------------------- recording a call
+class _Measure:
+    """A finished call as csrc/record.h CallMeasure describes it: the one thing _record takes, from a normal exit
+    and from a call whose context died with it open."""
+    __slots__ = ("wall", "susp", "loop", "x", "mux", "read", "overlapped", "stand_in", "abandoned", "error")
+
+    def __init__(self, wall: int, susp: int = 0, loop: int = 0, read: bool = False, overlapped: bool = False,
+                 stand_in: bool = False, abandoned: bool = False, error: bool = False) -> None:
+        self.wall, self.susp, self.loop, self.read = wall, susp, loop, read
+        self.x: Optional[list] = None   # per quantity: the call's value, None where not measured
+        self.mux: Optional[list] = None  # per counter: (enabled, running) of the call
+        self.overlapped, self.stand_in, self.abandoned, self.error = overlapped, stand_in, abandoned, error
+
+
+def _call_quantities(r0: _Reading, r1: _Reading, m: _Measure) -> None:
+    x: List[Optional[float]] = [None] * (Q_CTR + len(_ctr_events))
+    for q in range(Q_SCALARS):
+        if r0.q[q] >= 0 and r1.q[q] >= 0 and (q != Q_CPU or r0.cpu_src == r1.cpu_src):
+            x[q] = float(r1.q[q] - r0.q[q])
+    if r0.gen and r0.gen == r1.gen == _ctr_gen:
+        m.mux = []
+        for k, ((v0, e0, n0), (v1, e1, n1)) in enumerate(zip(r0.ctr, r1.ctr)):
+            de, dr = e1 - e0, n1 - n0
+            # multiplexed: scale by enabled/running; never ran: no value (not 0)
+            x[Q_CTR + k] = None if dr == 0 else float(v1 - v0) if dr == de else (v1 - v0) * (de / dr)
+            m.mux.append((de, dr))
+    m.x = x
+
+
+def _correct(m: _Measure) -> None:
+    """The SDK's own work inside a call's windows (calibrate()) taken out of its wall time, and of a read call's CPU
+    time; single calls are not clamped (that would bias the sums): the totals are bounded where reported."""
+    m.wall = max(m.wall - _wall_bias[1 if m.read else 0], 0)
+    m.susp = min(m.susp, m.wall)
+    m.loop = min(m.loop, m.susp)
+    if not m.read or m.x is None or m.x[Q_CPU] is None:
         return
-    s = slots.stats.get(f.node)
+    m.x[Q_CPU] -= _cpu_bias
+    if m.mux is not None and _ctr_taskclock >= 0 and m.x[Q_CTR + _ctr_taskclock] is not None:
+        m.x[Q_CTR + _ctr_taskclock] = m.x[Q_CPU]
+
+
+def _estimate_call(s: _Slot, f: _Frame, m: _Measure, want: bool) -> Optional[list]:
+    """The call's part of each estimate of its node (csrc/record.c estimate_call); the per-call estimates if want."""
+    run = m.wall - m.susp
+    run_self = run - (f.child_wall - f.child_susp)
+    nq = Q_CTR + len(_ctr_events)
+    s.covered += 1
+    s.cov_run += run
+    s.cov_run_self += run_self
+    if not m.read:
+        s.pend_w += run
+        s.pend_ws += run_self
+        s.pend_n += 1
+        return [e.predict(run) for e in s.est[:nq]] if want and s.est is not None else None
+    if s.est is None or len(s.est) < nq:
+        s.est = (s.est or []) + [_Est() for _ in range(nq - len(s.est or []))]
+    s.flush()
+    W = f.w
+    v = W * W - W   # (1 - p) / p^2
+    out = [0.0] * nq
+    for q in range(nq):
+        t = s.est[q]
+        pred, preds = t.predict(run), t.predict(run_self, True)
+        x = m.x[q] if m.x is not None and q < len(m.x) else None
+        if x is None:   # not measured on this call: it counts as unread for this quantity
+            t.est += pred
+            t.est_self += preds
+            out[q] = pred
+            continue
+        xs = x - f.child[q]
+        d, ds = x - pred, xs - preds
+        t.est += pred + W * d
+        t.est_self += preds + W * ds
+        t.var += v * d * d
+        t.var_self += v * ds * ds
+        per_ns = t.rx / t.rw * run if t.rw > 0 else 0.0   # how each prediction would have done, for the next calls
+        per_call = t.rx / t.reads if t.reads else 0.0
+        t.sse_w += (x - per_ns) ** 2
+        t.sse_c += (x - per_call) ** 2
+        t.rx, t.rw, t.rxs, t.rws, t.reads = t.rx + x, t.rw + run, t.rxs + xs, t.rws + run_self, t.reads + 1
+        out[q] = pred + W * d
+    return out if want else None
+
+
+def _record_wall(s: _Slot, f: _Frame, m: _Measure) -> None:
+    s.calls += 1
+    s.errors += bool(m.error)
+    s.abandoned += bool(m.abandoned)
+    s.overlapped += bool(m.overlapped)
+    s.wall_total += m.wall
+    s.wall_self += m.wall - f.child_wall   # not clamped per call: totals add up exactly (as csrc/record.c)
+    s.wall_min = min(s.wall_min, m.wall)
+    s.wall_max = max(s.wall_max, m.wall)
+    i = _hist.index(m.wall)
+    s.hist[i] = s.hist.get(i, 0) + 1
+    s.susp_total += m.susp
+    s.susp_self += m.susp - f.child_susp
+    s.loop_total += m.loop
+    s.loop_self += m.loop - f.child_loop
+
+
+def _record(slots: Optional["_ThreadSlots"], f: _Frame, p: Optional[_Frame], m: _Measure) -> None:
+    """One finished call of f (p: the frame below it in its stack) into the thread's slots, as csrc/record.c."""
+    global _ring_next, _ring_total
+    _correct(m)
+    s = None
+    if slots is not None and f.epoch == _epoch:
+        s = slots.stats.get(f.node)
+        if s is None:
+            s = slots.stats[f.node] = _Slot()
+    covered = m.read or m.stand_in
+    give = p is not None and p.w > 0 and covered   # a read parent's self needs its children's estimates
+    e = None
+    if s is not None and covered:
+        e = _estimate_call(s, f, m, give)
+    if give and e is None:
+        e = [max(x or 0.0, 0.0) for x in m.x] if m.read and m.x is not None else None
+    if p is not None:
+        p.child_wall += m.wall
+        p.child_susp += m.susp
+        p.child_loop += m.loop
+        if e is not None:
+            for q, v in enumerate(e[:len(p.child)]):
+                p.child[q] += v
     if s is None:
-        s = slots.stats[f.node] = _new_slot()
-    s[0] += 1
-    if error:
-        s[1] += 1
-    s[3] += wall
-    s[4] += max(wall - f.child_wall, 0)
-    if wall < s[5]:
-        s[5] = wall
-    if wall > s[6]:
-        s[6] = wall
-    stand_in = f.skipped and f.slots is slots and not over   # left unread: stands for what a read would give
-    if cpu >= 0:
-        s[2] += 1
-        s[16] += 1
-        s[22] += w
-        s[23] += wall * w
-        s[24] += wall
-        s[7] += int(cpu * w + 0.5)
-        self_cpu = cpu - f.child_cpu
-        if self_cpu < 0 and not f.child_est:
-            self_cpu = 0                   # estimates of children may exceed it
-        s[8] += int(round(self_cpu * w))
-        if sys_ns >= 0:
-            self_sys = sys_ns - f.child_sys
-            if self_sys < 0 and not f.child_est:
-                self_sys = 0
-            s[17] += 1
-            s[18] += int(sys_ns * w + 0.5)
-            s[19] += int(round(self_sys * w))
-            s[20] += int(cpu * w + 0.5)
-            s[21] += int(round(self_cpu * w))
-    elif stand_in and ((_ctr_taskclock >= 0 and slots.perf is not None and slots.perf_gen == _ctr_gen
-                        and slots.perf.status[_ctr_taskclock] == 0) or _cpu_clock):
-        s[2] += 1
-        s[24] += wall
-    i = _hist.index(wall)
-    h = s[9]
-    h[i] = h.get(i, 0) + 1
-    s[11] += over
-    s[12] += abandoned
-    s[13] += susp
-    s[14] += max(susp - f.child_susp, 0)
-    if cvals is not None:
-        if s[10] is None:
-            s[10] = [[0.0, 0.0, 0, 0, 0, 0, 0, 0.0] for _ in cvals]
-        for k, (v, de, dr) in enumerate(cvals):
-            if v is None:
-                continue
-            c = s[10][k]
-            c[0] += v * w
-            self_c = v - f.child_c[k]
-            c[1] += (self_c if self_c >= 0 or f.child_est else 0.0) * w
-            c[2] += de
-            c[3] += dr
-            c[4] += 1
-            c[5] += dr != de
-            c[6] += 1
-            c[7] += w
-    elif stand_in and _ctr_events and slots.perf is not None and slots.perf_gen == _ctr_gen:
-        if s[10] is None:
-            s[10] = [[0.0, 0.0, 0, 0, 0, 0, 0, 0.0] for _ in _ctr_events]
-        for k, c in enumerate(s[10]):
-            if slots.perf.status[k] == 0:
-                c[6] += 1
-    if _ring and not abandoned:
-        _ring[_ring_next] = (f.node, slots.native_id, f.t0, wall, f.cpu0 if cpu >= 0 else -1, cpu)
+        return
+    _record_wall(s, f, m)
+    if m.mux is not None and m.read:
+        if s.mux is None:
+            s.mux = [[0, 0, 0] for _ in _ctr_events]
+        for k, (de, dr) in enumerate(m.mux):
+            if m.x[Q_CTR + k] is not None:
+                s.mux[k][0] += de
+                s.mux[k][1] += dr
+                s.mux[k][2] += dr != de
+    if _ring and not m.abandoned:
+        cpu = m.x[Q_CPU] if m.read and m.x is not None and m.x[Q_CPU] is not None else -1
+        _ring[_ring_next] = (f.node, slots.native_id, f.r0.t, m.wall, f.r0.q[Q_CPU] if cpu >= 0 else -1, int(cpu))
         _ring_next = (_ring_next + 1) % len(_ring)
         _ring_total += 1
 
 
+def _abandoned(st: _Stack, f: _Frame) -> _Measure:
+    """f, a frame of a stack whose context died, as a call that ended at the context's last task switch."""
+    out = st.out
+    known = st.suspended and st.clk is not None and st.clk[1] == _epoch and out is not None
+    attributable = known and st.taint == f.taint0 and f.slots is st.clk[0]
+    m = _Measure((out.t if known else _perf_ns()) - f.r0.t, max(st.s_wall - f.susp0, 0) if known else 0,
+                 max(st.s_loop - f.loop0, 0) if known else 0, overlapped=known and not attributable,
+                 stand_in=attributable and f.skipped, abandoned=True)
+    _tasks["abandoned_calls"] += 1
+    if attributable and f.w:
+        r1 = out.copy()
+        _relative(r1, st)
+        _call_quantities(f.r0, r1, m)
+        m.read = True
+    return m
+
+
 def _abandon(st: _Stack, frames: List[_Frame], i: int) -> None:
-    """frames[i] of a stack whose context died: a call that ended at the context's last task switch."""
+    """frames[i] of a stack whose context died, recorded through the one record path."""
     slots = getattr(_local, "slots", None)   # never made here: this may run during finalisation
     f = frames[i]
     if slots is None or f.epoch != _epoch:
         return
-    out = st.out
-    known = st.suspended and st.clk is not None and st.clk[1] == _epoch and out is not None
-    wall = max((out[0] if known else _perf_ns()) - f.t0, 0)
-    susp = max(st.s_wall - f.susp0, 0) if known else 0
-    attributable = known and st.taint == f.taint0 and f.slots is st.clk[0]
-    cpu, cvals = -1, None
-    if attributable and f.c0 is not None and f.c0[0] == _ctr_gen and out[2] == f.c0[0]:
-        c1 = _less(out[4], st.s) if st.s is not None and st.s_gen == f.c0[0] else out[4]
-        cvals = _deltas(f.c0[1], c1)
-        if f.cpu_src == 2:
-            cpu = c1[_ctr_taskclock][0] - f.cpu0
-    if attributable and f.cpu_src == 1 and out[1] >= 0 and f.cpu0 >= 0:
-        cpu = out[1] - st.s_cpu - f.cpu0
-    _tasks["abandoned_calls"] += 1
-    _record(slots, st, f, frames[i - 1] if i > 0 else None, wall, max(cpu, -1), cvals, susp,
-            known and not attributable, False, True)
+    _record(slots, f, frames[i - 1] if i > 0 else None, _abandoned(st, f))
 
 
 def _enter(stage: "Stage") -> None:
+    global _open
     if not _enabled:
         return
     try:
@@ -647,15 +910,14 @@ def _enter(stage: "Stage") -> None:
         f.gen = _node_gen
         f.slots = slots
         f.epoch = _epoch
-        f.child_wall = f.child_cpu = 0
+        f.child_wall = f.child_susp = f.child_loop = 0
         f.hook = None
         f.xm, f.xm_child = None, 0
-        f.nvtx, f.c0, f.cpu0, f.cpu_src, f.t0 = 0, None, -1, 0, _perf_ns()
-        f.taint0 = f.susp0 = f.child_susp = 0
-        f.w, f.skipped, f.child_est, f.sys0, f.child_sys = 0.0, False, False, -1, 0
+        f.nvtx, f.w, f.skipped = 0, 0.0, False
+        f.r0 = _Reading(_perf_ns())
+        f.taint0 = f.susp0 = f.loop0 = 0
         _stack.set(f)   # before the hook, as in the C backend: current_path() includes this stage
         st.frames.append(f)
-        global _open
         _open += 1
         if _hook_enter is not None:
             try:
@@ -668,87 +930,67 @@ def _enter(stage: "Stage") -> None:
             else:
                 f.nvtx = 1
                 _nvtx.push(stage.name, stage.color, stage.category)
-        w = _budget_read(slots, f.node)
-        if not w:
-            f.skipped = True
-        elif _ctr_events:
-            f.c0 = (_ctr_gen, _counters(f.slots).read())
-            f.child_c = [0.0] * len(_ctr_events)
-            if _ctr_taskclock >= 0 and f.c0[1][_ctr_taskclock][2]:
-                f.cpu0, f.cpu_src = f.c0[1][_ctr_taskclock][0], 2
-        if not f.skipped and f.cpu_src == 0 and _cpu_clock:
-            f.cpu0, f.cpu_src = _thread_ns(), 1
-        if f.cpu_src and _cpu_split:
-            f.sys0 = _sys_ns()
-        if f.cpu_src or f.c0 is not None:
-            f.w = w
-        _task_enter(slots, st, f)   # readings relative to this context's task
         if _xm_k:
             _xm_enter(f, parent)
-        f.t0 = _perf_ns()
+        w = _budget_read(slots, f.node) if _cpu_clock or _ctr_events else 0.0   # nothing read without a CPU source
+        if w:
+            if _ctr_events:
+                _counters(slots)
+            t0 = _perf_ns()   # the wall window holds the reads: a thread preempted in one loses that time in the call
+            f.r0 = _read_boundary(slots, False)
+            f.r0.t = t0
+            f.w = w
+            st.n_read += 1
+            f.child = [0.0] * (Q_CTR + len(_ctr_events))
+        else:
+            f.r0.t = _perf_ns()
+            f.skipped = True
+        _task_enter(slots, st, f)   # readings relative to this context's task
     except Exception:
         _internal_failure("stage enter")
 
 
-def _exit(stage: "Stage", error: bool) -> None:
-    t1 = _perf_ns()
-    top = _stack.get()
-    st = _owned.get()
-    i = -1
-    if st is not None and st.frames and _owns(st):   # only the context that entered a stage can exit it
-        frames = st.frames
-        i = len(frames) - 1
-        while i >= 0 and frames[i].stage is not stage:
-            i -= 1
-    if i < 0:
-        if _enabled:
-            _counts["unmatched_exits"] += 1
-            _warn_once("unmatched", f"instrument: stage {stage.name!r} exited on a different thread or task than it was "
-                       "entered on (or exited twice); that call is not recorded")
-        return
+def _read_exit(slots: "_ThreadSlots", st: _Stack, f: _Frame) -> _Measure:
+    """The readings at exit, in the reverse order of enter's, then the wall clock."""
+    read = f.w > 0 and f.slots is slots
+    r1 = _read_boundary(slots, True) if read else None
+    if r1 is not None:
+        r1.t = _perf_ns()   # where it serves as the reading a stage around the step resumes at
+    m = _Measure(0)
+    over = _task_exit(slots, st, f, r1, m)
+    m.wall = _perf_ns() - f.r0.t
+    m.read = read and not over
+    if m.read:
+        _call_quantities(f.r0, r1, m)
+    m.overlapped = over
+    m.stand_in = f.skipped and f.slots is slots and not over
+    return m
+
+
+STACK_EARLY = 4   # stages closed early per stack whose later exits are expected (as csrc/frame.h)
+
+
+def _close_top(st: _Stack, error: bool) -> None:
+    """Closes the innermost frame of the stack: its readings, its record, its exemplar part, its integrations."""
     global _open
+    frames = st.frames
+    f = frames[-1]
     _open -= 1
-    f = frames[i]
     try:
         slots = _slots()
-        cvals, cpu, c1 = None, -1, None
-        sys1 = _sys_ns() if f.sys0 >= 0 and f.slots is slots else -1   # inside the counters' window
-        if f.c0 is not None and f.c0[0] == _ctr_gen and f.slots is slots and slots.perf_gen == _ctr_gen:
-            c1 = slots.perf.read()
-            if f.cpu_src == 2 and c1[_ctr_taskclock][2]:
-                cpu = c1[_ctr_taskclock][0]
-        if f.cpu_src == 1 and f.slots is slots:   # CPU time only from the clock cpu0 came from
-            cpu = _thread_ns()
-        c1, cpu, susp, over = _task_exit(slots, st, f, c1, cpu)
-        if over:
-            c1, cpu = None, -1
-        if c1 is not None:
-            cvals = _deltas(f.c0[1], c1)
-        if cpu >= 0 and f.cpu0 >= 0:
-            cpu -= f.cpu0
-        else:
-            cpu = -1
-        del frames[i]
-        if i == len(frames):
-            _stack.set(f.parent)
-        else:
-            _counts["out_of_order_exits"] += 1
-            _warn_once("order", f"instrument: stage {stage.name!r} exited while an inner stage was still open; both "
-                       "are kept and recorded as they close")
-            above = top
-            while above is not None and above.parent is not f:
-                above = above.parent
-            if above is not None:
-                above.parent = f.parent
+        m = _read_exit(slots, st, f)
+        m.error = error
+        del frames[-1]
+        if f.w:
+            st.n_read -= 1
+        _stack.set(f.parent)
         if f.slots is not slots:
             _counts["cross_thread_exits"] += 1
-            _warn_once("thread", f"instrument: stage {stage.name!r} was exited on another thread than it was entered "
-                       "on; its CPU time is not recorded for that call")
-        wall = t1 - f.t0
-        _record(slots, st, f, frames[i - 1] if i > 0 else None, wall, cpu, cvals, susp, over, error, False,
-                sys1 - f.sys0 if sys1 >= 0 and f.sys0 >= 0 else -1)
+            _warn_once("thread", f"instrument: stage {f.stage.name!r} was exited on another thread than it was "
+                       "entered on; its CPU time is not recorded for that call")
+        _record(slots, f, frames[-1] if frames else None, m)
         if f.xm is not None and f.xm.open:
-            _xm_exit(f, wall, slots)
+            _xm_exit(f, m, slots)
         if f.hook is not None and _hook_exit is not None:
             try:
                 _hook_exit(f.hook)
@@ -759,12 +1001,50 @@ def _exit(stage: "Stage", error: bool) -> None:
         elif f.nvtx == 1 and f.slots is slots:
             _nvtx.pop()
     except Exception:
+        if frames and frames[-1] is f:
+            del frames[-1]
         _internal_failure("stage exit")
     if f.parent is None and _root_exit_hook is not None:   # an outermost call is complete
         try:
             _root_exit_hook()
         except Exception:
             _internal_failure("root exit hook")
+
+
+def _frame_index(st: Optional[_Stack], stage: "Stage") -> int:
+    """The innermost open frame of `stage` in the running context's own stack; -1: none."""
+    if st is None or not st.frames or not _owns(st):   # only the context that entered a stage can exit it
+        return -1
+    frames = st.frames
+    i = len(frames) - 1
+    while i >= 0 and frames[i].stage is not stage:
+        i -= 1
+    return i
+
+
+def _exit(stage: "Stage", error: bool) -> None:
+    st = _owned.get()
+    i = _frame_index(st, stage)
+    if i < 0:
+        if st is not None and stage in st.early:   # closed early with an outer stage: its exit was expected
+            st.early.remove(stage)
+            return
+        if _enabled:
+            _counts["unmatched_exits"] += 1
+            _warn_once("unmatched", f"instrument: stage {stage.name!r} exited on a different thread or task than it was "
+                       "entered on (or exited twice); that call is not recorded")
+        return
+    if i != len(st.frames) - 1:   # inner stages still open: they close with this one, so none outlives it
+        _counts["out_of_order_exits"] += 1
+        _warn_once("order", f"instrument: stage {stage.name!r} exited while an inner stage was still open; the inner "
+                   "stages are closed with it (their own exits later are ignored)")
+        while i >= 0 and i != len(st.frames) - 1:   # a closing frame's hooks may run Python: looked at again
+            st.early = (st.early + [st.frames[-1].stage])[-STACK_EARLY:]
+            _close_top(st, error)
+            i = _frame_index(st, stage)
+        if i < 0:
+            return
+    _close_top(st, error)
 
 
 # ----------------------------------------------------------------- exemplars
@@ -808,15 +1088,27 @@ def _xm_enter(f: "_Frame", parent) -> None:
         f.xm = parent.xm
 
 
-def _xm_exit(f: "_Frame", wall: int, slots: "_ThreadSlots") -> None:
+def _known_sum(a: int, b: int) -> int:
+    return -1 if a < 0 or b < 0 else a + b
+
+
+def _xm_exit(f: "_Frame", m: "_Measure", slots: "_ThreadSlots") -> None:
     global _xm_calls
     c = f.xm
-    parts = c.parts
+    parts, wall = c.parts, m.wall
     node = f.node
     if node not in parts and len(parts) >= XM_MAX_PARTS - 1:
         node = -1
-    # self time within the call's own context (as the C backend's stack counts it): children in other tasks left out
-    parts[node] = parts.get(node, 0) + max(wall - f.xm_child, 0)
+    # self time within the call's own context (as the C backend's stack counts it): children in other tasks left out;
+    # how it went (as csrc/exemplars.c): on a CPU and in the run queue where read, awaiting and waiting for the loop
+    susp, loop = m.susp - f.child_susp, m.loop - f.child_loop
+    x = m.x if m.read and m.x is not None else None
+    cpu = max(int(x[Q_CPU] - f.child[Q_CPU]), 0) if x is not None and x[Q_CPU] is not None else -1
+    rq = max(int(x[Q_RQ] - f.child[Q_RQ]), 0) if x is not None and x[Q_RQ] is not None else -1
+    part = [max(wall - f.xm_child, 0), cpu, rq, max(susp - loop, 0), max(loop, 0)]
+    old = parts.get(node)
+    parts[node] = part if old is None else [old[0] + part[0], _known_sum(old[1], part[1]),
+                                            _known_sum(old[2], part[2]), old[3] + part[3], old[4] + part[4]]
     p = f.parent
     if p is not None and p.xm is c:
         p.xm_child += wall
@@ -825,7 +1117,7 @@ def _xm_exit(f: "_Frame", wall: int, slots: "_ThreadSlots") -> None:
     c.open = False
     _xm_calls -= 1
     if f.epoch == _epoch and _xm_k:
-        _xm_offer(f.node, c.seq, wall, f.t0, slots.native_id, parts)
+        _xm_offer(f.node, c.seq, wall, f.r0.t, slots.native_id, parts)
 
 
 def _xm_offer(root: int, seq: int, wall: int, t0: int, tid: int, parts: dict) -> None:
@@ -846,7 +1138,7 @@ def _xm_offer(root: int, seq: int, wall: int, t0: int, tid: int, parts: dict) ->
     j = len(res) if len(res) < k else int(_xm_rng.random() * st.seen)
     if not to_slow and j >= k:
         return                      # the steady state: this call is kept nowhere
-    x = (wall, seq, t0, tid & 0xFFFFFFFF, list(parts.items()))
+    x = (wall, seq, t0, tid & 0xFFFFFFFF, [(n, *v) for n, v in parts.items()])
     if to_slow:
         (heapq.heappush if len(slow) < k else heapq.heapreplace)(slow, x)
     if len(res) < k:
@@ -865,7 +1157,7 @@ def _parts_cap(n: int) -> int:
 def _xm_bytes() -> tuple:
     """The memory the C backend's layout would hold for the stores, and for the open calls (the figures both
     backends report)."""
-    calls = _xm_calls * (32 + 16 * 4)   # sizeof(XmCall) and room for 4 stages
+    calls = _xm_calls * (32 + 48 * 4)   # sizeof(ExemplarCall) and room for 4 stages
     if not _xm_stores or _xm_gen != _node_gen:
         return 0, calls
     n = 16
@@ -876,7 +1168,7 @@ def _xm_bytes() -> tuple:
         cap = 2
         while cap < len(st.slow):
             cap *= 2
-        total += 32 + 2 * min(cap, _xm_k) * 48 + sum(16 * _parts_cap(len(x[4])) for x in st.slow + st.res)
+        total += 32 + 2 * min(cap, _xm_k) * 48 + sum(48 * _parts_cap(len(x[4])) for x in st.slow + st.res)
     return total, calls
 
 
@@ -933,18 +1225,18 @@ def add(name: str, value: Any = 1) -> None:
         stats = _slots().stats
         s = stats.get(node)
         if s is None:
-            s = stats[node] = _new_slot()
-        it = _item_slot(s[15], str(name))
-        it[0] += n
-        it[1] += x
-        it[2] += 1
-        it[3] += fl
+            s = stats[node] = _Slot()
+        it = _item_slot(s.items, str(name))
+        it.n += n
+        it.x += x
+        it.calls += 1
+        it.floats += fl
     except Exception:
         _internal_failure("add")
 
 
 
-# the asyncio step hooks (live/tasks.py installs them), as csrc/tasks.c's Runner
+# the asyncio step hooks (live/tasks.py installs them), as csrc/steps.c's Runner
 def _inner_of(ctx) -> Optional[_Stack]:
     """The stack the handle's context owns, with stages open."""
     st = ctx.get(_owned)
@@ -960,6 +1252,14 @@ def _inner_of(ctx) -> Optional[_Stack]:
         except RuntimeError:
             pass
     return None
+
+
+def _needs_reads(a: Optional[_Stack], b: Optional[_Stack]) -> bool:
+    return bool((a is not None and a.n_read) or (b is not None and b.n_read))
+
+
+def _top_node(st: Optional[_Stack]) -> int:
+    return st.frames[-1].node if st is not None and st.frames else 0
 
 
 def step_runner(run):
@@ -978,6 +1278,7 @@ def step_runner(run):
             return run(handle)
         slots = _slots()
         _tasks["steps"] += 1
+        t0 = _perf_ns() if _open else 0
         # when the handle's context has stages open, the stack around the step (the running context's, own or
         # inherited, with its innermost stage on this thread) leaves and the handle's enters at one reading;
         # otherwise the one around keeps running until the step opens a stage (_task_enter)
@@ -985,30 +1286,37 @@ def step_runner(run):
         if outer is not None and (not outer.frames or outer.suspended or outer.frames[-1].slots is not slots):
             outer = None
         inner = _inner_of(ctx) if _open else None
+        node = _top_node(inner) or _top_node(outer)
         if inner is not None:
-            last = slots.last
-            r = (last if slots.chain and slots.batch > 0 and last is not None and last[3] == _epoch and
-                 last[2] == (_ctr_gen if slots.perf_gen == _ctr_gen and _ctr_events else 0) else _take_reading(slots))
+            last, full = slots.last, _needs_reads(outer, inner)
+            r = (last if slots.chain and slots.batch > 0 and last is not None and last.epoch == _epoch and
+                 (last.full or not full) and (not full or not _ctr_events or last.gen == _ctr_gen)
+                 else _take_reading(slots, full, False))
             if outer is not None:
                 _suspend(slots, outer, r)
-            if inner is not None:
-                _resume(slots, inner, r)
+            _resume(slots, inner, r)
         slots.chain = False
-        prev = slots.ctx, slots.tok, slots.htok, slots.step_outer, slots.step_ctx
+        prev = (slots.ctx, slots.tok, slots.htok, slots.step_outer, slots.step_ctx, slots.step_handle, slots.step_t0,
+                slots.step_node)
         try:
             slots.tok, slots.htok = ctx.run(_marks)   # boundaries in the step compare with its own context
         except RuntimeError:
             slots.tok = slots.htok = None
         slots.ctx = ctx
-        slots.step_outer, slots.step_ctx = outer, ctx
+        slots.step_outer, slots.step_ctx, slots.step_handle, slots.step_t0, slots.step_node = outer, ctx, handle, t0, (0, 0)
+        if not slots.batch_t0:
+            slots.batch_t0 = t0
         try:
             return run(handle)
         finally:
             inner = _inner_of(ctx) if _open else None
             if inner is not None and inner.suspended:
                 inner = None
+            t1 = 0
             if inner is not None or (outer is not None and outer.suspended):
-                slots.last = r = _take_reading(slots)
+                slots.last = r = _take_reading(slots, _needs_reads(inner, outer if outer is not None and
+                                                                   outer.suspended else None), True)
+                t1 = r.t
                 if inner is not None:
                     _suspend(slots, inner, r)
                 if outer is not None and outer.suspended:
@@ -1016,7 +1324,10 @@ def step_runner(run):
                 slots.chain = True
             else:
                 slots.chain = False
-            slots.ctx, slots.tok, slots.htok, slots.step_outer, slots.step_ctx = prev
+            if _open and slots.step_t0:   # the loop's record of who held it, for tasks waiting on it
+                _step_span(slots, slots.step_t0, t1 or _perf_ns(), _top_node(inner) or slots.step_node[1] or node)
+            (slots.ctx, slots.tok, slots.htok, slots.step_outer, slots.step_ctx, slots.step_handle, slots.step_t0,
+             slots.step_node) = prev
 
     _run.__wrapped__ = run
     return _run
@@ -1033,14 +1344,55 @@ def iteration_runner(run):
         slots = _slots()
         slots.chain = False
         slots.batch += 1
+        slots.batch_t0 = 0
         try:
             return run(loop)
         finally:
             slots.batch -= 1
             slots.chain = False
+            slots.batch_t0 = 0
 
     _run_once.__wrapped__ = run
     return _run_once
+
+
+def _ready_since(slots: "_ThreadSlots") -> int:
+    """When what the running step wakes counts as ready (csrc/steps.c ready_since): at the due time of the timer it
+    runs, now for a task's own step, else from the start of the loop iteration's steps (a lower bound of the wait);
+    now outside any step."""
+    now = _perf_ns()
+    h = slots.step_handle
+    if h is None:
+        return now
+    if type(h).__name__ == "TimerHandle":
+        try:
+            return min(int(h._when * 1e9), now)
+        except (AttributeError, TypeError, ValueError):
+            return now
+    if slots.step_ctx is not None and _inner_of(slots.step_ctx) is not None:
+        return now
+    return slots.batch_t0 if 0 < slots.batch_t0 < now else now
+
+
+def ready_runner(call_soon):
+    """A stand-in for BaseEventLoop._call_soon(callback, args, context): a suspended task whose step is scheduled
+    is ready from then on (its wait for the loop is counted)."""
+    if not callable(call_soon):
+        raise TypeError(f"ready_runner needs the method it stands in for, not {type(call_soon).__name__}")
+
+    def _call_soon(loop, callback, args, context):
+        handle = call_soon(loop, callback, args, context)
+        if _enabled and _open and isinstance(context, contextvars.Context):
+            try:
+                st = _inner_of(context)
+                if st is not None and st.suspended and not st.ready:
+                    st.ready = _ready_since(_slots())
+            except Exception:
+                _internal_failure("asyncio ready hook")
+        return handle
+
+    _call_soon.__wrapped__ = call_soon
+    return _call_soon
 
 
 class Stage:
@@ -1120,124 +1472,193 @@ class Region:
         return f"<instrument.region {self.stage.name!r} of {self.__wrapped__!r}>"
 
 
-def configure(*, enabled=None, cpu_clock=None, max_stages=None, trace_events=None, nvtx=None, exemplars=None,
-              budget=None, cpu_split=None) -> None:
-    global _enabled, _cpu_clock, _max_nodes, _ring, _ring_next, _ring_total, _nvtx, _xm_k, _budget, _cpu_split
-    if budget is not None and not (isinstance(budget, (int, float)) and 0 <= budget <= 1):
-        raise ValueError("budget must be a number from 0 (read every call) to 1")
-    if nvtx is not None:
-        from . import nvtx as nvtx_module
-        _nvtx = nvtx_module if nvtx and nvtx_module.backend() != "none" else None
-    if max_stages is not None and max_stages < 1:
-        raise ValueError(f"max_stages must be at least 1, got {max_stages}")
-    if trace_events is not None and trace_events < 0:
-        raise ValueError(f"trace_events must be 0 or more, got {trace_events}")
-    if exemplars is not None and not 0 <= exemplars <= XM_MAX_K:
-        raise ValueError(f"exemplars must be from 0 to {XM_MAX_K}, got {exemplars}")
-    if exemplars is not None and exemplars != _xm_k:
-        _xm_stores.clear()
-        _xm_k = int(exemplars)
-    if enabled is not None:
-        _enabled = bool(enabled)
-    if cpu_clock is not None:
-        _cpu_clock = bool(cpu_clock)
-    if budget is not None:
-        _budget = float(budget)
-    if cpu_split is not None:
-        _cpu_split = bool(cpu_split)
-    if max_stages is not None:
-        _max_nodes = int(max_stages)
-    if trace_events is not None and trace_events != len(_ring):
-        _ring = [None] * int(trace_events)
+def _opt_flag(name: str):
+    def apply(v: Any) -> None:
+        globals()[name] = bool(v)
+    return apply
+
+
+def _opt_int(name: str, lo: int, hi: int, apply):
+    def check(v: Any) -> None:
+        if isinstance(v, bool) or not isinstance(v, int) or not lo <= v <= hi:
+            raise ValueError(f"{name} must be an integer from {lo} to {hi}, got {v!r}")
+    return check, apply
+
+
+def _set_nvtx(v: Any) -> None:
+    global _nvtx
+    from . import nvtx as nvtx_module
+    _nvtx = nvtx_module if v and nvtx_module.backend() != "none" else None
+
+
+def _set_max_stages(v: int) -> None:
+    global _max_nodes
+    _max_nodes = int(v)
+
+
+def _set_trace_events(v: int) -> None:
+    global _ring, _ring_next, _ring_total
+    if v != len(_ring):
+        _ring = [None] * int(v)
         _ring_next = _ring_total = 0
 
 
+def _set_exemplars(v: int) -> None:
+    global _xm_k
+    if v != _xm_k:
+        _xm_stores.clear()
+        _xm_k = int(v)
+
+
+def _check_budget(v: Any) -> None:
+    if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 <= v <= 1):
+        raise ValueError(f"overhead_budget must be None (read every call) or a number from 0 to 1, got {v!r}")
+
+
+def _set_budget(v: Any) -> None:
+    global _budget
+    _budget = float(v or 0.0)
+
+
+def _no_check(v: Any) -> None:
+    pass
+
+
+# the hot-path options (config.py marks them `hot`): name -> (check, apply), as csrc/module.c's table
+_OPTIONS = {
+    "enabled": (_no_check, _opt_flag("_enabled")),
+    "cpu_clock": (_no_check, _opt_flag("_cpu_clock")),
+    "cpu_split": (_no_check, _opt_flag("_cpu_split")),
+    "nvtx": (_no_check, _set_nvtx),
+    "max_stages": _opt_int("max_stages", 1, 10_000_000, _set_max_stages),
+    "trace_events": _opt_int("trace_events", 0, 100_000_000, _set_trace_events),
+    "exemplars": _opt_int("exemplars", 0, XM_MAX_K, _set_exemplars),
+    "overhead_budget": (_check_budget, _set_budget),
+    "run_queue": (_no_check, _opt_flag("_run_queue")),
+    "helper_cpu": (_no_check, _opt_flag("_helper_cpu")),
+}
+
+
+def configure(**options: Any) -> None:
+    """The hot-path options (those config.py marks hot); every value checked before any is applied."""
+    for k, v in options.items():
+        if k not in _OPTIONS:
+            raise TypeError(f"configure() got an unknown option {k!r}; the hot-path options are: {', '.join(_OPTIONS)}")
+        _OPTIONS[k][0](v)
+    for k, v in options.items():
+        _OPTIONS[k][1](v)
+
+
+def configuration() -> Dict[str, Any]:
+    """The hot-path options in force, as configure() takes them."""
+    return {"enabled": _enabled, "cpu_clock": _cpu_clock, "cpu_split": _cpu_split, "nvtx": _nvtx is not None,
+            "max_stages": _max_nodes, "trace_events": len(_ring), "exemplars": _xm_k,
+            "overhead_budget": _budget or None, "run_queue": _run_queue, "helper_cpu": _helper_cpu}
+
+
+def _time_reads(slots: "_ThreadSlots", n: int) -> int:
+    """The reads of one call, as _enter/_exit take them, timed bare: their cost (median), for the budget."""
+    costs = []
+    for _ in range(n):
+        a = _perf_ns()
+        _read_boundary(slots, False)
+        _read_boundary(slots, True)
+        costs.append(_perf_ns() - a)
+    return sorted(costs)[n // 2]
+
+
+def _calibration_stage() -> "Stage":
+    cal = Stage("(instrument calibration)")
+    with _lock:   # a node outside the cardinality cap: not one of the user's max_stages
+        if (0, cal.name) not in _node_ids:
+            _node_ids[(0, cal.name)] = len(_nodes)
+            _nodes.append((0, cal.name, 0))
+    return cal
+
+
+def _time_bare_calls(cal: "Stage", slots: "_ThreadSlots", n: int) -> tuple:
+    """A stage call without reads: ns per enter+exit, and the wall time such a call records."""
+    global _ctr_events, _cpu_clock, _cpu_split, _run_queue, _helper_cpu, _wall_bias
+    saved = (_ctr_events, _cpu_clock, _cpu_split, _run_queue, _helper_cpu)
+    _ctr_events, _cpu_clock, _cpu_split, _run_queue, _helper_cpu, _wall_bias = [], False, False, False, False, [0, 0]
+    try:
+        times, walls = [], []
+        for _ in range(n):
+            slots.stats = {}
+            a = _perf_ns()
+            for _ in range(32):
+                _enter(cal)
+                _exit(cal, False)
+            times.append(_perf_ns() - a)
+            walls.append(sum(sl.wall_total for sl in slots.stats.values()) // 32)
+        return sorted(times)[n // 2] / 32, sorted(walls)[n // 2]
+    finally:
+        _ctr_events, _cpu_clock, _cpu_split, _run_queue, _helper_cpu = saved
+
+
+def _measure_biases(cal: "Stage", slots: "_ThreadSlots", n: int) -> Optional[tuple]:
+    """Empty calls read on every call, on the real path: what one records in its CPU and wall windows; None when
+    fewer than 5 calls were read."""
+    global _cpu_bias, _wall_bias, _budget
+    _cpu_bias, _wall_bias, _budget = 0, [0, 0], 0.0
+    cpus, walls = [], []
+    for _ in range(n):
+        slots.stats = {}
+        _enter(cal)
+        _exit(cal, False)
+        for sl in slots.stats.values():
+            walls.append(sl.wall_total)
+            if sl.est is not None and sl.est[Q_CPU].reads:
+                cpus.append(sl.est[Q_CPU].rx)
+    if len(walls) < 5:
+        return None
+    return (max(sorted(cpus)[len(cpus) // 2], 0) if cpus else 0), max(sorted(walls)[len(walls) // 2], 0)
+
+
 def calibrate(n: int = 200) -> Dict[str, Any]:
-    """What the configuration in force costs on this thread, the way _enter/_exit spend it (as csrc/types.c):
-    one call's reads, the part of them inside the CPU window, and a stage call without reads."""
-    global _read_cost, _cpu_bias, _enabled, _nvtx, _ctr_events, _cpu_clock, _cpu_split, _xm_k, _ring
+    """What the configuration in force costs on this thread, the way _enter/_exit spend it (as csrc/calibrate.c):
+    one call's reads (the budget's unit), what an empty call records in its wall window (read or not) and in its
+    CPU window (taken out of every call), and a stage call without reads (None while a stage is open here)."""
+    global _read_cost, _cpu_bias, _wall_bias, _enabled, _nvtx, _xm_k, _ring, _budget
     global _hook_enter, _hook_exit, _root_exit_hook
     if not 1 <= n <= 1_000_000:
         raise ValueError(f"calibrate needs 1 to 1000000 rounds, got {n}")
     n = max(n, 9)
     slots = _slots()
-    ctr = _counters(slots) if _ctr_events else None
-    src = 0
-    if ctr is not None and _ctr_taskclock >= 0 and ctr.read()[_ctr_taskclock][2]:
-        src = 2
-    elif _cpu_clock:
-        src = 1
-    split = bool(src and _cpu_split and _sys_ns() >= 0)
-    tc = _ctr_taskclock
-    read_ns = bias = 0
-    if ctr is not None or src:
-        costs, biases = [], []
-        for _ in range(n):
-            a = _perf_ns()
-            c0 = ctr.read() if ctr is not None else None
-            x0 = c0[tc][0] if src == 2 else _thread_ns() if src == 1 else 0
-            if split:
-                _sys_ns()
-            t0 = _perf_ns()
-            t1 = _perf_ns()
-            if split:
-                _sys_ns()
-            c1 = ctr.read() if ctr is not None else None
-            x1 = c1[tc][0] if src == 2 else _thread_ns() if src == 1 else 0
-            b = _perf_ns()
-            costs.append((b - a) - (t1 - t0))
-            biases.append((x1 - x0) - (t1 - t0) if src else 0)
-        read_ns, bias = sorted(costs)[n // 2], max(sorted(biases)[n // 2], 0)
+    if _ctr_events:
+        _counters(slots)
+    probe = _read_boundary(slots, False)
+    src = probe.cpu_src
+    reads = bool(src or probe.gen or probe.q[Q_RQ] >= 0 or probe.q[Q_HELPERS] >= 0)
+    read_ns = _time_reads(slots, n) if reads else 0
     _read_cost = float(read_ns)
-    _cpu_bias = [0, bias if src == 1 else 0, bias if src == 2 else 0]
     base = None
     if _stack.get() is None:
-        # the bias as the real enter/exit spend it: Python code between the reads and the clock is in the CPU
-        # window and not in the wall time
-        global _clamp, _budget
-        saved = (_nvtx, _xm_k, _ring, _hook_enter, _hook_exit, _root_exit_hook, slots.stats, _budget)
-        _nvtx, _xm_k, _ring, _hook_enter, _hook_exit, _root_exit_hook, _budget = None, 0, [], None, None, None, 0.0
-        _cpu_bias, _clamp = [0, 0, 0], False
-        try:
-            cal, diffs = Stage("(instrument calibration)"), []
-            with _lock:   # a node outside the cardinality cap: not one of the user's max_stages
-                if (0, cal.name) not in _node_ids:
-                    _node_ids[(0, cal.name)] = len(_nodes)
-                    _nodes.append((0, cal.name, 0))
-            for _ in range(n):
-                slots.stats = {}
-                _enter(cal)
-                _exit(cal, False)
-                for sl in slots.stats.values():
-                    if sl[16]:
-                        diffs.append(sl[7] - sl[3])
-            if diffs:
-                bias = max(sorted(diffs)[len(diffs) // 2], 0)
-        finally:
-            _clamp = True
-            _cpu_bias = [0, bias if src == 1 else 0, bias if src == 2 else 0]
-            _nvtx, _xm_k, _ring, _hook_enter, _hook_exit, _root_exit_hook, slots.stats, _budget = saved
-        saved = (_enabled, _nvtx, _ctr_events, _cpu_clock, _cpu_split, _xm_k, _ring, _hook_enter, _hook_exit,
-                 _root_exit_hook, slots.stats)
-        _enabled, _nvtx, _ctr_events, _cpu_clock, _cpu_split, _xm_k, _ring = True, None, [], False, False, 0, []
+        saved = (_enabled, _nvtx, _xm_k, _ring, _hook_enter, _hook_exit, _root_exit_hook, slots.stats, _budget,
+                 _cpu_bias, _wall_bias)
+        _enabled, _nvtx, _xm_k, _ring = True, None, 0, []
         _hook_enter = _hook_exit = _root_exit_hook = None
-        slots.stats = {}
+        biases = None
         try:
-            cal = Stage("(instrument calibration)")
-            times = []
-            for _ in range(n):
-                a = _perf_ns()
-                for _ in range(32):
-                    _enter(cal)
-                    _exit(cal, False)
-                times.append(_perf_ns() - a)
-            base = sorted(times)[n // 2] / 32
+            cal = _calibration_stage()
+            base, bare_wall = _time_bare_calls(cal, slots, n)
+            if reads:
+                biases = _measure_biases(cal, slots, n)
         finally:
-            (_enabled, _nvtx, _ctr_events, _cpu_clock, _cpu_split, _xm_k, _ring, _hook_enter, _hook_exit,
-             _root_exit_hook, slots.stats) = saved
-    return {"read_ns": float(read_ns), "base_ns": base, "cpu_bias_ns": bias,
-            "cpu_source": ("none", "thread-clock", "task-clock")[src], "sys": split,
-            "thread_clock": "clock_gettime (the pure-Python backend)"}
+            (_enabled, _nvtx, _xm_k, _ring, _hook_enter, _hook_exit, _root_exit_hook, slots.stats, _budget,
+             _cpu_bias, _wall_bias) = saved
+        _wall_bias = [bare_wall, _wall_bias[1]]
+        if biases is not None:
+            _cpu_bias = int(biases[0])
+            _wall_bias = [bare_wall, biases[1]]
+    return {"read_ns": float(read_ns), "base_ns": base, "cpu_bias_ns": _cpu_bias, "wall_bias_ns": _wall_bias[1],
+            "unread_wall_bias_ns": _wall_bias[0], "cpu_source": ("none", "thread-clock", "task-clock")[src],
+            "sys": probe.q[Q_SYS] >= 0, "thread_clock": "clock_gettime (the pure-Python backend)",
+            "run_queue": ("off (the run_queue option)" if not _run_queue else "/proc/thread-self/schedstat"
+                          if probe.q[Q_RQ] >= 0 else "unavailable (/proc/thread-self/schedstat cannot be read)"),
+            "helper_cpu": ("off (the helper_cpu option)" if not _helper_cpu else
+                           "process CPU clock less the threads that run stages" if probe.q[Q_HELPERS] >= 0 else
+                           f"unavailable (more than {HELPERS_MAX_THREADS} threads run stages)")}
 
 
 def set_counters(events, exclude_kernel, taskclock_index) -> None:
@@ -1248,7 +1669,10 @@ def set_counters(events, exclude_kernel, taskclock_index) -> None:
     with _lock:
         for src in [_retired] + [t.stats for t in _threads.values()]:
             for slot in src.values():
-                slot[10] = None      # counter slots of the old events would be misread under the new ones
+                slot.flush()         # counter slots of the old events would be misread under the new ones
+                slot.mux = None
+                if slot.est is not None:
+                    del slot.est[Q_CTR:]
     _ctr_events, _ctr_excl = events, bool(exclude_kernel)
     _ctr_taskclock = taskclock_index if taskclock_index < len(events) else -1
     _ctr_gen += 1
@@ -1269,27 +1693,42 @@ def set_root_exit_hook(hook) -> None:
     _root_exit_hook = hook
 
 
+def _estimate_row(e: Optional["_Est"]) -> Optional[Dict[str, Any]]:
+    if e is None or not e.reads:
+        return None
+    return {"total": e.est, "self": e.est_self, "var": e.var, "var_self": e.var_self, "reads": e.reads}
+
+
+def _row(nid: int, s: _Slot) -> Dict[str, Any]:
+    """One collect() stats row (a _StatsRow in instrument/_native.pyi)."""
+    s.flush()
+    est = s.est or []
+    row: Dict[str, Any] = {k: getattr(s, k) for k in _SUMS}
+    counters = []
+    for k in range(len(_ctr_events)):
+        e = _estimate_row(est[Q_CTR + k] if Q_CTR + k < len(est) else None)
+        if e is not None and s.mux is not None and k < len(s.mux):
+            e.update(enabled=s.mux[k][0], running=s.mux[k][1], scaled=s.mux[k][2])
+        counters.append(e)
+    row.update(node=nid, wall_min=s.wall_min, wall_max=s.wall_max, hist=sorted(s.hist.items()),
+               estimates={name: _estimate_row(est[q] if q < len(est) else None) for q, name in enumerate(SCALAR_NAMES)},
+               counters=counters, blockers=sorted(s.blockers.items()),
+               items=[(k, v.n, v.x, v.calls, v.floats) for k, v in s.items.items()])
+    return row
+
+
 def collect() -> Dict[str, Any]:
     with _lock:
-        merged: Dict[int, list] = {}
-        sources = [_retired] + [t.stats for t in list(_threads.values())]
-        for src in sources:
+        merged: Dict[int, _Slot] = {}
+        for src in [_retired] + [t.stats for t in list(_threads.values())]:
             for nid, s in list(src.items()):
                 d = merged.get(nid)
                 if d is None:
-                    d = merged[nid] = _new_slot()
-                _merge_slot(d, [s[0], s[1], s[2], s[3], s[4], s[5], s[6], s[7], s[8], dict(s[9]),
-                                None if s[10] is None else [list(c) for c in s[10]], s[11], s[12], s[13], s[14],
-                                {k: list(v) for k, v in s[15].items()}] + s[16:25])
+                    d = merged[nid] = _Slot()
+                _merge_slot(d, s)
         nodes = [(i, p, n, o) for i, (p, n, o) in enumerate(_nodes) if i > 0]
         threads = len(_threads)
-    stats = [{"node": nid, "calls": s[0], "errors": s[1], "wall_total": s[3], "wall_self": s[4], "wall_min": s[5],
-              "wall_max": s[6], "cpu_calls": s[2], "cpu_total": s[7], "cpu_self": s[8], "hist": sorted(s[9].items()),
-              "counters": [tuple(c) for c in s[10]] if s[10] is not None else [],
-              "tasks": (s[11], s[12], s[13], s[14]), "items": [(k, v[0], v[1], v[2], v[3]) for k, v in s[15].items()],
-              "cpu_reads": s[16], "sys_reads": s[17], "sys_total": s[18], "sys_self": s[19], "sys_cpu_total": s[20],
-              "sys_cpu_self": s[21], "cpu_wsum": s[22], "cpu_wall_w": s[23], "cpu_cov_wall": s[24]}
-             for nid, s in sorted(merged.items()) if s[0] or s[15]]
+    stats = [_row(nid, s) for nid, s in sorted(merged.items()) if s.calls or s.items]
     n = min(_ring_total, len(_ring))
     start = 0 if _ring_total < len(_ring) else _ring_next
     events = [_ring[(start + k) % len(_ring)] for k in range(n)]
@@ -1309,6 +1748,8 @@ def _zero() -> None:
         _retired.clear()
         for k in _counts:
             _counts[k] = 0
+        for k in _tasks:
+            _tasks[k] = 0
         _ring_next = _ring_total = 0
         _xm_stores.clear()
 

@@ -9,7 +9,11 @@ runs on 3.14): every step of an asyncio task, and every other callback, runs in
 task clock of the context that is left; after it, one reading resumes it and
 suspends the handle's context.  `iteration_runner` stands in for
 `BaseEventLoop._run_once` so that a reading is reused for the next step only
-inside one loop iteration, never across its wait for events.
+inside one loop iteration, never across its wait for events.  `ready_runner`
+stands in for `BaseEventLoop._call_soon`, through which every task step is
+scheduled: a suspended task whose step is scheduled was woken then (or at the
+due time of the timer whose callback woke it), and from then until its step runs
+it waits for the loop (loop-ready time), not for what it awaited.
 
 Not covered, and marked rather than summed (`cpu_ns.overlapped_calls`): loops
 that do not run handles through `asyncio.events.Handle` (uvloop), the first step
@@ -19,17 +23,18 @@ of eager tasks (3.12+ `eager_task_factory`), and contexts entered by hand with
 they are not used yet.
 
 Installed when the `task_attribution` option is on (the default), at once if
-asyncio is imported, else by a finder at the front of sys.meta_path that waits
-for `import asyncio` and then removes itself.
+asyncio is imported, else when `import asyncio` has run (importwatch).
 """
 from __future__ import annotations
 
 import platform
 import sys
-import warnings
 from typing import Any, Dict, Optional
 
-MECHANISM = "step hook: asyncio.events.Handle._run and BaseEventLoop._run_once stand-ins"
+from . import importwatch
+
+MECHANISM = ("step hook: asyncio.events.Handle._run, BaseEventLoop._run_once and BaseEventLoop._call_soon "
+             "stand-ins")
 FALLBACK = ("calls that overlap other tasks on their thread where no hook sees the switch (uvloop, a context entered "
             "by hand) keep their wall time; their CPU time and counters are left out (cpu_ns.overlapped_calls)")
 
@@ -59,23 +64,35 @@ def _original(cls, name):
     return m
 
 
+name = "tasks"   # the integration's key in Snapshot.meta
+
+
+def configure(cfg) -> None:
+    """Install the backend's runners (the task_attribution option) or remove them; at import and every configure()."""
+    from . import backend
+    apply(cfg.task_attribution, backend.current)
+
+
 def apply(enabled: bool, backend) -> None:
-    """Install the backend's runners (enabled) or remove them; runs at import and at every configure()."""
     global _wanted, _reason
     if not enabled:
         _wanted = None
-        _remove_watcher()
+        importwatch.forget("asyncio")
         uninstall()
         _reason = "the task_attribution option is off"
         return
     _wanted = backend
     if _targets() is None:
         _reason = "asyncio not imported yet"
-        if _WATCHER not in sys.meta_path:
-            sys.meta_path.insert(0, _WATCHER)
+        importwatch.when_imported("asyncio", _on_asyncio)
         return
-    _remove_watcher()
+    importwatch.forget("asyncio")
     _install(backend)
+
+
+def _on_asyncio() -> None:
+    if _wanted is not None:
+        _install(_wanted)
 
 
 def _install(backend) -> None:
@@ -84,26 +101,30 @@ def _install(backend) -> None:
     if targets is None:
         return
     handle, loop = targets
-    run, once = _original(handle, "_run"), _original(loop, "_run_once")
-    if run is None or once is None:
-        _reason = "this asyncio has no Handle._run / BaseEventLoop._run_once to hook"
+    wanted = [(owner, name, _original(owner, name)) for owner, name, _ in _hooked(handle, loop)]
+    if any(orig is None for _, _, orig in wanted):
+        _reason = "this asyncio has no Handle._run / BaseEventLoop._run_once / BaseEventLoop._call_soon to hook"
         uninstall()
         return
-    cur_run, cur_once = handle.__dict__.get("_run"), loop.__dict__.get("_run_once")
-    if (cur_run is not run and not _ours(cur_run)) or (cur_once is not once and not _ours(cur_once)):
-        _reason = "asyncio's Handle._run or BaseEventLoop._run_once was replaced by another library: left alone"
+    current = [owner.__dict__.get(name) for owner, name, _ in wanted]
+    if any(cur is not orig and not _ours(cur) for cur, (_, _, orig) in zip(current, wanted)):
+        _reason = "asyncio's Handle._run or BaseEventLoop._run_once or _call_soon was replaced by another library: left alone"
         return
-    if _backend is backend and _ours(cur_run) and _ours(cur_once):
+    if _backend is backend and all(_ours(cur) for cur in current):
         return
-    step, it = backend.step_runner(run), backend.iteration_runner(once)
-    for r in (step, it):
+    for (owner, name, orig), (_, _, make) in zip(wanted, _hooked(handle, loop)):
+        r = getattr(backend, make)(orig)
         try:
             r._instrument_runner = True
         except AttributeError:
             pass   # the C runner is told by its type
-    handle._run = step
-    loop._run_once = it
+        setattr(owner, name, r)
     _backend, _reason = backend, None
+
+
+def _hooked(handle, loop):
+    """(class, method, the backend's stand-in maker): every task step, every loop iteration, every task woken."""
+    return ((handle, "_run", "step_runner"), (loop, "_run_once", "iteration_runner"), (loop, "_call_soon", "ready_runner"))
 
 
 def uninstall() -> None:
@@ -111,11 +132,9 @@ def uninstall() -> None:
     global _backend
     targets = _targets()
     if targets is not None:
-        handle, loop = targets
-        if _ours(handle.__dict__.get("_run")):
-            handle._run = _original(handle, "_run")
-        if _ours(loop.__dict__.get("_run_once")):
-            loop._run_once = _original(loop, "_run_once")
+        for owner, name, _ in _hooked(*targets):
+            if _ours(owner.__dict__.get(name)):
+                setattr(owner, name, _original(owner, name))
     _backend = None
 
 
@@ -123,79 +142,39 @@ def installed() -> bool:
     return _backend is not None
 
 
+def _foreign_loop() -> Optional[str]:
+    """The name of an event loop that runs handles outside asyncio.events.Handle (uvloop), when one is in use."""
+    aio = sys.modules.get("asyncio")
+    if aio is None:
+        return None
+    try:
+        policy = type(aio.get_event_loop_policy())
+    except Exception:
+        return None
+    if "uvloop" in policy.__module__:
+        return f"{policy.__module__}.{policy.__name__}"
+    be = sys.modules.get("asyncio.base_events")
+    running = aio.events._get_running_loop()
+    if running is not None and be is not None and not isinstance(running, be.BaseEventLoop):
+        return f"{type(running).__module__}.{type(running).__name__}"
+    return None
+
+
 def status(raw: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
     """What meta and doctor say: which attribution is in force, by what, and what it saw."""
     on = _backend is not None
+    foreign = _foreign_loop() if on else None
     out: Dict[str, Any] = {
-        "attribution": "per task" if on else "overlapped calls marked",
-        "mechanism": MECHANISM if on else None,
+        "attribution": "overlapped calls marked" if not on or foreign else "per task",
+        "mechanism": MECHANISM if on and not foreign else None,
         "python": platform.python_version(),
         "installed": on,
-        "reason": None if on else _reason,
+        "reason": (f"the event loop in use ({foreign}) runs its callbacks outside asyncio.events.Handle: no hook "
+                   "sees its task switches" if foreign else None) if on else _reason,
         "fallback": FALLBACK,
     }
-    if raw:
-        out.update({k: raw.get(k, 0) for k in ("steps", "switch_reads", "unhooked_changes", "overlapped_calls",
-                                               "abandoned_calls")})
+    tasks = (raw or {}).get("tasks")
+    if tasks:
+        out.update({k: tasks.get(k, 0) for k in ("steps", "switch_reads", "unhooked_changes", "overlapped_calls",
+                                                 "abandoned_calls")})
     return out
-
-
-def _remove_watcher() -> None:
-    try:
-        sys.meta_path.remove(_WATCHER)
-    except ValueError:
-        pass
-
-
-def _on_asyncio() -> None:
-    _remove_watcher()
-    if _wanted is not None:
-        _install(_wanted)
-
-
-class _Loader:
-    """asyncio's own loader, plus the installation once asyncio's package has run."""
-
-    def __init__(self, real) -> None:
-        self._real = real
-
-    def __getattr__(self, name):
-        return getattr(self._real, name)
-
-    def create_module(self, spec):
-        return self._real.create_module(spec)
-
-    def exec_module(self, module) -> None:
-        try:
-            self._real.exec_module(module)
-        finally:   # asyncio keeps its real loader, as if we had never been there
-            module.__loader__ = self._real
-            if getattr(module, "__spec__", None) is not None and module.__spec__.loader is self:
-                module.__spec__.loader = self._real
-        try:
-            _on_asyncio()
-        except Exception as e:   # never fail the user's import of asyncio
-            warnings.warn(f"instrument: asyncio attribution not installed: {e}", RuntimeWarning, stacklevel=2)
-
-
-class _Watcher:
-    """A sys.meta_path finder that finds nothing but the moment asyncio is imported."""
-
-    def find_spec(self, name, path=None, target=None):
-        if name != "asyncio":
-            return None
-        for finder in sys.meta_path:
-            if finder is self:
-                continue
-            find = getattr(finder, "find_spec", None)
-            spec = find(name, path, target) if find else None
-            if spec is not None:
-                break
-        else:
-            return None
-        if spec.loader is not None and hasattr(spec.loader, "exec_module") and not isinstance(spec.loader, _Loader):
-            spec.loader = _Loader(spec.loader)
-        return spec
-
-
-_WATCHER = _Watcher()

@@ -38,7 +38,6 @@ from typing import Any, Dict, Iterable, Optional, Tuple
 
 from ..snapshot import OP_FIELDS, ranked_ops
 from . import backend, callsite, hooks
-from .integrations import Integration
 
 _lock = threading.RLock()
 _patched = False
@@ -289,6 +288,9 @@ def _ns(us: float) -> int:
 
 
 # ------------------------------------------------------- integration protocol
+name = "torch_profiler"   # its key in Snapshot.meta (instrument.live.integrations)
+
+
 def stage_fields() -> Dict[Tuple[str, ...], Dict[str, Any]]:
     with _lock:
         out = {}
@@ -315,7 +317,7 @@ def after_fork_child() -> None:
         reset()
 
 
-def status() -> Dict[str, Any]:
+def status(raw: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
     torch = sys.modules.get("torch")
     version = getattr(torch, "__version__", None) if torch else None
     if _option == "off":
@@ -344,21 +346,3 @@ def _warn_once(key: str, msg: str) -> None:
         _warned.add(key)
         callsite.warn(msg)
 
-
-class _TorchProfiler(Integration):
-    name = "torch_profiler"
-
-    def status(self) -> Dict[str, Any]:
-        return status()
-
-    def stage_fields(self) -> Dict[Tuple[str, ...], Dict[str, Any]]:
-        return stage_fields()
-
-    def reset(self) -> None:
-        reset()
-
-    def after_fork_child(self) -> None:
-        after_fork_child()
-
-
-INTEGRATION = _TorchProfiler()

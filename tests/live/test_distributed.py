@@ -124,7 +124,7 @@ print(json.dumps(out))
     r = run_python(code, env={"INSTRUMENT_OUTPUT": str(tmp_path / "exit.json")})
     assert r.returncode == 0, r.stderr
     out = json.loads(r.stdout)
-    assert out["before"]["rank"] is None
+    assert out["before"] is None
     assert out["gather"] == ("instrument.distributed.gather: torch.distributed is not initialized; call "
                              "torch.distributed.init_process_group first, then gather on every rank")
     assert out["after"] == {"rank": 0, "world_size": 1, "local_rank": None, "backend": "gloo",

@@ -102,13 +102,14 @@ class NestingModel(RuleBasedStateMachine):
     def exit_out_of_order(self, data):
         i = data.draw(st.integers(0, len(self.open) - 2))
         s, path = self.open[i]
-        # the innermost open frame of this stage is the one closed
+        # the innermost open frame of this stage is the one closed, and every stage open inside it with it
         j = max(k for k, (t, _) in enumerate(self.open) if t is s)
-        s, path = self.open.pop(j)
+        for _, p in self.open[j:]:
+            self.expect[p] += 1
+        del self.open[j:]
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             s.__exit__(None, None, None)
-        self.expect[path] += 1
 
     @rule(tree=trees, where=st.sampled_from(["thread", "task"]))
     def work_elsewhere(self, tree, where):

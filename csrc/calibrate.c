@@ -1,0 +1,214 @@
+/* calibrate(): what the configuration in force costs on the calling thread, the
+ * way stage_enter/exit spend it.  It sets g_read_cost (one call's reads, both
+ * boundaries: the overhead budget's unit) and the SDK's own share of a call's
+ * wall window (g_wall_bias, unread and read calls) and of a read call's CPU
+ * window (g_cpu_bias): what an empty stage records, taken out of every call; and
+ * it times a stage call without reads, for meta.overhead.  The
+ * calibration stage runs with integrations, NVTX, exemplars and the trace ring
+ * off, into slots of its own that are freed; it is only timed when no stage is
+ * open in the calling context (else base_ns is None). */
+#include "enter_exit.h"   /* first: Python.h sets the feature macros */
+
+#include <fcntl.h>
+#include <stdlib.h>
+#include <unistd.h>
+
+#include "exemplars.h"
+#include "nodes.h"
+#include "rootexit.h"
+#include "stack.h"
+#include "stats.h"
+
+static int cmp_i64(const void *a, const void *b) {
+    int64_t x = *(const int64_t *)a, y = *(const int64_t *)b;
+    return (x > y) - (x < y);
+}
+
+static int64_t median_i64(int64_t *v, int n) {
+    qsort(v, (size_t)n, sizeof(int64_t), cmp_i64);
+    return v[n / 2];
+}
+
+/* The thread CPU clock without a system call, where the kernel offers it and it agrees with the clock. */
+static void calibrate_fast_clock(ThreadState *ts) {
+    g_cpu_fast = 0;
+    if (ts->clk_state == 0) ts->clk_state = perf_clock_open(&ts->clk) == 0 ? 1 : -1;
+    if (ts->clk_state != 1) return;
+    int64_t a = perf_clock_read(&ts->clk), b = thread_cpu_ns(), x = 0;
+    for (int64_t end = b + 2000000; thread_cpu_ns() < end;) x++;   /* 2 ms of this thread's CPU */
+    int64_t da = perf_clock_read(&ts->clk) - a, db = thread_cpu_ns() - b;
+    g_cpu_fast = a >= 0 && da > 0 && db > 0 && (double)llabs(da - db) <= 0.02 * (double)db;
+    (void)x;
+}
+
+/* The reads of one call, as stage_enter/exit take them, timed bare: their cost (median), for the budget. */
+static int64_t time_reads(ThreadState *ts, int n, int64_t *v) {
+    Reading r0, r1;
+    for (int k = 0; k < n; k++) {
+        int64_t a = now_ns();
+        read_boundary(ts, &r0, 0);
+        read_boundary(ts, &r1, 1);
+        v[k] = now_ns() - a;
+    }
+    return median_i64(v, n);
+}
+
+/* The globals a calibration run changes, to put back afterwards. */
+typedef struct {
+    int enabled, nvtx, ctr_n, cpu_clock, cpu_split, run_queue, helper_cpu;
+    int32_t exemplar_k;
+    size_t ring;
+    double budget;
+    int64_t wall_bias[2], cpu_bias;
+    PyObject *he, *hx, *re;
+    StatsArray stats;
+} Saved;
+
+static void quiet(ThreadState *ts, Saved *s) {
+    *s = (Saved){g_enabled, g_nvtx, g_ctr_n, g_cpu_clock, g_cpu_split, g_run_queue, g_helper_cpu,
+                 g_exemplar_k, g_ring_cap,
+                 g_budget, {g_wall_bias[0], g_wall_bias[1]}, g_cpu_bias, g_hook_enter, g_hook_exit,
+                 g_root_exit_hook, ts->stats};
+    ts->stats.v = NULL;
+    ts->stats.n = 0;
+    g_enabled = 1, g_nvtx = 0, g_exemplar_k = 0, g_ring_cap = 0;
+    g_hook_enter = g_hook_exit = g_root_exit_hook = NULL;
+}
+
+static void restore(ThreadState *ts, const Saved *s) {
+    g_enabled = s->enabled, g_nvtx = s->nvtx, g_ctr_n = s->ctr_n, g_cpu_clock = s->cpu_clock;
+    g_cpu_split = s->cpu_split, g_run_queue = s->run_queue, g_helper_cpu = s->helper_cpu;
+    g_exemplar_k = s->exemplar_k, g_ring_cap = s->ring;
+    g_budget = s->budget, g_wall_bias[0] = s->wall_bias[0], g_wall_bias[1] = s->wall_bias[1];
+    g_cpu_bias = s->cpu_bias;
+    g_hook_enter = s->he, g_hook_exit = s->hx, g_root_exit_hook = s->re;
+    stats_array_clear(&ts->stats);
+    ts->stats = s->stats;
+}
+
+/* A stage call without reads: ns per enter+exit (*cost), and the wall time such a call records (*wall). */
+static void time_bare_calls(Stage *cal, int32_t node, ThreadState *ts, int n, int64_t *v, double *cost,
+                            int64_t *wall) {
+    const int batch = 32;
+    g_ctr_n = 0, g_cpu_clock = 0, g_cpu_split = 0, g_run_queue = 0, g_helper_cpu = 0, g_wall_bias[0] = 0;
+    int64_t *w = v + n;
+    for (int k = 0; k < n; k++) {
+        NodeStats *cs = stats_get(&ts->stats, node);
+        int64_t w0 = cs ? cs->wall_total : 0, a = now_ns();
+        for (int j = 0; j < batch; j++) {
+            stage_enter(cal);
+            stage_exit(cal, 0);
+        }
+        v[k] = now_ns() - a;
+        cs = stats_get(&ts->stats, node);
+        w[k] = cs ? (cs->wall_total - w0) / batch : 0;
+    }
+    int64_t empty = now_ns();
+    empty = now_ns() - empty;   /* the clock read that closes each batch */
+    *cost = (double)(median_i64(v, n) - empty) / batch;
+    *wall = median_i64(w, n);
+}
+
+/* Empty calls read on every call, on the real enter/exit path: what one records in its wall and CPU windows.
+ * 0 when fewer than 5 calls were read. */
+static int measure_biases(Stage *cal, int32_t node, ThreadState *ts, int n, int64_t *v, int64_t *wall_bias,
+                          int64_t *cpu_bias) {
+    g_budget = 0, g_wall_bias[1] = 0, g_cpu_bias = 0;
+    int64_t *w = v + n;
+    int m = 0, with_cpu = 0;
+    for (int k = 0; k < n; k++) {
+        NodeStats *cs = stats_get(&ts->stats, node);
+        if (cs) stats_flush(cs);
+        double c0 = cs && cs->est ? cs->est[Q_CPU].rx : 0;
+        uint64_t r0 = cs && cs->est ? cs->est[Q_CPU].reads : 0, n0 = cs ? cs->calls : 0;
+        int64_t w0 = cs ? cs->wall_total : 0;
+        stage_enter(cal);
+        stage_exit(cal, 0);
+        if (!(cs = stats_get(&ts->stats, node)) || cs->calls != n0 + 1) continue;
+        with_cpu = cs->est && cs->est[Q_CPU].reads == r0 + 1;
+        v[m] = with_cpu ? (int64_t)(cs->est[Q_CPU].rx - c0) : 0;
+        w[m++] = cs->wall_total - w0;
+    }
+    if (m < 5) return 0;
+    int64_t b = with_cpu ? median_i64(v, m) : 0, bw = median_i64(w, m);
+    *cpu_bias = b > 0 ? b : 0;
+    *wall_bias = bw > 0 ? bw : 0;
+    return 1;
+}
+
+/* Times a stage call and measures the biases with a stage of its own; the cost per call, or NULL with an
+ * exception. */
+static PyObject *calibrate_stage(ThreadState *ts, Stack *st, int reads, int n, int64_t *v) {
+    PyObject *name = PyUnicode_FromString("(instrument calibration)");
+    Stage *cal = name ? (Stage *)stage_new(name, NULL, 0) : NULL;
+    Py_XDECREF(name);
+    int32_t node = cal ? node_uncounted(stack_base(st), cal->name) : -1;   /* not one of the user's max_stages */
+    if (node < 0) {
+        Py_XDECREF(cal);
+        return cal ? PyErr_NoMemory() : NULL;
+    }
+    Saved saved;
+    quiet(ts, &saved);
+    double cost;
+    int64_t bare_wall, wall_bias = 0, cpu_bias = 0;
+    time_bare_calls(cal, node, ts, n, v, &cost, &bare_wall);
+    g_ctr_n = saved.ctr_n, g_cpu_clock = saved.cpu_clock, g_cpu_split = saved.cpu_split;
+    g_run_queue = saved.run_queue, g_helper_cpu = saved.helper_cpu;
+    int measured = reads ? measure_biases(cal, node, ts, n, v, &wall_bias, &cpu_bias) : 0;
+    restore(ts, &saved);
+    g_wall_bias[0] = bare_wall > 0 ? bare_wall : 0;
+    if (measured) {
+        g_wall_bias[1] = wall_bias;
+        g_cpu_bias = cpu_bias;
+    }
+    Py_DECREF(cal);
+    return PyFloat_FromDouble(cost);
+}
+
+/* Whether this thread's schedstat gives run-queue time: a thread that waited for a CPU shows a delay that grows. */
+static const char *run_queue_source(ThreadState *ts) {
+    if (!g_run_queue) return "off (the run_queue option)";
+    int64_t d = sched_run_delay(ts);
+    if (d < 0) return "unavailable (/proc/thread-self/schedstat cannot be read)";
+    char buf[64];
+    int fd = open("/proc/thread-self/schedstat", O_RDONLY | O_CLOEXEC);
+    ssize_t k = fd >= 0 ? read(fd, buf, sizeof(buf) - 1) : -1;
+    if (fd >= 0) close(fd);
+    if (k > 0) buf[k] = 0;
+    return k > 0 && strtoull(buf, NULL, 10) == 0 ? "unavailable (schedstat reads 0 0: the kernel keeps no scheduler "
+                                                   "statistics)" : "/proc/thread-self/schedstat";
+}
+
+PyObject *stage_calibrate(int n) {
+    if (n < 9) n = 9;
+    ThreadState *ts = ts_get();
+    if (!ts) return NULL;
+    int64_t *v = malloc(2 * sizeof(int64_t) * (size_t)n);
+    if (!v) return PyErr_NoMemory();
+    if (g_ctr_n) counters_ready(ts);
+    calibrate_fast_clock(ts);
+    Reading probe;
+    read_boundary(ts, &probe, 0);
+    int src = probe.cpu_src, reads = src || probe.ctr_gen || probe.q[Q_RQ] >= 0 || probe.q[Q_HELPERS] >= 0;
+    int64_t read_ns = reads ? time_reads(ts, n, v) : 0;
+    g_read_cost = (double)read_ns;
+    PyObject *base = Py_NewRef(Py_None);
+    Stack *st = stack_current(1);
+    if (st && st->depth == 0 && !st->exemplar) {
+        Py_DECREF(base);
+        base = calibrate_stage(ts, st, reads, n, v);
+    }
+    free(v);
+    if (!st || !base) { Py_XDECREF(base); return NULL; }
+    static const char *names[3] = {"none", "thread-clock", "task-clock"};
+    return Py_BuildValue("{s:d,s:N,s:L,s:L,s:L,s:s,s:O,s:s,s:s,s:s}", "read_ns", (double)read_ns, "base_ns", base,
+                         "cpu_bias_ns", (long long)g_cpu_bias, "wall_bias_ns", (long long)g_wall_bias[1],
+                         "unread_wall_bias_ns", (long long)g_wall_bias[0], "cpu_source", names[src],
+                         "sys", probe.q[Q_SYS] >= 0 ? Py_True : Py_False, "thread_clock",
+                         g_cpu_fast ? "perf mmap page (cap_user_time)" : ts->clk_state == 1 ?
+                         "clock_gettime (the mmap page disagreed with it)" : "clock_gettime (no cap_user_time)",
+                         "run_queue", run_queue_source(ts), "helper_cpu",
+                         !g_helper_cpu ? "off (the helper_cpu option)" : probe.q[Q_HELPERS] >= 0 ?
+                         "process CPU clock less the threads that run stages" :
+                         "unavailable (more than 16 threads run stages)");
+}

@@ -1,0 +1,277 @@
+/* Stage enter and exit: the frame pushed and popped on the context's stack, the
+ * counter and CPU-clock reads (on the calls the overhead budget reads), the
+ * integrations' hooks and NVTX ranges; a closed call goes to record.c. */
+#include "enter_exit.h"   /* first: Python.h sets the feature macros */
+
+#include <string.h>
+
+#include "exemplars.h"
+#include "nvtx_emit.h"
+#include "record.h"
+#include "rootexit.h"
+#include "stack.h"
+#include "stats.h"
+#include "taskclock.h"
+
+#define MIN_READ_CHANCE (1.0 / 65536)
+#define FIRST_READS 8   /* a stage's first calls on a thread are read: its estimates start from them */
+
+static PyObject *g_get_running_loop = NULL;  /* asyncio.events._get_running_loop, once asyncio is imported */
+static PyObject *g_asyncio_events = NULL;    /* "asyncio.events", interned: a dict lookup without a new string */
+static uint64_t g_frame_seq = 0;
+
+/* Inside a running asyncio loop a stage may be closed after other tasks have
+ * opened theirs on the same thread: a start/end range survives that, a push/pop
+ * one would corrupt the thread's range stack. */
+static int in_event_loop(void) {
+    if (!g_get_running_loop) {
+        if (!g_asyncio_events && !(g_asyncio_events = PyUnicode_InternFromString("asyncio.events"))) {
+            PyErr_Clear();
+            return 0;
+        }
+        PyObject *ev = PyDict_GetItemWithError(PyImport_GetModuleDict(), g_asyncio_events);   /* borrowed */
+        if (!ev) { PyErr_Clear(); return 0; }
+        g_get_running_loop = PyObject_GetAttrString(ev, "_get_running_loop");
+        if (!g_get_running_loop) { PyErr_Clear(); return 0; }
+    }
+    PyObject *loop = PyObject_CallNoArgs(g_get_running_loop);
+    if (!loop) { PyErr_Clear(); return 0; }
+    int r = loop != Py_None;
+    Py_DECREF(loop);
+    return r;
+}
+
+static void nvtx_open(Stage *self, Frame *f, int in_loop) {
+    uint32_t gen = nvtx_emit_generation();
+    if (self->nvtx_gen != gen || !self->nvtx_message) {
+        const char *utf8 = PyUnicode_AsUTF8(self->name);
+        if (!utf8) { internal_failure("NVTX"); return; }
+        self->nvtx_message = nvtx_emit_register(utf8);
+        self->nvtx_gen = gen;
+    }
+    if (in_loop) {
+        f->nvtx = 2;
+        f->nvtx_id = nvtx_emit_start(self->nvtx_message, self->color, self->category);
+    } else {
+        f->nvtx = 1;
+        nvtx_emit_push(self->nvtx_message, self->color, self->category);
+    }
+}
+
+int counters_ready(ThreadState *ts) {
+    if (__builtin_expect(ts->perf_gen == g_ctr_gen, 1)) return 1;
+    if (ts->perf_gen) perf_set_close(&ts->perf);
+    perf_set_open(&ts->perf, g_ctr_desc, g_ctr_n, g_ctr_exclude_kernel);
+    ts->perf_gen = g_ctr_gen;
+    if (!g_ctr_status_known) {
+        memcpy(g_ctr_status, ts->perf.status, sizeof(int) * (size_t)g_ctr_n);
+        g_ctr_excl_used = ts->perf.exclude_kernel;
+        g_ctr_rdpmc = perf_set_uses_rdpmc(&ts->perf);
+        g_ctr_status_known = 1;
+    }
+    return 1;
+}
+
+/* Whether this call of `node` is read under the overhead budget; *w: the weight of its readings (1 / its chance).
+ * A stage's first calls on a thread are read, so that a stage with few calls has its figures from several.
+ * The chance is the budget's share of the stage's mean CPU time per call so far (of its running wall time where
+ * no CPU time is measured) over what one call's reads cost: the reads are judged against what the stage spends on
+ * a CPU, so a stage that mostly awaits or is preempted is not read more for it. */
+static inline int budget_read(ThreadState *ts, int32_t node, double *w) {
+    *w = 1.0;
+    if (g_budget <= 0 || g_read_cost <= 0) return 1;
+    NodeStats *s = stats_get(&ts->stats, node);
+    if (!s || s->covered < FIRST_READS || !s->est) return 1;
+    double mean = (double)s->cov_run / (double)s->covered;
+    if (s->est[Q_CPU].reads) mean = stats_predict(&s->est[Q_CPU], mean, 0);
+    double p = g_budget * mean / g_read_cost;
+    if (p >= 1.0) return 1;                               /* long enough for a read on every call */
+    if (p < MIN_READ_CHANCE) p = MIN_READ_CHANCE;
+    if (ts_uniform(ts) >= p) return 0;
+    *w = 1.0 / p;
+    return 1;
+}
+
+/* ------------------------------------------------------------------ enter */
+
+static Frame *frame_push(Stack *st, ThreadState *ts, Stage *self, int32_t node) {
+    if (st->depth == st->cap) {
+        int32_t ncap = st->cap ? st->cap * 2 : 8;
+        Frame *nf = realloc(st->frames, (size_t)ncap * sizeof(Frame));
+        if (!nf) return NULL;
+        st->frames = nf;
+        st->cap = ncap;
+    }
+    Frame *f = &st->frames[st->depth++];
+    g_open_frames++;
+    Py_INCREF(self);
+    f->stage = self;
+    f->ts_serial = ts->serial;
+    f->node = node;
+    f->epoch = g_epoch;
+    f->seq = ++g_frame_seq;
+    f->child_wall = 0;
+    f->hook = NULL;
+    f->nvtx = 0;
+    f->skipped = 0;
+    f->w = 0;
+    return f;
+}
+
+/* Our frame after Python code ran (a hook may enter, exit or grow the stack). */
+static Frame *frame_by_seq(Stack *st, uint64_t seq) {
+    for (int32_t j = st->depth - 1; j >= 0; j--)
+        if (st->frames[j].seq == seq) return &st->frames[j];
+    return NULL;
+}
+
+/* The integrations' enter hook (Python); our frame afterwards, NULL when the hook closed it. */
+static Frame *call_enter_hook(Stack *st, Frame *f, Stage *self) {
+    uint64_t seq = f->seq;
+    f->r0.t = now_ns();   /* a call the hook itself closes has this start */
+    PyObject *h = PyObject_CallOneArg(g_hook_enter, self->name);
+    if (!h) internal_failure("integration enter hook");
+    if (!(f = frame_by_seq(st, seq))) { Py_XDECREF(h); return NULL; }
+    f->hook = h;
+    return f;
+}
+
+void stage_enter(Stage *self) {
+    if (!g_enabled) return;
+    ThreadState *ts = ts_get();
+    Stack *st = ts ? stack_current(1) : NULL;
+    if (!st) { internal_failure("stage enter"); return; }
+    int loop = g_nvtx && nvtx_emit_active() ? in_event_loop() : 0;   /* may run Python: before any frame pointer */
+    int32_t node = node_child(stack_top_node(st), self->name);
+    Frame *f = node >= 0 ? frame_push(st, ts, self, node) : NULL;
+    if (!f) { internal_failure("stage enter"); return; }
+    if (g_exemplar_k) exemplar_enter(st, f);   /* a root stage starts its call's breakdown */
+    if (g_hook_enter && !(f = call_enter_hook(st, f, self))) return;
+    if (g_nvtx && nvtx_emit_active()) nvtx_open(self, f, loop);
+    double w;
+    if ((g_cpu_clock || g_ctr_n) && budget_read(ts, node, &w)) {   /* nothing is read without a CPU source */
+        if (g_ctr_n) counters_ready(ts);
+        f->r0.t = now_ns();   /* the wall window holds the reads: a thread preempted in one loses that time in the call */
+        read_boundary(ts, &f->r0, 0);
+        f->w = w;
+        st->n_read++;
+        memset(f->child, 0, sizeof(double) * (size_t)stats_quantities());
+    } else {
+        f->r0.t = now_ns();
+        f->skipped = 1;
+    }
+    taskclock_frame_enter(ts, st, f);   /* readings relative to this context's task */
+}
+
+/* ------------------------------------------------------------------- exit */
+
+/* The readings at exit, on the thread that entered, in the reverse order of enter's, then the wall clock. */
+static void read_exit(ThreadState *ts, Stack *st, const Frame *f, int same_thread, CallMeasure *m) {
+    Reading r1;
+    int read = f->w > 0 && same_thread;
+    if (read) {
+        read_boundary(ts, &r1, 1);
+        r1.t = now_ns();   /* where it serves as the reading a stage around the step resumes at */
+    }
+    m->overlapped = taskclock_frame_exit(ts, st, f, read ? &r1 : NULL, m);   /* task-relative, time suspended */
+    m->wall = now_ns() - f->r0.t;
+    m->read = read && !m->overlapped;
+    m->have_ctr = 0;
+    if (m->read) call_quantities(&f->r0, &r1, m);
+    m->stand_in = f->skipped && same_thread && !m->overlapped;
+    m->abandoned = 0;
+}
+
+static int32_t frame_index(const Stack *st, const Stage *self) {
+    int32_t i = st->depth - 1;
+    while (i >= 0 && st->frames[i].stage != self) i--;
+    return i;
+}
+
+/* A stage closed early with an outer one: its own exit, when it comes, is expected (and ignored). */
+static void remember_early(Stack *st, Stage *s) {
+    if (st->n_early == STACK_EARLY) {   /* the oldest is forgotten: its exit would count as unmatched */
+        Py_DECREF(st->early[0]);
+        memmove(&st->early[0], &st->early[1], (STACK_EARLY - 1) * sizeof(Stage *));
+        st->n_early--;
+    }
+    Py_INCREF(s);
+    st->early[st->n_early++] = s;
+}
+
+static int forget_early(Stack *st, const Stage *s) {
+    for (int32_t k = st->n_early - 1; k >= 0; k--) {
+        if (st->early[k] != s) continue;
+        Py_DECREF(st->early[k]);
+        memmove(&st->early[k], &st->early[k + 1], (size_t)(st->n_early - k - 1) * sizeof(Stage *));
+        st->n_early--;
+        return 1;
+    }
+    return 0;
+}
+
+static void exit_integrations(Frame *f, int same_thread) {
+    if (f->hook) {
+        if (g_hook_exit) {
+            PyObject *et, *ev, *tb;
+            PyErr_Fetch(&et, &ev, &tb);
+            PyObject *r = PyObject_CallOneArg(g_hook_exit, f->hook);
+            if (!r) internal_failure("integration exit hook"); else Py_DECREF(r);
+            PyErr_Restore(et, ev, tb);
+        }
+        Py_DECREF(f->hook);
+    }
+    if (f->nvtx == 2) nvtx_emit_end(f->nvtx_id);
+    else if (f->nvtx == 1 && same_thread) nvtx_emit_pop();   /* a pop on another thread would close its range */
+}
+
+/* Closes the innermost frame of the stack: its readings, its record, its exemplar part, its integrations. */
+static void close_top(Stack *st, int error) {
+    int32_t i = st->depth - 1;
+    PyObject *et, *ev, *tb;
+    PyErr_Fetch(&et, &ev, &tb);   /* a Region exit carries the function's exception */
+    ThreadState *ts = ts_get();   /* a thread given another's context may not have its own slots yet */
+    if (!ts) PyErr_Clear();
+    PyErr_Restore(et, ev, tb);
+    int same_thread = ts && st->frames[i].ts_serial == ts->serial;
+    CallMeasure m;
+    read_exit(ts, st, &st->frames[i], same_thread, &m);
+    m.error = error;
+    Frame f = st->frames[i];
+    st->depth--;
+    g_open_frames--;
+    if (f.w > 0) st->n_read--;
+    if (!same_thread) {
+        g_cross_thread++;
+        warn_once("thread", "instrument: stage '%U' was exited on another thread than it was entered on; its CPU "
+                  "time is not recorded for that call", f.stage->name);
+    }
+    record_call(ts, &f, i > 0 ? &st->frames[i - 1] : NULL, &m);
+    if (st->exemplar) exemplar_exit(st, &f, &m, ts);   /* its part of the open root call */
+    exit_integrations(&f, same_thread);
+    Py_DECREF(f.stage);
+    if (i == 0 && g_root_exit_hook) root_exit_notify();   /* an outermost call is complete */
+}
+
+void stage_exit(Stage *self, int error) {
+    Stack *st = stack_current(0);
+    int32_t i = st ? frame_index(st, self) : -1;
+    if (i < 0) {
+        if (!g_enabled || (st && forget_early(st, self))) return;   /* entered while disabled; closed early */
+        g_unmatched++;
+        warn_once("unmatched", "instrument: stage '%U' exited on a different thread or task than it was entered "
+                  "on (or exited twice); that call is not recorded", self->name);
+        return;
+    }
+    if (i != st->depth - 1) {   /* inner stages still open: they close with this one, so none outlives it */
+        g_out_of_order++;
+        warn_once("order", "instrument: stage '%U' exited while an inner stage was still open; the inner stages "
+                  "are closed with it (their own exits later are ignored)", self->name);
+        do {   /* the hooks of a closing frame may run Python: the stack is looked at again each time */
+            remember_early(st, (Stage *)st->frames[st->depth - 1].stage);
+            close_top(st, error);
+        } while ((i = frame_index(st, self)) >= 0 && i != st->depth - 1);
+        if (i < 0) return;
+    }
+    close_top(st, error);
+}

@@ -1,0 +1,60 @@
+/* What an open stage call keeps (Frame) and the per-context stack of open calls
+ * (Stack).  Data only: stack.c owns the Stack type, enter_exit.c fills frames,
+ * record.c turns a closed one into statistics, taskclock.c makes its readings
+ * relative to its asyncio task, exemplars.c keeps a root call's breakdown. */
+#ifndef INSTRUMENT_FRAME_H
+#define INSTRUMENT_FRAME_H
+
+#include "core.h"
+#include "nodes.h"
+#include "readings.h"
+
+struct Stage;          /* stage.h */
+struct TaskClock;      /* taskclock.h */
+struct ExemplarCall;   /* exemplars.h */
+
+#define STACK_EARLY 4   /* stages closed early, per stack, whose later exits are expected */
+
+typedef struct {
+    struct Stage *stage;
+    uint64_t ts_serial;  /* thread that entered it: CPU times and counters are only comparable on it */
+    PyObject *hook;      /* what the enter hook returned */
+    int32_t node;
+    uint32_t epoch;
+    uint64_t seq;        /* identifies the frame after Python code may have moved it */
+    uint8_t nvtx;        /* 0 none, 1 push/pop, 2 start/end */
+    uint8_t skipped;     /* left unread by the overhead budget (its quantities are estimated) */
+    uint64_t nvtx_id;
+    double w;            /* 1 / its chance of being read; 0: not read */
+    Reading r0;          /* at enter, task-relative; r0.t starts the wall window (every call reads the time) */
+    uint64_t taint0;     /* the stack's taint at entry (taskclock.c): changed at exit = overlapped */
+    int64_t susp0, loop0;                  /* the stack's suspended and loop-ready sums at entry */
+    int64_t child_wall, child_susp, child_loop;   /* of the closed children in the same stack */
+    double child[Q_MAX];                   /* the children's per-call estimates of each quantity, summed */
+} Frame;
+
+typedef struct {
+    PyObject_HEAD
+    PyObject *owner;     /* the Context this stack was made for: held, so its address cannot be reused */
+    int32_t base;        /* node under which the stack's outermost stages nest */
+    uint32_t base_gen;   /* g_node_gen when base was taken */
+    int32_t depth, cap;
+    Frame *frames;
+    int32_t n_read;      /* open frames that were read at enter: a task switch reads for them (taskclock.c) */
+    int suspended;       /* asyncio attribution (taskclock.c): left by a task switch, not resumed yet */
+    int64_t ready;       /* when the suspended task was woken (it waits for the loop since); 0: not woken */
+    uint64_t taint, chg_mark;
+    struct TaskClock *clk;
+    struct ExemplarCall *exemplar;   /* the root call open in this stack, for its exemplar (exemplars.c) */
+    struct Stage *early[STACK_EARLY];   /* stages closed with an outer one that exited first: their own exits, */
+    int32_t n_early;                    /* when they come, are ignored (held references, oldest first) */
+} Stack;
+
+static inline int32_t stack_base(const Stack *st) { return st->base_gen == g_node_gen ? st->base : 0; }
+
+/* The innermost open stage of a stack, or the node its outermost stages nest under. */
+static inline int32_t stack_top_node(const Stack *st) {
+    return st->depth ? st->frames[st->depth - 1].node : stack_base(st);
+}
+
+#endif

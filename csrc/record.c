@@ -1,0 +1,145 @@
+/* Recording a finished call (record.h): the SDK's own cost taken out, the
+ * call's part of each estimate (stats.h), the parent frame's child sums, and the
+ * node's slot on the recording thread.
+ *
+ * The estimate of a quantity x over a node's covered calls is the difference
+ * estimator sum_i (y_i + I_i (x_i - y_i) / p_i), where I_i is whether call i was
+ * read, p_i its chance of being read and y_i a prediction of x_i from the calls
+ * read before it: the quantity per running ns times the call's running wall time
+ * (known for every call), or the mean per call, whichever predicted the earlier
+ * read calls better.  p_i and y_i are fixed before the call, so each term's
+ * expectation is x_i: the sum is unbiased whatever the prediction, and a good one
+ * (CPU tracks wall time; page faults per call stay put) keeps its variance small
+ * even for heavy-tailed call durations.  The terms are independent given the
+ * past, so sum_i I_i (1 - p_i) / p_i^2 (x_i - y_i)^2 is an unbiased estimate of
+ * the variance.  A stage read on every call (p = 1) has exact sums, no variance. */
+#include "record.h"   /* first: Python.h sets the feature macros */
+
+#include <math.h>
+#include <stdlib.h>
+
+#include "hist.h"
+#include "stats.h"
+
+void call_quantities(const Reading *r0, const Reading *r1, CallMeasure *m) {
+    for (int q = 0; q < Q_MAX; q++) m->x[q] = NAN;
+    for (int q = 0; q < Q_SCALARS; q++)
+        if (r0->q[q] >= 0 && r1->q[q] >= 0 && (q != Q_CPU || r0->cpu_src == r1->cpu_src))
+            m->x[q] = (double)(r1->q[q] - r0->q[q]);
+    m->have_ctr = r0->ctr_gen && r0->ctr_gen == r1->ctr_gen && r0->ctr_gen == g_ctr_gen;
+    for (int k = 0; m->have_ctr && k < g_ctr_n; k++) {
+        uint64_t dv = r1->c.value[k] - r0->c.value[k];
+        uint64_t en = r1->c.enabled[k] - r0->c.enabled[k], run = r1->c.running[k] - r0->c.running[k];
+        m->cen[k] = en;
+        m->crun[k] = run;
+        /* multiplexed: scale by enabled/running; never ran: no value (not 0) */
+        m->x[Q_CTR + k] = run == 0 ? NAN : run == en ? (double)dv : (double)dv * ((double)en / (double)run);
+    }
+}
+
+/* The SDK's own work inside a call's windows (calibrate(): the reads, and the bookkeeping between them) is not the
+ * stage's: taken out of its wall time, and of a read call's CPU time.  The corrections are medians: a call's CPU
+ * may come out a little below 0 or above its running time, and it is left so (clamping single calls would bias
+ * the sums; the totals are bounded where they are reported). */
+static void correct(CallMeasure *m) {
+    m->wall -= g_wall_bias[m->read];
+    if (m->wall < 0) m->wall = 0;
+    if (m->susp > m->wall) m->susp = m->wall;
+    if (m->loop > m->susp) m->loop = m->susp;
+    if (!m->read || isnan(m->x[Q_CPU])) return;
+    m->x[Q_CPU] -= (double)g_cpu_bias;
+    if (m->have_ctr && g_ctr_taskclock >= 0 && !isnan(m->x[Q_CTR + g_ctr_taskclock]))
+        m->x[Q_CTR + g_ctr_taskclock] = m->x[Q_CPU];
+}
+
+/* The call's part of each estimate of its node (and, in e, each quantity's per-call estimate for the parent). */
+static void estimate_call(NodeStats *s, const Frame *f, const CallMeasure *m, double *e) {
+    double run = (double)(m->wall - m->susp);
+    double run_self = run - (double)(f->child_wall - f->child_susp);
+    int nq = stats_quantities();
+    s->covered++;
+    s->cov_run += (int64_t)run;
+    s->cov_run_self += (int64_t)run_self;
+    if (!m->read) {
+        s->pend_w += run;
+        s->pend_ws += run_self;
+        s->pend_n += 1;
+        for (int q = 0; e && s->est && q < nq; q++) e[q] = stats_predict(&s->est[q], run, 0);
+        return;
+    }
+    if (!s->est && !(s->est = calloc(Q_MAX, sizeof(Estimate)))) { g_internal++; return; }
+    stats_flush(s);
+    double W = f->w, v = W * W - W;   /* 1 / p; (1 - p) / p^2 */
+    for (int q = 0; q < nq; q++) {
+        Estimate *t = &s->est[q];
+        double pred = stats_predict(t, run, 0), preds = stats_predict(t, run_self, 1);
+        if (isnan(m->x[q])) {   /* not measured on this call: it counts as unread for this quantity */
+            t->est += pred;
+            t->est_self += preds;
+            if (e) e[q] = pred;
+            continue;
+        }
+        double x = m->x[q], xs = x - f->child[q], d = x - pred, ds = xs - preds;
+        t->est += pred + W * d;
+        t->est_self += preds + W * ds;
+        t->var += v * d * d;
+        t->var_self += v * ds * ds;
+        double per_ns = t->rw > 0 ? t->rx / t->rw * run : 0, per_call = t->reads ? t->rx / (double)t->reads : 0;
+        t->sse_w += (x - per_ns) * (x - per_ns);   /* how each prediction would have done, for the next calls */
+        t->sse_c += (x - per_call) * (x - per_call);
+        t->rx += x, t->rw += run, t->rxs += xs, t->rws += run_self;
+        t->reads++;
+        if (e) e[q] = pred + W * d;
+    }
+}
+
+static void record_wall(NodeStats *s, const Frame *f, const CallMeasure *m) {
+    s->calls++;
+    s->errors += m->error != 0;
+    s->abandoned += m->abandoned != 0;
+    s->overlapped += m->overlapped != 0;
+    s->wall_total += m->wall;
+    s->wall_self += m->wall - f->child_wall;   /* not clamped per call: the SDK's corrections of the parent and its
+                                                  * children are medians, so totals add up exactly */
+    if (m->wall < s->wall_min) s->wall_min = m->wall;
+    if (m->wall > s->wall_max) s->wall_max = m->wall;
+    if (hist_add(&s->h, (uint64_t)m->wall) < 0) g_internal++;
+    s->susp_total += m->susp;
+    s->susp_self += m->susp - f->child_susp;
+    s->loop_total += m->loop;
+    s->loop_self += m->loop - f->child_loop;
+}
+
+static void record_multiplexing(NodeStats *s, const CallMeasure *m) {
+    if (!s->ctr && !(s->ctr = calloc(PERF_MAX_EVENTS, sizeof(CounterStat)))) { g_internal++; return; }
+    for (int k = 0; k < g_ctr_n; k++) {
+        if (isnan(m->x[Q_CTR + k])) continue;
+        s->ctr[k].enabled += m->cen[k];
+        s->ctr[k].running += m->crun[k];
+        s->ctr[k].scaled += m->crun[k] != m->cen[k];
+    }
+}
+
+void record_call(ThreadState *ts, const Frame *f, Frame *parent, CallMeasure *m) {
+    if (!m->read) m->have_ctr = 0;
+    correct(m);
+    NodeStats *s = ts && f->epoch == g_epoch ? stats_get(&ts->stats, f->node) : NULL;   /* not a parent's, pre-fork */
+    if (ts && f->epoch == g_epoch && !s) g_internal++;
+    int covered = m->read || m->stand_in;
+    double e[Q_MAX];
+    int give = parent && parent->w > 0 && covered;   /* a read parent's self needs its children's estimates */
+    for (int q = 0; give && q < Q_MAX; q++) e[q] = m->read && !isnan(m->x[q]) ? m->x[q] : 0;
+    if (s && covered) estimate_call(s, f, m, give ? e : NULL);
+    if (parent) {
+        parent->child_wall += m->wall;
+        parent->child_susp += m->susp;
+        parent->child_loop += m->loop;
+        for (int q = 0; give && q < stats_quantities(); q++) parent->child[q] += e[q];
+    }
+    if (!s) return;
+    record_wall(s, f, m);
+    if (m->have_ctr) record_multiplexing(s, m);
+    if (g_ring_cap && !m->abandoned)
+        trace_add(f->node, (uint32_t)ts->native_id, f->r0.t, m->wall, m->read ? f->r0.q[Q_CPU] : -1,
+                  m->read && !isnan(m->x[Q_CPU]) ? (int64_t)(m->x[Q_CPU] > 0 ? m->x[Q_CPU] : 0) : -1);
+}

@@ -1,0 +1,247 @@
+/* asyncio attribution (see taskclock.h): task-relative readings, loop-ready
+ * time and its blockers, the overlap fallback, and the frames of contexts that
+ * died with stages open. */
+#include "taskclock.h"   /* first: Python.h sets the feature macros */
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "stats.h"
+
+uint64_t g_task_steps = 0, g_task_reads = 0, g_task_changes = 0, g_task_overlapped = 0, g_task_abandoned = 0;
+
+/* ---------------------------------------------------------------- helpers */
+
+/* A stage boundary or a switch in another context than the last one, with no hook to account for it. */
+static inline void boundary(TaskThread *tt) {
+    PyObject *cur = PyThreadState_GET()->context;
+    if (cur != tt->ctx) {
+        if (tt->ctx) tt->changes++, g_task_changes++;
+        tt->ctx = cur;
+    }
+}
+
+/* Changes while the stack ran (not suspended) taint its open frames. */
+static inline void fold(TaskThread *tt, Stack *st) {
+    if (!st->suspended && st->chg_mark != tt->changes) {
+        st->taint++;
+        st->chg_mark = tt->changes;
+    }
+}
+
+/* full: what a read call reads (a stack switched has a read call open); else only the time.  The reading's own
+ * cost falls on the side of its CPU read that is not the task's: a task resumed starts after it (enter order,
+ * the CPU read last), a task suspended stops before it (exit order, the CPU read first); the stage around the
+ * loop pays it, as loop overhead. */
+void take_reading(ThreadState *ts, Reading *r, int full, int exit_order) {
+    if (full) {
+        read_boundary(ts, r, exit_order);
+        r->t = now_ns();
+        g_task_reads++;
+    } else {
+        read_time(r);
+    }
+}
+
+static void clock_reset(TaskClock *c, ThreadState *ts) {
+    memset(c, 0, sizeof(*c));
+    c->serial = ts->serial;
+    c->epoch = g_epoch;
+}
+
+/* The sums as they apply to readings on this thread now; NULL when there are none. */
+static inline TaskClock *clock_for(Stack *st, ThreadState *ts) {
+    TaskClock *c = st->clk;
+    if (!c) return NULL;
+    if (__builtin_expect(c->serial != ts->serial || c->epoch != g_epoch, 0)) {
+        clock_reset(c, ts);   /* moved to another thread, or a forked child: older frames are not comparable anyway */
+        st->taint++;
+    }
+    return c;
+}
+
+void suspend(ThreadState *ts, TaskThread *tt, Stack *st, const Reading *r) {
+    fold(tt, st);
+    if (!st->clk && !(st->clk = calloc(1, sizeof(TaskClock)))) { st->taint++; return; }
+    TaskClock *c = st->clk;
+    if (c->serial != ts->serial || c->epoch != g_epoch) clock_reset(c, ts);
+    c->out = *r;
+    st->suspended = 1;
+    st->ready = 0;
+}
+
+void step_span(TaskThread *tt, int64_t t0, int64_t t1, int32_t node) {
+    tt->spans[tt->n_spans % STEP_RING] = (StepSpan){t0, t1, node};
+    tt->n_spans++;
+}
+
+/* The steps that ran on the loop between `from` and `to`, charged as blockers of `node` on this thread. */
+static void charge_blockers(ThreadState *ts, TaskThread *tt, int32_t node, int64_t from, int64_t to) {
+    NodeStats *s = stats_get(&ts->stats, node);
+    if (!s) return;
+    int32_t n = tt->n_spans < STEP_RING ? tt->n_spans : STEP_RING;
+    for (int32_t k = 1; k <= n; k++) {
+        const StepSpan *p = &tt->spans[(tt->n_spans - k) % STEP_RING];
+        if (p->t1 <= from) break;
+        int64_t a = p->t0 > from ? p->t0 : from, b = p->t1 < to ? p->t1 : to;
+        if (b > a && p->node) stats_add_blocker(s, p->node, b - a);
+    }
+}
+
+/* What the readings advanced while the stack was suspended joins its sums (where the stack reads at all). */
+static void add_suspension(TaskClock *c, Stack *st, const Reading *r) {
+    for (int k = 0; k < Q_SCALARS; k++) {
+        if ((c->out.q[k] >= 0) != (r->q[k] >= 0) || (k == Q_CPU && c->out.cpu_src != r->cpu_src)) st->taint++;
+        else if (r->q[k] >= 0) c->s_q[k] += r->q[k] - c->out.q[k];
+    }
+    if (c->out.ctr_gen && c->out.ctr_gen == r->ctr_gen) {
+        if (c->s_gen != r->ctr_gen) {
+            memset(&c->s, 0, sizeof(c->s));
+            c->s_gen = r->ctr_gen;
+        }
+        for (int k = 0; k < g_ctr_n; k++) {
+            c->s.value[k] += r->c.value[k] - c->out.c.value[k];
+            c->s.enabled[k] += r->c.enabled[k] - c->out.c.enabled[k];
+            c->s.running[k] += r->c.running[k] - c->out.c.running[k];
+        }
+    } else if (c->out.ctr_gen != r->ctr_gen) {
+        st->taint++;
+    }
+}
+
+void resume(ThreadState *ts, TaskThread *tt, Stack *st, const Reading *r) {
+    TaskClock *c = st->clk;
+    if (!st->suspended || !c || c->serial != ts->serial || c->epoch != g_epoch || c->out.epoch != r->epoch) {
+        st->taint++;   /* it ran where no hook saw it leave, or elsewhere: its open frames are not attributable */
+        if (c && (c->serial != ts->serial || c->epoch != g_epoch)) clock_reset(c, ts);
+    } else {
+        c->s_wall += r->tq - c->out.tq;   /* timed at the CPU reads: running time and CPU time stay comparable */
+        int64_t ready = st->ready > c->out.tq ? st->ready : c->out.tq;
+        if (st->ready && r->tq > ready) {
+            c->s_loop += r->tq - ready;
+            if (st->depth) charge_blockers(ts, tt, st->frames[st->depth - 1].node, ready, r->tq);
+        }
+        if (st->n_read) add_suspension(c, st, r);
+    }
+    st->suspended = 0;
+    st->ready = 0;
+    st->chg_mark = tt->changes;
+}
+
+/* A reading made relative to the stack's task: what advanced while it was suspended taken out. */
+static void relative(Reading *r, const TaskClock *c) {
+    for (int k = 0; k < Q_SCALARS; k++) if (r->q[k] >= 0) r->q[k] -= c->s_q[k];
+    if (r->ctr_gen && c->s_gen == r->ctr_gen) {
+        for (int k = 0; k < g_ctr_n; k++) {
+            r->c.value[k] -= c->s.value[k];
+            r->c.enabled[k] -= c->s.enabled[k];
+            r->c.running[k] -= c->s.running[k];
+        }
+    }
+    if (r->cpu_src == 2) r->q[Q_CPU] = (int64_t)r->c.value[g_ctr_taskclock];
+}
+
+/* ------------------------------------------------------- frame enter/exit */
+
+void taskclock_frame_enter(ThreadState *ts, Stack *st, Frame *f) {
+    f->child_susp = f->child_loop = 0;
+    f->susp0 = f->loop0 = 0;
+    TaskThread *tt = tt_get(ts);
+    if (!tt) {
+        f->taint0 = ~(uint64_t)0;   /* no state: the call is not attributable */
+        return;
+    }
+    boundary(tt);
+    fold(tt, st);
+    tt->chain = 0;
+    Stack *o = tt->step_outer;
+    if (o && st->depth == 1 && st != o && !o->suspended && st->owner == tt->step_ctx) {
+        Reading r;   /* the step's context opens its first stage: the stage around the step stops here */
+        if (!f->w || !o->n_read) take_reading(ts, &r, o->n_read > 0, 0);
+        else r = f->r0;   /* this call's own readings serve */
+        suspend(ts, tt, o, &r);
+    }
+    TaskClock *c = clock_for(st, ts);
+    f->taint0 = st->taint;
+    if (!c) return;
+    f->susp0 = c->s_wall;
+    f->loop0 = c->s_loop;
+    if (f->w) relative(&f->r0, c);
+}
+
+int taskclock_frame_exit(ThreadState *ts, Stack *st, const Frame *f, Reading *r1, CallMeasure *m) {
+    m->susp = m->loop = 0;
+    TaskThread *tt = ts ? tt_get(ts) : NULL;
+    if (!tt) return 0;   /* no thread state: nothing was measured on this exit anyway */
+    boundary(tt);
+    fold(tt, st);
+    tt->chain = 0;
+    Stack *o = tt->step_outer;
+    if (o && st->depth == 1 && st != o && o->suspended && st->owner == tt->step_ctx) {
+        Reading r;   /* its last stage closes: the stage around the step resumes here */
+        if (!r1 || !o->n_read) take_reading(ts, &r, o->n_read > 0, 1);
+        else r = *r1;
+        resume(ts, tt, o, &r);
+    }
+    if (st->depth == 1 && st->owner == tt->step_ctx && tt->step_t0) {   /* who held the loop in this step */
+        int64_t wall = now_ns() - f->r0.t;
+        if (wall > tt->step_node_wall) tt->step_node = f->node, tt->step_node_wall = wall;
+    }
+    TaskClock *c = clock_for(st, ts);
+    if (c) {
+        if (r1) relative(r1, c);
+        m->susp = c->s_wall - f->susp0;
+        m->loop = c->s_loop - f->loop0;
+        if (m->susp < 0) m->susp = 0;
+        if (m->loop < 0) m->loop = 0;
+    }
+    if (st->taint != f->taint0) {
+        g_task_overlapped++;
+        return 1;
+    }
+    return 0;
+}
+
+/* ------------------------------------------------------ abandoned frames */
+
+/* A context died with stages open (a task destroyed while pending): each open frame is a call that ended at the
+ * context's last task switch, with what it had used by then, so nothing it used is lost. */
+void taskclock_abandoned(Stack *st, const Frame *f, CallMeasure *m) {
+    TaskClock *c = st->clk;
+    int known = st->suspended && c && c->serial && c->epoch == g_epoch;
+    int attributable = known && st->taint == f->taint0 && f->ts_serial == c->serial;
+    for (int q = 0; q < Q_MAX; q++) m->x[q] = NAN;
+    m->wall = (known ? c->out.t : now_ns()) - f->r0.t;
+    m->susp = known ? c->s_wall - f->susp0 : 0;
+    m->loop = known ? c->s_loop - f->loop0 : 0;
+    if (m->susp < 0) m->susp = 0;
+    if (m->loop < 0) m->loop = 0;
+    m->have_ctr = m->read = m->error = 0;
+    m->overlapped = known && !attributable;
+    m->stand_in = attributable && f->skipped;
+    m->abandoned = 1;
+    g_task_abandoned++;
+    if (!attributable || !f->w) return;
+    Reading r1 = c->out;
+    relative(&r1, c);
+    call_quantities(&f->r0, &r1, m);
+    m->read = 1;
+}
+
+void taskclock_free(Stack *st) {
+    free(st->clk);
+    st->clk = NULL;
+}
+
+/* ------------------------------------------------------------- collect */
+
+int taskclock_collect(PyObject *res) {
+    PyObject *t = Py_BuildValue("{s:K,s:K,s:K,s:K,s:K}", "steps", (unsigned long long)g_task_steps,
+        "switch_reads", (unsigned long long)g_task_reads, "unhooked_changes", (unsigned long long)g_task_changes,
+        "overlapped_calls", (unsigned long long)g_task_overlapped, "abandoned_calls", (unsigned long long)g_task_abandoned);
+    if (!t) return -1;
+    int r = PyDict_SetItemString(res, "tasks", t);
+    Py_DECREF(t);
+    return r;
+}
