@@ -2,7 +2,9 @@
 total wall time (hover for the numbers, click to zoom), the breakdown table
 under it (with each stage's share of the p99 excess and its items' per-item
 cost and rate), the tail view (which stage the slow calls of each top-level
-stage lost their time in), and with `before=` a comparison of two snapshots.
+stage lost their time in), for a snapshot with per-rank figures a heat map of
+time per step (stage x rank) with the straggler, and with `before=` a
+comparison of two snapshots.
 
 No network, no CDN: CSS, script and data are inline in the page; they are kept
 beside this module as report.html, report.css and report.js (package data).  The data is embedded as
@@ -19,10 +21,12 @@ import time
 from typing import Any, Dict, Optional
 
 from ...analysis.diff import diff
+from ...analysis.ranks import rank_view
 from ...analysis.tail import tail
 from ...analysis.verdict import with_verdicts
 from ...snapshot import Snapshot, StageStats
 from ..format import unit
+from ..ranks import summary
 from ..table import headline, legend, tail_share
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
@@ -86,6 +90,12 @@ def render(snap: Snapshot, before: Optional[Snapshot] = None, title: Optional[st
     before = with_verdicts(before) if before is not None else None
     data: Dict[str, Any] = {"after": _side(snap, "after" if before is not None else "snapshot"),
                             "generated": time.strftime("%Y-%m-%d %H:%M:%S")}
+    if any(s.ranks for s in snap):
+        view = rank_view(snap)
+        d = view.to_dict()
+        for row, x in zip(d["stages"], view.stages):
+            row["path"] = list(x.path)
+        data["ranks"] = dict(d, summary=summary(view))
     if before is not None:
         data["before"] = _side(before, "before")
         opts = {k: v for k, v in (("alpha", alpha), ("min_change", min_change)) if v is not None}
