@@ -298,12 +298,11 @@
       name.appendChild(document.createTextNode("\u00a0".repeat(2 * (x.path.length - 1)) +
         nameText(x.path[x.path.length - 1]) + (x.device ? " (device)" : "")));
       tr.appendChild(name);
-      var lo = x.min_ns, hi = x.max_ns;
+      var lo = x.min_ns, span = Math.max(x.max_ns - lo, x.median_ns / 2);   // a spread of a few % stays pale
       cols.forEach(function (r) {
         var v = x.ns_per_step[String(r)];
         if (v === undefined) { tr.appendChild(el("td", "na", "\u2014")); return; }
-        var slow = r === x.slowest_rank && hi > lo, c = el("td", "heat" + (slow ? " slowest" : ""), ms(v));
-        var f = hi > lo ? (v - lo) / (hi - lo) : 0;
+        var f = span > 0 ? (v - lo) / span : 0, c = el("td", "heat" + (r === x.slowest_rank && f > 0.5 ? " slowest" : ""), ms(v));
         c.style.background = "rgba(224,49,49," + (0.08 + 0.6 * f).toFixed(3) + ")";
         if (x.wait_ns_per_step) c.title = "waited " + ms(x.wait_ns_per_step[String(r)]) + " ms per step";
         tr.appendChild(c);
