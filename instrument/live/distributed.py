@@ -93,7 +93,7 @@ def apply(cfg) -> None:
 
 
 def _timed(fn: str, own: Callable, compiling: Callable[[], bool]) -> Callable:
-    name = COLLECTIVE_PREFIX + fn
+    stage_name = COLLECTIVE_PREFIX + fn
 
     @functools.wraps(own)
     def timed(*args, **kwargs):
@@ -101,7 +101,7 @@ def _timed(fn: str, own: Callable, compiling: Callable[[], bool]) -> Callable:
             return own(*args, **kwargs)
         if _remembered is None:
             identity()   # the group is up: remember the rank for snapshots taken after it is destroyed
-        with backend.current.stage(name):
+        with backend.current.stage(stage_name):
             return own(*args, **kwargs)
     return timed
 

@@ -20,26 +20,13 @@ import instrument  # noqa: E402
 import instrument.distributed  # noqa: E402
 from instrument.analysis.ranks import rank_view  # noqa: E402
 from instrument.live import distributed as live_distributed  # noqa: E402
+from test_gpu import figure, gpu_on, sleep_cycles  # noqa: E402,F401  (gpu_on: GPU timing on around every test)
 
 dist = torch.distributed
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available() or not dist.is_available()
                                 or not dist.is_nccl_available(),
                                 reason="CUDA or NCCL is not available (no GPU, or a CPU-only torch build)")
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-
-def figure(msg):
-    print(f"\n[gpu figure] {msg}")
-
-
-def sleep_cycles(ms):
-    e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    torch.cuda._sleep(1000)
-    e0.record()
-    torch.cuda._sleep(10_000_000)
-    e1.record()
-    e1.synchronize()
-    return int(ms / (e0.elapsed_time(e1) / 10_000_000))
 
 
 @pytest.fixture(scope="module")
@@ -51,15 +38,6 @@ def nccl(tmp_path_factory):
     dist.destroy_process_group()
     live_distributed._remembered = None
     live_distributed._side = (None, None)
-
-
-@pytest.fixture(autouse=True)
-def gpu_on(backend):
-    torch.cuda.synchronize()
-    instrument.configure(gpu="on")
-    instrument.reset()
-    yield
-    torch.cuda.synchronize()
 
 
 def test_a_collective_is_timed_on_the_device_without_waiting_for_it(nccl):
