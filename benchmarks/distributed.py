@@ -6,9 +6,10 @@ Ranks are processes of torch.multiprocessing.spawn on gloo (CPU tensors, loopbac
 configuration.  Two sets of interleaved rounds, their order shuffled each round (the same on every rank):
 
 - hooks: all_reduce of 1 and of 65,536 floats, `calls` calls inside an open stage, with torch's own
-  function and with the timed one (a child stage `dist.all_reduce` per call); per call.  A collective
-  between processes varies by more than the hook costs, so the hook is also timed around a function
-  that does nothing (its exact cost), and that cost is given as a share of the bare all_reduce.
+  function, with the timed one (a child stage `dist.all_reduce` per call), and with the timed one in
+  the timing-only configuration (no counters, no user/system split: the stage reads no more than the
+  clocks); per call, and the median of the differences paired by round.  The hook alone is also
+  timed around a function that does nothing (its exact cost, given as a share of the bare all_reduce).
 - gather: instrument.distributed.gather of a snapshot of 20 and of 200 stages, and the bare collectives
   that move the same bytes (an all_gather of the sizes and a gather of a uint8 tensor of the largest
   rank's compressed snapshot); per call.
@@ -37,12 +38,26 @@ import torch.multiprocessing as mp  # noqa: E402
 
 import instrument  # noqa: E402
 import instrument.distributed  # noqa: E402
+from instrument import config  # noqa: E402
 from instrument.live import distributed as live_distributed  # noqa: E402
 
 OWN = dist.distributed_c10d   # torch's own functions (torch.distributed's are the timed ones while on)
 
 
-def per_call(fn, calls):
+TIMING_ONLY = {"counters": "none", "cpu_split": False}
+
+
+def per_call(fn, calls, options=None):
+    if options:
+        instrument.configure(**options)
+    try:
+        return _per_call(fn, calls)
+    finally:
+        if options:
+            instrument.configure(**{k: config.BY_NAME[k].default for k in options})
+
+
+def _per_call(fn, calls):
     OWN.barrier()
     t0 = time.perf_counter_ns()
     for _ in range(calls):
@@ -67,6 +82,7 @@ def hook_cases(calls):
                     dist.all_reduce(t)
         cases[f"all_reduce {n} floats, torch's own"] = (own, calls)
         cases[f"all_reduce {n} floats, timed (dist.all_reduce stage)"] = (timed, calls)
+        cases[f"all_reduce {n} floats, timed, timing only"] = (timed, calls, TIMING_ONLY)
     nothing = lambda: None   # noqa: E731
     hooked = live_distributed._timed("all_reduce", nothing, lambda: False)
     for name, fn in (("a function that does nothing", nothing), ("the same, hooked", hooked)):
@@ -108,15 +124,17 @@ def gather_cases(stages):
 def rank_main(rank, world, a, store):
     dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=world)
     results = {}
-    for cases, reps in ((hook_cases(a.calls), 1), *[(gather_cases(s), a.gathers) for s in (20, 200)]):
+    phases = [(lambda: hook_cases(a.calls), 1)] + [(lambda s=s: gather_cases(s), a.gathers) for s in (20, 200)]
+    for make, reps in phases:   # each phase's recording made when its rounds start
+        cases = make()
         for name in cases:
             results.setdefault(name, [])
         for r in range(a.rounds):
             order = list(cases)
             random.Random(r).shuffle(order)
             for name in order:
-                fn, inner = cases[name]
-                results[name].append(per_call(fn, reps) / inner)
+                fn, inner, *options = cases[name]
+                results[name].append(per_call(fn, reps, *options) / inner)
     if rank == 0:
         report(results, world, a)
     dist.destroy_process_group()
@@ -129,8 +147,12 @@ def report(results, world, a):
     for k, v in med.items():
         print(f"  {k:<62} {v:>14,.0f} ns")
     for n in (1, 65536):
-        own, timed = med[f"all_reduce {n} floats, torch's own"], med[f"all_reduce {n} floats, timed (dist.all_reduce stage)"]
-        print(f"  hooks, all_reduce {n} floats: {timed - own:+,.0f} ns per call, ratio {timed / own:.3f}")
+        own = results[f"all_reduce {n} floats, torch's own"]
+        for what in ("timed (dist.all_reduce stage)", "timed, timing only"):
+            timed = results[f"all_reduce {n} floats, {what}"]
+            paired = statistics.median(t - o for t, o in zip(timed, own))
+            print(f"  hooks, all_reduce {n} floats, {what}: {paired:+,.0f} ns per call (paired median), ratio "
+                  f"{statistics.median(timed) / statistics.median(own):.3f}")
     hook, bare = med["the same, hooked"] - med["a function that does nothing"], med["all_reduce 1 floats, torch's own"]
     print(f"  the hook's own cost: {hook:,.0f} ns per call, {hook / bare:.4f} of the bare all_reduce of 1 float")
     for s in (20, 200):
