@@ -1,6 +1,10 @@
 """Cost of asyncio attribution, side by side with an uninstrumented asyncio, in one process.
 
-    python benchmarks/tasks.py [--rounds 9] [--tasks 50] [--steps 400] [--work-us 0,10,50] [--json out.json]
+    python benchmarks/tasks.py [--rounds 21] [--tasks 50] [--steps 100] [--work-us 0,10,50] [--json out.json]
+    python benchmarks/tasks.py --nested 3 --tasks 10000 --steps 1 --work-us 0 --rounds 11
+
+With `--nested N`, each task opens N nested stages around its steps (the many-tasks workload: 10,000 tasks, 3
+stages, one `await asyncio.sleep(0)` each).  The load average is printed beside every figure.
 
 The workload: `--tasks` tasks, each inside one stage for its whole life, each doing
 `--steps` task steps of `--work-us` microseconds of Python work followed by
@@ -66,15 +70,21 @@ def _cpu_ns(f) -> int:
     return time.thread_time_ns() - t0
 
 
-def run_once(tasks: int, steps: int, work) -> tuple:
+def run_once(tasks: int, steps: int, work, nested: int = 1) -> tuple:
     """(CPU ns, wall ns) per task step of one run of the workload."""
-    st = instrument.stage("task")
+    stages = [instrument.stage(f"task{k}" if k else "task") for k in range(max(nested, 1))]
+
+    async def steps_in(k):
+        if k < len(stages):
+            with stages[k]:
+                await steps_in(k + 1)
+            return
+        for _ in range(steps):
+            work()
+            await asyncio.sleep(0)
 
     async def task():
-        with st:
-            for _ in range(steps):
-                work()
-                await asyncio.sleep(0)
+        await steps_in(0)
 
     async def main():
         await asyncio.gather(*(task() for _ in range(tasks)))
@@ -91,7 +101,7 @@ def run_once(tasks: int, steps: int, work) -> tuple:
     return dc / (tasks * steps), dt / (tasks * steps)
 
 
-def measure(rounds: int, tasks: int, steps: int, work_us: float) -> dict:
+def measure(rounds: int, tasks: int, steps: int, work_us: float, nested: int = 1) -> dict:
     base = _collector.current_config().values
     work = calibrate(work_us)
     cpu = {k: [] for k in CONFIGS}
@@ -102,7 +112,7 @@ def measure(rounds: int, tasks: int, steps: int, work_us: float) -> dict:
         for k in order:
             instrument.configure(**dict(base, **CONFIGS[k]))
             instrument.reset()
-            c, w = run_once(tasks, steps, work)
+            c, w = run_once(tasks, steps, work, nested)
             cpu[k].append(c)
             wall[k].append(w)
     instrument.configure(**base)
@@ -110,13 +120,13 @@ def measure(rounds: int, tasks: int, steps: int, work_us: float) -> dict:
     return ({k: statistics.median(v) for k, v in cpu.items()}, {k: statistics.median(v) for k, v in wall.items()})
 
 
-def reads_per_step(tasks: int, steps: int) -> dict:
+def reads_per_step(tasks: int, steps: int, nested: int = 1) -> dict:
     """How many readings the step hook took per task step (default configuration, attribution on)."""
     base = _collector.current_config().values
     instrument.configure(**dict(base, task_attribution=True))
     instrument.reset()
     before = live_backend.current.collect()["tasks"]
-    run_once(tasks, steps, lambda: None)
+    run_once(tasks, steps, lambda: None, nested)
     after = live_backend.current.collect()["tasks"]
     instrument.configure(**base)
     return {k: (after[k] - before[k]) / (tasks * steps) for k in ("steps", "switch_reads")}
@@ -128,24 +138,29 @@ def main(argv=None) -> int:
     ap.add_argument("--tasks", type=int, default=50)
     ap.add_argument("--steps", type=int, default=100)
     ap.add_argument("--work-us", default="0,10,50", help="comma list of µs of work per step")
+    ap.add_argument("--nested", type=int, default=1, help="stages each task opens, nested")
     ap.add_argument("--json", default=None)
     a = ap.parse_args(argv)
+    load0 = os.getloadavg()[0]
     out = {"machine": platform.platform(), "python": platform.python_version(), "cpus": os.cpu_count(),
            "backend": live_backend.name, "tasks": a.tasks, "steps": a.steps, "rounds": a.rounds,
-           "mechanism": live_tasks.MECHANISM, "reads_per_step": reads_per_step(a.tasks, a.steps), "runs": {}}
+           "mechanism": live_tasks.MECHANISM, "reads_per_step": reads_per_step(a.tasks, a.steps, a.nested), "runs": {}}
     for us in (float(x) for x in a.work_us.split(",")):
-        res, wall = measure(a.rounds, a.tasks, a.steps, us)
-        out["runs"][str(us)] = {"cpu_ns_per_step": res, "wall_ns_per_step": wall}
+        la = os.getloadavg()[0]
+        res, wall = measure(a.rounds, a.tasks, a.steps, us, a.nested)
+        la = (la + os.getloadavg()[0]) / 2
+        out["runs"][str(us)] = {"cpu_ns_per_step": res, "wall_ns_per_step": wall, "loadavg": la}
         base = res["uninstrumented"]
-        print(f"\n{us:g} µs of work per step, {a.tasks} tasks x {a.steps} steps, median of {a.rounds} rounds "
-              "(CPU ns of the loop thread per step; wall in brackets)")
+        print(f"\n{us:g} µs of work per step, {a.tasks} tasks x {a.steps} steps, {a.nested} nested stage(s), median "
+              f"of {a.rounds} rounds, load average {la:.2f} (CPU ns of the loop thread per step; wall in brackets)")
         print(f"{'configuration':40} {'ns/step':>9} {'+ns/switch':>10} {'steps/CPU-s':>12} {'(wall ns)':>10}")
         for k, v in res.items():
             print(f"{k:40} {v:9,.0f} {v - base:10,.0f} {1e9 / v:12,.0f} {wall[k]:10,.0f}")
         t, d = res["timing only, attribution on"], res["default, attribution on"]
-        print(f"throughput default / timing only (attribution on): {t / d:.3f}  (target >= 0.8)")
+        print(f"throughput default / timing only (attribution on): {t / d:.3f}  (target >= 0.9; load {la:.2f})")
         print(f"throughput default / uninstrumented: {base / d:.3f};  timing only / uninstrumented: {base / t:.3f}")
-    print("\nreadings per task step (default, attribution on):", out["reads_per_step"])
+    print(f"\nreadings per task step (default, attribution on): {out['reads_per_step']}; load average {load0:.2f} at "
+          f"start, {os.getloadavg()[0]:.2f} at the end")
     if a.json:
         with open(a.json, "w") as f:
             json.dump(out, f, indent=2)

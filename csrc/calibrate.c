@@ -29,6 +29,15 @@ static int64_t median_i64(int64_t *v, int n) {
     return v[n / 2];
 }
 
+/* The mean of the middle 80 %: what a call costs on average, without the rare interrupt or fault. */
+static int64_t trimmed_mean_i64(int64_t *v, int n) {
+    qsort(v, (size_t)n, sizeof(int64_t), cmp_i64);
+    int lo = n / 10, hi = n - n / 10;
+    double sum = 0;
+    for (int k = lo; k < hi; k++) sum += (double)v[k];
+    return (int64_t)(sum / (hi - lo));
+}
+
 /* The thread CPU clock without a system call, where the kernel offers it and it agrees with the clock. */
 static void calibrate_fast_clock(ThreadState *ts) {
     g_cpu_fast = 0;
@@ -59,7 +68,7 @@ typedef struct {
     int32_t exemplar_k;
     size_t ring;
     double budget;
-    int64_t wall_bias[2], cpu_bias;
+    int64_t wall_bias[2], cpu_bias, inner_bias;
     PyObject *he, *hx, *re;
     StatsArray stats;
 } Saved;
@@ -67,7 +76,7 @@ typedef struct {
 static void quiet(ThreadState *ts, Saved *s) {
     *s = (Saved){g_enabled, g_nvtx, g_ctr_n, g_cpu_clock, g_cpu_split, g_run_queue, g_helper_cpu,
                  g_exemplar_k, g_ring_cap,
-                 g_budget, {g_wall_bias[0], g_wall_bias[1]}, g_cpu_bias, g_hook_enter, g_hook_exit,
+                 g_budget, {g_wall_bias[0], g_wall_bias[1]}, g_cpu_bias, g_inner_bias, g_hook_enter, g_hook_exit,
                  g_root_exit_hook, ts->stats};
     ts->stats.v = NULL;
     ts->stats.n = 0;
@@ -80,7 +89,7 @@ static void restore(ThreadState *ts, const Saved *s) {
     g_cpu_split = s->cpu_split, g_run_queue = s->run_queue, g_helper_cpu = s->helper_cpu;
     g_exemplar_k = s->exemplar_k, g_ring_cap = s->ring;
     g_budget = s->budget, g_wall_bias[0] = s->wall_bias[0], g_wall_bias[1] = s->wall_bias[1];
-    g_cpu_bias = s->cpu_bias;
+    g_cpu_bias = s->cpu_bias, g_inner_bias = s->inner_bias;
     g_hook_enter = s->he, g_hook_exit = s->hx, g_root_exit_hook = s->re;
     stats_array_clear(&ts->stats);
     ts->stats = s->stats;
@@ -109,30 +118,29 @@ static void time_bare_calls(Stage *cal, int32_t node, ThreadState *ts, int n, in
     *wall = median_i64(w, n);
 }
 
-/* Empty calls read on every call, on the real enter/exit path: what one records in its wall and CPU windows.
- * 0 when fewer than 5 calls were read. */
-static int measure_biases(Stage *cal, int32_t node, ThreadState *ts, int n, int64_t *v, int64_t *wall_bias,
-                          int64_t *cpu_bias) {
-    g_budget = 0, g_wall_bias[1] = 0, g_cpu_bias = 0;
-    int64_t *w = v + n;
+/* Empty calls read on every call, on the real enter/exit path: what one records in its wall and CPU windows, and
+ * between its CPU reads (biases[0..2]).  0 when fewer than 5 calls were read. */
+static int measure_biases(Stage *cal, int32_t node, ThreadState *ts, int n, int64_t *v, int64_t *biases) {
+    g_budget = 0, g_wall_bias[1] = 0, g_cpu_bias = 0, g_inner_bias = 0;
+    int64_t *w = v + n, *u = v + 2 * n;
     int m = 0, with_cpu = 0;
     for (int k = 0; k < n; k++) {
         NodeStats *cs = stats_get(&ts->stats, node);
-        if (cs) stats_flush(cs);
-        double c0 = cs && cs->est ? cs->est[Q_CPU].rx : 0;
+        double c0 = cs && cs->est ? stats_read_sum(&cs->est[Q_CPU]) : 0;
+        double i0 = cs && cs->est ? stats_read_run(&cs->est[Q_CPU]) : 0;
         uint64_t r0 = cs && cs->est ? cs->est[Q_CPU].reads : 0, n0 = cs ? cs->calls : 0;
         int64_t w0 = cs ? cs->wall_total : 0;
         stage_enter(cal);
         stage_exit(cal, 0);
         if (!(cs = stats_get(&ts->stats, node)) || cs->calls != n0 + 1) continue;
         with_cpu = cs->est && cs->est[Q_CPU].reads == r0 + 1;
-        v[m] = with_cpu ? (int64_t)(cs->est[Q_CPU].rx - c0) : 0;
+        v[m] = with_cpu ? (int64_t)(stats_read_sum(&cs->est[Q_CPU]) - c0) : 0;
+        u[m] = with_cpu ? (int64_t)(stats_read_run(&cs->est[Q_CPU]) - i0) : 0;
         w[m++] = cs->wall_total - w0;
     }
     if (m < 5) return 0;
-    int64_t b = with_cpu ? median_i64(v, m) : 0, bw = median_i64(w, m);
-    *cpu_bias = b > 0 ? b : 0;
-    *wall_bias = bw > 0 ? bw : 0;
+    int64_t b[3] = {trimmed_mean_i64(w, m), with_cpu ? trimmed_mean_i64(v, m) : 0, with_cpu ? trimmed_mean_i64(u, m) : 0};
+    for (int k = 0; k < 3; k++) biases[k] = b[k] > 0 ? b[k] : 0;
     return 1;
 }
 
@@ -150,17 +158,14 @@ static PyObject *calibrate_stage(ThreadState *ts, Stack *st, int reads, int n, i
     Saved saved;
     quiet(ts, &saved);
     double cost;
-    int64_t bare_wall, wall_bias = 0, cpu_bias = 0;
+    int64_t bare_wall, biases[3] = {0, 0, 0};
     time_bare_calls(cal, node, ts, n, v, &cost, &bare_wall);
     g_ctr_n = saved.ctr_n, g_cpu_clock = saved.cpu_clock, g_cpu_split = saved.cpu_split;
     g_run_queue = saved.run_queue, g_helper_cpu = saved.helper_cpu;
-    int measured = reads ? measure_biases(cal, node, ts, n, v, &wall_bias, &cpu_bias) : 0;
+    int measured = reads ? measure_biases(cal, node, ts, n, v, biases) : 0;
     restore(ts, &saved);
     g_wall_bias[0] = bare_wall > 0 ? bare_wall : 0;
-    if (measured) {
-        g_wall_bias[1] = wall_bias;
-        g_cpu_bias = cpu_bias;
-    }
+    if (measured) g_wall_bias[1] = biases[0], g_cpu_bias = biases[1], g_inner_bias = biases[2];
     Py_DECREF(cal);
     return PyFloat_FromDouble(cost);
 }
@@ -179,14 +184,32 @@ static const char *run_queue_source(ThreadState *ts) {
                                                    "statistics)" : "/proc/thread-self/schedstat";
 }
 
+/* Whether the switch page moves when this thread sleeps (g_switches): where it does, each call knows whether its
+ * thread left the CPU.  The reason where it does not. */
+static const char *probe_switches(ThreadState *ts) {
+    g_switches = 0;
+    if (!ts->sw.page) return "unavailable (no perf context-switches event for this thread: perf_event_paranoid?)";
+    for (int k = 0; k < 3; k++) {
+        uint32_t a = perf_switch_seq(&ts->sw);
+        struct timespec d = {0, 50000};
+        nanosleep(&d, NULL);
+        if (perf_switch_seq(&ts->sw) != a) {
+            g_switches = 1;
+            return "perf mmap page (each call: whether its thread left the CPU)";
+        }
+    }
+    return "unavailable (the kernel does not update the perf mmap page when the thread is switched in)";
+}
+
 PyObject *stage_calibrate(int n) {
     if (n < 9) n = 9;
     ThreadState *ts = ts_get();
     if (!ts) return NULL;
-    int64_t *v = malloc(2 * sizeof(int64_t) * (size_t)n);
+    int64_t *v = malloc(3 * sizeof(int64_t) * (size_t)n);
     if (!v) return PyErr_NoMemory();
     if (g_ctr_n) counters_ready(ts);
     calibrate_fast_clock(ts);
+    const char *switches = probe_switches(ts);
     Reading probe;
     read_boundary(ts, &probe, 0);
     int src = probe.cpu_src, reads = src || probe.ctr_gen || probe.q[Q_RQ] >= 0 || probe.q[Q_HELPERS] >= 0;
@@ -201,8 +224,9 @@ PyObject *stage_calibrate(int n) {
     free(v);
     if (!st || !base) { Py_XDECREF(base); return NULL; }
     static const char *names[3] = {"none", "thread-clock", "task-clock"};
-    return Py_BuildValue("{s:d,s:N,s:L,s:L,s:L,s:s,s:O,s:s,s:s,s:s}", "read_ns", (double)read_ns, "base_ns", base,
-                         "cpu_bias_ns", (long long)g_cpu_bias, "wall_bias_ns", (long long)g_wall_bias[1],
+    return Py_BuildValue("{s:d,s:N,s:L,s:L,s:L,s:L,s:s,s:O,s:s,s:s,s:s,s:s}", "read_ns", (double)read_ns, "base_ns", base,
+                         "cpu_bias_ns", (long long)g_cpu_bias, "inner_bias_ns", (long long)g_inner_bias,
+                         "wall_bias_ns", (long long)g_wall_bias[1],
                          "unread_wall_bias_ns", (long long)g_wall_bias[0], "cpu_source", names[src],
                          "sys", probe.q[Q_SYS] >= 0 ? Py_True : Py_False, "thread_clock",
                          g_cpu_fast ? "perf mmap page (cap_user_time)" : ts->clk_state == 1 ?
@@ -210,5 +234,5 @@ PyObject *stage_calibrate(int n) {
                          "run_queue", run_queue_source(ts), "helper_cpu",
                          !g_helper_cpu ? "off (the helper_cpu option)" : probe.q[Q_HELPERS] >= 0 ?
                          "process CPU clock less the threads that run stages" :
-                         "unavailable (more than 16 threads run stages)");
+                         "unavailable (more than 16 threads run stages)", "switches", switches);
 }

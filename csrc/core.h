@@ -86,6 +86,8 @@ extern int g_ctr_rdpmc;            /* whether that first thread reads some group
 extern double g_budget;            /* share of a stage's time its reads may cost; 0: every call is read */
 extern double g_read_cost;         /* ns the reads of one call cost (both boundaries), from calibrate(); 0: unknown */
 extern int64_t g_cpu_bias;         /* ns of CPU time an empty read call records: taken out of every read call */
+extern int64_t g_inner_bias;
+extern int g_switches;             /* calibrate() saw the switch page move when the thread slept: calls know it */       /* ns between an empty read call's CPU reads: out of a read call's running time */
 extern int64_t g_wall_bias[2];     /* ns of the SDK's own work inside the wall window of an unread call [0], a read one [1] */
 extern int g_cpu_split;            /* read the thread's rusage with the CPU time: system time, context switches */
 extern int g_run_queue;            /* read the thread's run-queue time (schedstat) with the CPU time */

@@ -81,10 +81,9 @@ static inline int budget_read(ThreadState *ts, int32_t node, double *w) {
     *w = 1.0;
     if (g_budget <= 0 || g_read_cost <= 0) return 1;
     NodeStats *s = stats_get(&ts->stats, node);
+    if (s && !s->cpu0_set) stats_mark_start(s, 0);   /* the CPU clock before the node's first call here */
     if (!s || s->covered < FIRST_READS || !s->est) return 1;
-    double mean = (double)s->cov_run / (double)s->covered;
-    if (s->est[Q_CPU].reads) mean = stats_predict(&s->est[Q_CPU], mean, 0);
-    double p = g_budget * mean / g_read_cost;
+    double p = g_budget * stats_mean_cpu(s) / g_read_cost;   /* the long calls of a stage count, read or not */
     if (p >= 1.0) return 1;                               /* long enough for a read on every call */
     if (p < MIN_READ_CHANCE) p = MIN_READ_CHANCE;
     if (ts_uniform(ts) >= p) return 0;
@@ -149,6 +148,7 @@ void stage_enter(Stage *self) {
     if (g_hook_enter && !(f = call_enter_hook(st, f, self))) return;
     if (g_nvtx && nvtx_emit_active()) nvtx_open(self, f, loop);
     double w;
+    f->sw0 = ts_switches(ts);   /* a memory load: whether the thread leaves the CPU during the call */
     if ((g_cpu_clock || g_ctr_n) && budget_read(ts, node, &w)) {   /* nothing is read without a CPU source */
         if (g_ctr_n) counters_ready(ts);
         f->r0.t = now_ns();   /* the wall window holds the reads: a thread preempted in one loses that time in the call */
@@ -175,9 +175,10 @@ static void read_exit(ThreadState *ts, Stack *st, const Frame *f, int same_threa
     }
     m->overlapped = taskclock_frame_exit(ts, st, f, read ? &r1 : NULL, m);   /* task-relative, time suspended */
     m->wall = now_ns() - f->r0.t;
+    m->switched = !same_thread || ts_switches(ts) != f->sw0;
     m->read = read && !m->overlapped;
     m->have_ctr = 0;
-    if (m->read) call_quantities(&f->r0, &r1, m);
+    if (m->read) call_quantities(&f->r0, &r1, m), m->inner = r1.tq - f->r0.tq;
     m->stand_in = f->skipped && same_thread && !m->overlapped;
     m->abandoned = 0;
 }

@@ -280,6 +280,10 @@ void exemplar_exit(Stack *st, const Frame *f, const CallMeasure *m, ThreadState 
                       at_least_0((double)loop)};
     if (m->read && !isnan(m->x[Q_CPU])) x.on_cpu = at_least_0(m->x[Q_CPU] - f->child[Q_CPU]);
     if (m->read && !isnan(m->x[Q_RQ])) x.runqueue = at_least_0(m->x[Q_RQ] - f->child[Q_RQ]);
+    if (!m->read && g_switches && !m->switched) {   /* never left the CPU: on it for all its running time */
+        x.on_cpu = at_least_0((double)(x.ns - susp));
+        x.runqueue = 0;
+    }
     call_add(c, &x);
     if (f->seq != c->seq) return;
     st->exemplar = NULL;   /* the root call ends */

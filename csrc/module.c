@@ -182,10 +182,15 @@ static void forget_counters(StatsArray *a) {
     for (int32_t i = 0; i < a->n; i++) {
         NodeStats *s = a->v[i];
         if (!s) continue;
-        stats_flush(s);
         free(s->ctr);
         s->ctr = NULL;
-        if (s->est) memset(&s->est[Q_CTR], 0, PERF_MAX_EVENTS * sizeof(Estimate));
+        if (!s->est) continue;
+        memset(&s->est[Q_CTR], 0, PERF_MAX_EVENTS * sizeof(Estimate));
+        for (int k = 0; k < PERF_MAX_EVENTS; k++) {   /* the calls left unread so far are none of the new events' */
+            Estimate *e = &s->est[Q_CTR + k];
+            for (int b = 0; b < STRATA; b++) e->un[b] = -s->un[b], e->uw[b] = -s->uw[b];
+            e->suw = -s->uws;
+        }
     }
 }
 
@@ -267,8 +272,10 @@ static PyObject *hist_to_list(const hist *h) {
 static PyObject *estimate_row(const NodeStats *s, int q) {
     const Estimate *e = s->est ? &s->est[q] : NULL;
     if (!e || !e->reads) Py_RETURN_NONE;
-    return Py_BuildValue("{s:d,s:d,s:d,s:d,s:K}", "total", e->est, "self", e->est_self, "var", e->var,
-                         "var_self", e->var_self, "reads", (unsigned long long)e->reads);
+    double total, self, var, var_self;
+    stats_estimate(s, q, &total, &self, &var, &var_self);
+    return Py_BuildValue("{s:d,s:d,s:d,s:d,s:K}", "total", total, "self", self, "var", var, "var_self", var_self,
+                         "reads", (unsigned long long)e->reads);
 }
 
 static PyObject *counters_to_list(const NodeStats *s) {
@@ -314,8 +321,9 @@ static PyObject *stats_row(int32_t id, const NodeStats *s) {
         "overlapped", (unsigned long long)s->overlapped, "abandoned", (unsigned long long)s->abandoned,
         "susp_total", (long long)s->susp_total, "susp_self", (long long)s->susp_self,
         "loop_total", (long long)s->loop_total, "loop_self", (long long)s->loop_self);
-    PyObject *more = d ? Py_BuildValue("{s:K,s:L,s:L,s:N,s:N,s:N,s:N,s:N}", "covered", (unsigned long long)s->covered,
-        "cov_run", (long long)s->cov_run, "cov_run_self", (long long)s->cov_run_self, "hist", hist_to_list(&s->h),
+    PyObject *more = d ? Py_BuildValue("{s:K,s:L,s:L,s:d,s:N,s:N,s:N,s:N,s:N}", "covered", (unsigned long long)s->covered,
+        "cov_run", (long long)s->cov_run, "cov_run_self", (long long)s->cov_run_self, "cpu_bound", s->cpu_bound,
+        "hist", hist_to_list(&s->h),
         "estimates", estimates(s), "counters", counters_to_list(s), "blockers", blockers_to_list(s),
         "items", items_to_list(s)) : NULL;
     if (!more || PyDict_Update(d, more) < 0) Py_CLEAR(d);
@@ -381,9 +389,13 @@ static int collect_extras(PyObject *res) {
 /* Everything recorded so far, merged over threads, as plain Python data (a CollectResult in _native.pyi). */
 static PyObject *mod_collect(PyObject *m, PyObject *unused) {
     StatsArray all = {NULL, 0};
-    int failed = stats_array_merge(&all, &g_retired) < 0;
+    int failed = stats_array_merge(&all, &g_retired, -1) < 0;
     size_t live = 0;
-    for (ThreadState *ts = g_threads; ts; ts = ts->next, live++) failed |= stats_array_merge(&all, &ts->stats) < 0;
+    for (ThreadState *ts = g_threads; ts; ts = ts->next, live++) {
+        struct timespec t;   /* each thread's CPU clock now: its slots' calls took no more */
+        int64_t cpu = clock_gettime(ts->cpu_clock_id, &t) == 0 ? (int64_t)t.tv_sec * 1000000000 + t.tv_nsec : -2;
+        failed |= stats_array_merge(&all, &ts->stats, cpu == -2 ? INT64_MAX / 2 : cpu) < 0;
+    }
     if (failed) {
         stats_array_clear(&all);
         return PyErr_NoMemory();
@@ -429,6 +441,8 @@ static PyObject *mod_after_fork_child(PyObject *m, PyObject *unused) {
         ts->perf_gen = 0;
         if (ts->clk_state == 1) perf_clock_close(&ts->clk);
         ts->clk_state = 0;
+        perf_clock_close(&ts->sw);
+        if (ts == tls_ts && perf_switch_open(&ts->sw) < 0) ts->sw.page = NULL;
     }
     g_ctr_status_known = 0;
     g_epoch++;

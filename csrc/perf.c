@@ -325,6 +325,29 @@ int perf_clock_open(perf_clock *c)
 #endif
 }
 
+int perf_switch_open(perf_clock *c)
+{
+    c->fd = -1;
+    c->page = NULL;
+    perf_event_desc d = {PERF_TYPE_SOFTWARE, PERF_COUNT_SW_CONTEXT_SWITCHES};
+    int fd = sys_open(&d, -1, 0);
+    if (fd < 0)
+        fd = sys_open(&d, -1, 1);
+    if (fd < 0)
+        return -1;
+    long pagesz = sysconf(_SC_PAGESIZE);
+    void *p = mmap(NULL, (size_t)pagesz, PROT_READ, MAP_SHARED, fd, 0);
+    if (p == MAP_FAILED || ioctl(fd, PERF_EVENT_IOC_ENABLE, 0) < 0) {   /* opened disabled, as a leader */
+        if (p != MAP_FAILED)
+            munmap(p, (size_t)pagesz);
+        close(fd);
+        return -1;
+    }
+    c->fd = fd;
+    c->page = p;
+    return 0;
+}
+
 int64_t perf_clock_read(perf_clock *c)
 {
 #if HAVE_RDPMC

@@ -77,6 +77,14 @@ int perf_clock_open(perf_clock *c);      /* 0 when the page offers cap_user_time
 int64_t perf_clock_read(perf_clock *c);  /* ns since the open, or -1 */
 void perf_clock_close(perf_clock *c);    /* idempotent */
 
+/* Whether the calling thread was switched out, without a system call: the kernel rewrites a perf event's mmap page
+ * (its seqlock moves) each time the thread is scheduled back in, so the lock read before and after a call differs
+ * exactly when the thread left the CPU in between (preempted, or blocked).  A software context-switches event. */
+int perf_switch_open(perf_clock *c);     /* 0, or -1 (nothing kept open) */
+static inline uint32_t perf_switch_seq(const perf_clock *c) {
+    return ((const volatile struct perf_event_mmap_page *)c->page)->lock;
+}
+
 /* Registers instrument._native.CounterGroup and _perf_mmap_decode; 0 or -1 with an exception. */
 struct _object;
 int perf_add_types(struct _object *module);

@@ -2,17 +2,11 @@
  * call's part of each estimate (stats.h), the parent frame's child sums, and the
  * node's slot on the recording thread.
  *
- * The estimate of a quantity x over a node's covered calls is the difference
- * estimator sum_i (y_i + I_i (x_i - y_i) / p_i), where I_i is whether call i was
- * read, p_i its chance of being read and y_i a prediction of x_i from the calls
- * read before it: the quantity per running ns times the call's running wall time
- * (known for every call), or the mean per call, whichever predicted the earlier
- * read calls better.  p_i and y_i are fixed before the call, so each term's
- * expectation is x_i: the sum is unbiased whatever the prediction, and a good one
- * (CPU tracks wall time; page faults per call stay put) keeps its variance small
- * even for heavy-tailed call durations.  The terms are independent given the
- * past, so sum_i I_i (1 - p_i) / p_i^2 (x_i - y_i)^2 is an unbiased estimate of
- * the variance.  A stage read on every call (p = 1) has exact sums, no variance. */
+ * The estimates (stats.c stats_estimate) come from sums: a read call adds its
+ * values to its stratum's (by running time), an unread one only its running time;
+ * the unread calls are predicted from the read calls of their stratum when the
+ * estimate is asked for, so an early read call's place in the run does not weigh
+ * on its stratum's later calls.  A stage read on every call has exact sums. */
 #include "record.h"   /* first: Python.h sets the feature macros */
 
 #include <math.h>
@@ -54,42 +48,48 @@ static void correct(CallMeasure *m) {
 
 /* The call's part of each estimate of its node (and, in e, each quantity's per-call estimate for the parent). */
 static void estimate_call(NodeStats *s, const Frame *f, const CallMeasure *m, double *e) {
-    double run = (double)(m->wall - m->susp);
-    double run_self = run - (double)(f->child_wall - f->child_susp);
-    int nq = stats_quantities();
+    double run = (double)(m->wall - m->susp), child = (double)(f->child_wall - f->child_susp);
     s->covered++;
     s->cov_run += (int64_t)run;
-    s->cov_run_self += (int64_t)run_self;
+    s->cov_run_self += (int64_t)(run - child);
+    /* What predicts a call: its running time; a read call's timed between its CPU reads, less what an empty read
+     * call has there (the whole reads' cost, taken out of its wall time, varies by µs; this varies far less). */
+    if (m->read) run = fmax((double)(m->inner - m->susp - g_inner_bias), 0.0);
+    double run_self = run - child;
+    int nq = stats_quantities();
+    int b = stratum(run, m->switched);
+    s->run_b[b] += run;
+    s->calls_b[b] += 1;
+    s->cpu_pred += (1 - s->off_cpu[b]) * run;
     if (!m->read) {
-        s->pend_w += run;
-        s->pend_ws += run_self;
-        s->pend_n += 1;
-        for (int q = 0; e && s->est && q < nq; q++) e[q] = stats_predict(&s->est[q], run, 0);
+        s->un[b] += 1;
+        s->uw[b] += run;
+        s->uws += run_self;
+        for (int q = 0; e && s->est && q < nq; q++) e[q] = stats_predict(&s->est[q], run, m->switched);
         return;
     }
     if (!s->est && !(s->est = calloc(Q_MAX, sizeof(Estimate)))) { g_internal++; return; }
-    stats_flush(s);
-    double W = f->w, v = W * W - W;   /* 1 / p; (1 - p) / p^2 */
+    double W = f->w;   /* 1 / p */
     for (int q = 0; q < nq; q++) {
         Estimate *t = &s->est[q];
-        double pred = stats_predict(t, run, 0), preds = stats_predict(t, run_self, 1);
         if (isnan(m->x[q])) {   /* not measured on this call: it counts as unread for this quantity */
-            t->est += pred;
-            t->est_self += preds;
-            if (e) e[q] = pred;
+            t->un[b] += 1, t->uw[b] += run, t->suw += run_self;
+            if (e) e[q] = stats_predict(t, run, m->switched);
             continue;
         }
-        double x = m->x[q], xs = x - f->child[q], d = x - pred, ds = xs - preds;
-        t->est += pred + W * d;
-        t->est_self += preds + W * ds;
-        t->var += v * d * d;
-        t->var_self += v * ds * ds;
-        double per_ns = t->rw > 0 ? t->rx / t->rw * run : 0, per_call = t->reads ? t->rx / (double)t->reads : 0;
-        t->sse_w += (x - per_ns) * (x - per_ns);   /* how each prediction would have done, for the next calls */
-        t->sse_c += (x - per_call) * (x - per_call);
-        t->rx += x, t->rw += run, t->rxs += xs, t->rws += run_self;
+        double x = m->x[q], xs = x - f->child[q];
+        t->n[b] += 1, t->x[b] += x, t->w[b] += run, t->xx[b] += x * x, t->xw[b] += x * run, t->ww[b] += run * run;
+        t->Wn[b] += W, t->Wx[b] += W * x, t->Ww[b] += W * run;
+        t->sn += 1, t->sx += xs, t->sw += run_self, t->sxx += xs * xs, t->sxw += xs * run_self;
+        t->sww += run_self * run_self, t->sWn += W, t->sWx += W * xs, t->sWw += W * run_self;
         t->reads++;
-        if (e) e[q] = pred + W * d;
+        if (e) e[q] = x;
+    }
+    const Estimate *c = &s->est[Q_CPU];
+    if (!isnan(m->x[Q_CPU]) && c->w[b] > 0) {   /* the stratum's share on a CPU, kept for the budget (O(1) a call) */
+        double off = 1 - fmin(fmax(c->x[b] / c->w[b], 0), 1);
+        s->cpu_pred += (s->off_cpu[b] - off) * s->run_b[b];
+        s->off_cpu[b] = off;
     }
 }
 
@@ -129,6 +129,7 @@ void record_call(ThreadState *ts, const Frame *f, Frame *parent, CallMeasure *m)
     double e[Q_MAX];
     int give = parent && parent->w > 0 && covered;   /* a read parent's self needs its children's estimates */
     for (int q = 0; give && q < Q_MAX; q++) e[q] = m->read && !isnan(m->x[q]) ? m->x[q] : 0;
+    if (s && !s->cpu0_set) stats_mark_start(s, m->wall);   /* its first call: it began at most its wall time ago */
     if (s && covered) estimate_call(s, f, m, give ? e : NULL);
     if (parent) {
         parent->child_wall += m->wall;

@@ -1,8 +1,11 @@
 /* Per-node aggregates: slots, merging, clearing, the estimates' pending calls; the trace ring's storage. */
 #include "stats.h"   /* first: Python.h sets the feature macros */
 
+#include <math.h>
+#include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "items.h"
 
@@ -32,22 +35,119 @@ NodeStats *stats_slot_new(StatsArray *a, int32_t node) {
 
 int stats_quantities(void) { return Q_CTR + g_ctr_n; }
 
-double stats_predict(const Estimate *e, double run, int self) {
-    if (!e->reads) return 0.0;
-    double x = self ? e->rxs : e->rx, w = self ? e->rws : e->rw;
-    if (e->sse_c < e->sse_w) return x / (double)e->reads;   /* the mean per call has predicted better */
-    return w > 0 ? x / w * run : 0.0;
+/* The read calls' sums of stratum b, of all strata (b = -1), or of self (b = -2). */
+typedef struct { double n, x, w, xx, xw, ww, Wn, Wx, Ww; } Sums;
+
+static Sums sums(const Estimate *e, int b) {
+    if (b == -2) return (Sums){e->sn, e->sx, e->sw, e->sxx, e->sxw, e->sww, e->sWn, e->sWx, e->sWw};
+    Sums m = {0, 0, 0, 0, 0, 0, 0, 0, 0};
+    for (int k = b < 0 ? 0 : b; k < (b < 0 ? STRATA : b + 1); k++) {
+        m.n += e->n[k], m.x += e->x[k], m.w += e->w[k], m.xx += e->xx[k], m.xw += e->xw[k], m.ww += e->ww[k];
+        m.Wn += e->Wn[k], m.Wx += e->Wx[k], m.Ww += e->Ww[k];
+    }
+    return m;
 }
 
-void stats_flush(NodeStats *s) {
-    if (!s->est || s->pend_n == 0) return;
-    for (int q = 0; q < stats_quantities(); q++) {   /* both predictions are linear: one per pending sum */
-        Estimate *e = &s->est[q];
-        int per_call = e->reads && e->sse_c < e->sse_w;
-        e->est += per_call ? stats_predict(e, 0, 0) * s->pend_n : stats_predict(e, s->pend_w, 0);
-        e->est_self += per_call ? stats_predict(e, 0, 1) * s->pend_n : stats_predict(e, s->pend_ws, 1);
+/* A fit to read calls: the quantity per running ns (a = 0, r the ratio) or per call (a the mean, r = 0), whichever
+ * has the smaller squared error over them; the ratio and mean weighted by 1 / p (each read call stands for 1 / p
+ * calls, whatever its chance was when it was read).  mse: its mean squared error, -1 below two reads. */
+typedef struct { double a, r, mse; } Fit;
+
+static Fit fit(const Sums *m) {
+    double ratio = m->Ww > 0 ? m->Wx / m->Ww : 0, mean = m->Wn > 0 ? m->Wx / m->Wn : 0;
+    double sse_w = m->xx - 2 * ratio * m->xw + ratio * ratio * m->ww;
+    double sse_c = m->xx - 2 * mean * m->x + mean * mean * m->n;
+    Fit f = sse_c < sse_w ? (Fit){mean, 0, sse_c} : (Fit){0, ratio, sse_w};
+    f.mse = m->n >= 2 ? fmax(f.mse, 0) / (m->n - 1) : -1;
+    return f;
+}
+
+/* The fit a call of stratum b is predicted by: its stratum's, or all strata's where its stratum has no read. */
+static Fit fit_for(const Estimate *e, int b) {
+    Sums m = sums(e, e->n[b] ? b : -1);
+    return fit(&m);
+}
+
+double stats_predict(const Estimate *e, double run, int switched) {
+    if (!e->reads) return 0.0;
+    Fit f = fit_for(e, stratum(run, switched));
+    return f.a + f.r * run;
+}
+
+double stats_read_sum(const Estimate *e) { return sums(e, -1).x; }
+double stats_read_run(const Estimate *e) { return sums(e, -1).w; }
+
+static int bounded(int q) { return q == Q_CPU || q == Q_SYS || q == Q_RQ; }   /* by a call's running time */
+
+#define FEW_READS 5   /* below this many reads, a stratum's own spread is not trusted alone */
+
+/* The prediction of n unread calls of running time w in all, from the read calls' sums m (nb of them in the calls'
+ * own stratum; m is all strata's where nb is 0), with its variance: the calls' own errors about the fit and the
+ * fit's error, each call's error taken as the fit's mean squared error.  Below FEW_READS reads, no smaller than a
+ * guess: for a quantity bounded by the running time, the running time (where no call of the stratum was read, the
+ * prediction is held to [0, w], or is w / 2 for calls that left the CPU, and the 99 % interval spans it); else as large as the prediction itself, or as the
+ * largest error per running ns of any stratum with two reads (rel).  (Calls of a kind no read has seen stay
+ * unseen: a stage whose rare heavy calls were all left unread has an estimate, and an interval, blind to them.) */
+static void predict_unread(const Sums *m, double nb, int q, int switched, double n, double w, double rel, double *pred,
+                           double *var) {
+    Fit f = fit(m);
+    *pred = f.a * n + f.r * w;
+    double run = w / n, g = f.mse;
+    if (nb < FEW_READS) {
+        if (bounded(q) && !nb) {   /* a call that left the CPU: anywhere in [0, w]; one that did not: as the others */
+            *pred = switched ? w / 2 : fmin(fmax(*pred, 0), w);
+            double off = fmax(*pred, w - *pred) / 2.576;
+            *var = off * off;
+            return;
+        }
+        double one = bounded(q) ? run : fmax(fabs(*pred / n), sqrt(rel) * run);
+        g = fmax(g, one * one);
     }
-    s->pend_w = s->pend_ws = s->pend_n = 0;
+    *var = n * g + g * (!nb ? n * n : f.r ? w * w / m->ww : n * n / m->n);
+}
+
+/* The estimate, separate ratio (or mean) estimators by stratum: the read calls' values, and the unread calls
+ * predicted by the fit to the read calls of their stratum.  Over the calls a read stands for, the fit is unbiased
+ * to the order of 1 / reads (the weights by 1 / p keep it so when the chance changes along the run); its variance
+ * is the unread calls' prediction errors'.  Self: one pooled fit over running self time.  Every call read: exact. */
+void stats_estimate(const NodeStats *s, int q, double *total, double *self, double *var, double *var_self) {
+    const Estimate *e = &s->est[q];
+    double rel = 0, n_all = 0, pred, v;
+    for (int b = 0; b < STRATA; b++) {
+        Sums m = sums(e, b);
+        Fit f = fit(&m);
+        if (f.mse >= 0 && m.w > 0) rel = fmax(rel, f.mse / (m.w / m.n * m.w / m.n));
+    }
+    *total = *var = 0;
+    for (int b = 0; b < STRATA; b++) {
+        double n = s->un[b] + e->un[b], w = s->uw[b] + e->uw[b];
+        *total += e->x[b];
+        n_all += n;
+        if (!n) continue;
+        Sums m = sums(e, e->n[b] ? b : -1);
+        predict_unread(&m, e->n[b], q, b >= STRATA_RUN, n, w, rel, &pred, &v);
+        *total += pred;
+        *var += v;
+    }
+    Sums m = sums(e, -2);
+    *self = e->sx;
+    *var_self = 0;
+    if (n_all) {
+        predict_unread(&m, m.n, q, 0, n_all, s->uws + e->suw, rel, &pred, &v);
+        *self += pred;
+        *var_self = v;
+    }
+}
+
+void stats_mark_start(NodeStats *s, int64_t back) {
+    struct timespec t;
+    if (clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t) != 0) return;
+    s->cpu0 = (int64_t)t.tv_sec * 1000000000 + t.tv_nsec - back;
+    s->cpu0_set = 1;
+}
+
+double stats_mean_cpu(const NodeStats *s) {   /* a stratum none of whose calls was read: on a CPU throughout */
+    return s->cpu_pred / (double)s->covered;
 }
 
 void stats_add_blocker(NodeStats *s, int32_t node, int64_t ns) {
@@ -60,14 +160,16 @@ void stats_add_blocker(NodeStats *s, int32_t node, int64_t ns) {
     if (s->n_blockers < BLOCKERS_MAX) s->blockers[s->n_blockers++] = (Blocker){node, ns};
 }
 
+/* Every field of an Estimate but the last is a double sum. */
+_Static_assert(offsetof(Estimate, reads) % sizeof(double) == 0, "Estimate: the sums first");
+
 static int merge_estimates(NodeStats *d, const NodeStats *s) {
     if (!d->est && !(d->est = calloc(Q_MAX, sizeof(Estimate)))) return -1;
     for (int q = 0; q < Q_MAX; q++) {
-        Estimate *a = &d->est[q];
-        const Estimate *b = &s->est[q];
-        a->est += b->est, a->est_self += b->est_self, a->var += b->var, a->var_self += b->var_self;
-        a->rx += b->rx, a->rw += b->rw, a->rxs += b->rxs, a->rws += b->rws, a->reads += b->reads;
-        a->sse_w += b->sse_w, a->sse_c += b->sse_c;
+        double *a = (double *)&d->est[q];
+        const double *b = (const double *)&s->est[q];
+        for (size_t k = 0; k < offsetof(Estimate, reads) / sizeof(double); k++) a[k] += b[k];
+        d->est[q].reads += s->est[q].reads;
     }
     return 0;
 }
@@ -82,8 +184,8 @@ static int merge_counters(NodeStats *d, const NodeStats *s) {
     return 0;
 }
 
-/* `s` flushed (its pending calls in its estimates) before it is added. */
-static int stats_merge(NodeStats *d, const NodeStats *s) {
+/* Adds the slot s into d. */
+static int stats_merge(NodeStats *d, const NodeStats *s, int64_t cpu_now) {
     if (s->n_items && items_merge(d, s) < 0) return -1;
     if (!s->calls) return 0;
     d->calls += s->calls;
@@ -99,7 +201,12 @@ static int stats_merge(NodeStats *d, const NodeStats *s) {
     d->loop_total += s->loop_total;
     d->loop_self += s->loop_self;
     d->covered += s->covered;
+    for (int k = 0; k < STRATA; k++)
+        d->run_b[k] += s->run_b[k], d->calls_b[k] += s->calls_b[k], d->un[k] += s->un[k], d->uw[k] += s->uw[k];
+    d->cpu_pred += s->cpu_pred;
+    d->uws += s->uws;
     d->cov_run += s->cov_run;
+    d->cpu_bound += cpu_now < 0 ? s->cpu_bound : s->cpu0_set ? (double)(cpu_now - s->cpu0) : INFINITY;
     d->cov_run_self += s->cov_run_self;
     for (int32_t k = 0; k < s->n_blockers; k++) stats_add_blocker(d, s->blockers[k].node, s->blockers[k].ns);
     if (s->est && merge_estimates(d, s) < 0) return -1;
@@ -122,13 +229,12 @@ void stats_array_clear(StatsArray *a) {
     a->n = 0;
 }
 
-int stats_array_merge(StatsArray *into, const StatsArray *from) {
+int stats_array_merge(StatsArray *into, const StatsArray *from, int64_t cpu_now) {
     for (int32_t i = 0; i < from->n; i++) {
         NodeStats *s = from->v[i];
         if (!s || (!s->calls && !s->n_items)) continue;
-        stats_flush(s);
         NodeStats *d = stats_get(into, i);
-        if (!d || stats_merge(d, s) < 0) return -1;
+        if (!d || stats_merge(d, s, cpu_now) < 0) return -1;
     }
     return 0;
 }

@@ -27,16 +27,30 @@ enum {
     Q_MAX = Q_CTR + PERF_MAX_EVENTS
 };
 
-/* A quantity's estimate over a node's covered calls (total and self), and the read calls' sums its prediction of
- * an unread call comes from: the quantity per running ns times the call's running time, or the mean per call,
- * whichever has predicted the read calls better so far (a choice made from past calls only: still unbiased). */
+/* Strata of a call's running wall time, in steps of 64 from 16 µs (< 16 µs, 16 µs-1 ms, 1-66 ms, >= 66 ms): a
+ * call is predicted from the read calls of its own length, so a rare long call is not predicted from short ones,
+ * and the estimate's variance is that of each stratum's calls.  Few and wide: a read call's running time carries
+ * the spread of its reads' cost (a few µs), an unread one's does not. */
+#define STRATA_RUN 4
+#define STRATA (2 * STRATA_RUN)   /* and whether the thread left the CPU during the call: a preempted call's running
+                                   * time is not its CPU time, and it is predicted from the read calls that were */
+
+static inline int stratum(double run, int switched) {
+    int b = 0;
+    if (run >= 16000) b = 1 + (63 - __builtin_clzll((unsigned long long)(run / 16000))) / 6;
+    return (b < STRATA_RUN ? b : STRATA_RUN - 1) + (switched ? STRATA_RUN : 0);
+}
+
+/* The read calls' sums a quantity's estimate over a node's covered calls comes from (stats_estimate): by stratum,
+ * plain and weighted by 1 / p (p a call's chance of being read), and of self (the quantity less the children's,
+ * over the running self wall), pooled. */
 typedef struct {
-    double est, est_self;    /* the estimated sums */
-    double var, var_self;    /* unbiased estimates of their variance */
-    double rx, rw;           /* read calls: sum of the quantity, of their running wall time */
-    double rxs, rws;         /* the same of self: quantity less the children's, running self wall */
-    double sse_w, sse_c;     /* read calls: squared errors of the per-running-ns and the per-call predictions */
-    uint64_t reads;          /* read calls that measured it */
+    double n[STRATA], x[STRATA], w[STRATA];      /* read calls: number, sums of the quantity x, running time w, */
+    double xx[STRATA], xw[STRATA], ww[STRATA];   /* of x^2, x * w, w^2 */
+    double Wn[STRATA], Wx[STRATA], Ww[STRATA];   /* sums of 1 / p, x / p, w / p */
+    double un[STRATA], uw[STRATA];   /* calls read that did not measure it (they count as unread): number, time */
+    double sn, sx, sw, sxx, sxw, sww, sWn, sWx, sWw, suw;   /* the same of self, pooled (suw: unmeasured calls) */
+    uint64_t reads;                  /* read calls that measured it */
 } Estimate;
 
 typedef struct CounterStat {
@@ -58,7 +72,14 @@ typedef struct {
     int64_t loop_total, loop_self;    /* of it, ready but waiting for the event loop to run it */
     uint64_t covered;                 /* calls the estimates stand for: read, and left unread by the budget */
     int64_t cov_run, cov_run_self;    /* their running wall time (wall less suspended), total and self */
-    double pend_w, pend_ws, pend_n;   /* unread covered calls not yet in `est`: running wall (total, self), count */
+    double un[STRATA], uw[STRATA];    /* covered calls left unread, by stratum: number, running time; */
+    double uws;                       /* their running self time */
+    double run_b[STRATA], calls_b[STRATA];   /* covered calls by stratum: running time, number */
+    double off_cpu[STRATA];           /* by stratum: the read calls' share of running time off a CPU (none read: 0) */
+    double cpu_pred;                  /* sum over strata of (1 - off_cpu) * run_b: the covered calls' CPU, predicted */
+    int64_t cpu0;                     /* a thread's slot: the thread's CPU clock before its first call (cpu0_set) */
+    uint8_t cpu0_set;
+    double cpu_bound;                 /* merged slots: what their calls' CPU time cannot exceed (stats_array_merge) */
     Estimate *est;                    /* Q_MAX entries, allocated on the first covered call */
     CounterStat *ctr;                 /* PERF_MAX_EVENTS entries, allocated on the first counted call */
     Blocker blockers[BLOCKERS_MAX];   /* stages that ran on the loop while this one was ready, with the time */
@@ -82,10 +103,18 @@ typedef struct {
 
 NodeStats *stats_slot_new(StatsArray *a, int32_t node);   /* stats_get when the slot does not exist yet */
 void stats_array_clear(StatsArray *a);
-int stats_array_merge(StatsArray *into, const StatsArray *from);   /* 0, or -1 when out of memory */
+/* Adds the slots of `from` into `into`: a live thread's, whose CPU clock reads cpu_now (the bound of a slot's
+ * calls' CPU time is what the thread spent since the slot's cpu0), or merged ones (cpu_now < 0).  0, or -1 when
+ * out of memory. */
+int stats_array_merge(StatsArray *into, const StatsArray *from, int64_t cpu_now);
 int stats_quantities(void);                        /* quantities in use: the scalars and g_ctr_n counters */
-double stats_predict(const Estimate *e, double run, int self);   /* an unread call's value of the quantity */
-void stats_flush(NodeStats *s);                    /* the pending unread calls into `est` at the current r */
+double stats_predict(const Estimate *e, double run, int switched);   /* a call's value of the quantity, predicted */
+double stats_read_sum(const Estimate *e);          /* the read calls' sum of the quantity */
+double stats_read_run(const Estimate *e);          /* and of their running time */
+/* A quantity's estimate over the node's covered calls, total and self, with their variances. */
+void stats_estimate(const NodeStats *s, int q, double *total, double *self, double *var, double *var_self);
+double stats_mean_cpu(const NodeStats *s);         /* a call's CPU time, predicted from its stage's so far */
+void stats_mark_start(NodeStats *s, int64_t back);   /* a thread's slot: cpu0 is its CPU clock less `back` ns */
 void stats_add_blocker(NodeStats *s, int32_t node, int64_t ns);
 
 extern TraceEvent *g_ring;

@@ -17,13 +17,16 @@ static void ThreadState_dealloc(ThreadState *ts) {
     /* Runs on the ending thread when its thread dict is cleared: fold its slots. */
     free(ts->tasks);   /* asyncio attribution's state (taskclock.h): plain memory */
     ts->tasks = NULL;
-    if (stats_array_merge(&g_retired, &ts->stats) < 0) g_internal++;
+    struct timespec t;   /* its CPU clock at its end: its slots' calls took no more; and it leaves the live sum */
+    int have = clock_gettime(ts->cpu_clock_id, &t) == 0;
+    int64_t cpu = have ? (int64_t)t.tv_sec * 1000000000 + t.tv_nsec : -1;
+    if (stats_array_merge(&g_retired, &ts->stats, have ? cpu : INT64_MAX / 2) < 0) g_internal++;
     stats_array_clear(&ts->stats);
     if (ts->perf_gen) perf_set_close(&ts->perf);
     if (ts->clk_state == 1) perf_clock_close(&ts->clk);
+    perf_clock_close(&ts->sw);
     if (ts->sched_fd >= 0) close(ts->sched_fd);
-    struct timespec t;   /* its last CPU time leaves the live threads' sum for the retired one */
-    g_retired_cpu += clock_gettime(ts->cpu_clock_id, &t) == 0 ? (int64_t)t.tv_sec * 1000000000 + t.tv_nsec : ts->cpu_seen;
+    g_retired_cpu += have ? cpu : ts->cpu_seen;
     g_n_threads--;
     if (ts->prev) ts->prev->next = ts->next; else if (g_threads == ts) g_threads = ts->next;
     if (ts->next) ts->next->prev = ts->prev;
@@ -56,6 +59,7 @@ ThreadState *ts_create(void) {
     ts->clk_state = 0;
     ts->clk.fd = -1;
     ts->clk.page = NULL;
+    if (perf_switch_open(&ts->sw) < 0) ts->sw.page = NULL;
     ts->tasks = NULL;
     ts->sched_fd = -1;
     ts->cpu_seen = 0;

@@ -15,6 +15,7 @@ typedef struct ThreadState {
     uint64_t rng;                /* xorshift state: which calls of a short stage are read (overhead budget) */
     perf_clock clk;              /* the thread's CPU time without a system call (g_cpu_fast) */
     int8_t clk_state;            /* 0 not tried, 1 open, -1 unavailable */
+    perf_clock sw;               /* whether the thread left the CPU (perf_switch_seq); page NULL: unavailable */
     int sched_fd;                /* /proc/thread-self/schedstat of this thread; -1 not open, -2 unavailable */
     clockid_t cpu_clock_id;      /* this thread's CPU clock, readable from other threads (helper CPU) */
     int64_t cpu_seen;            /* its CPU time when last read that way */
@@ -34,6 +35,11 @@ int threads_init(void);                  /* 0, or -1 with an exception */
 ThreadState *ts_create(void);            /* ts_get on a thread's first stage; NULL on failure */
 
 #pragma GCC visibility pop
+
+/* The thread's switch sequence (perf_switch_seq): changes exactly when it left the CPU; 0 where unknown. */
+static inline uint32_t ts_switches(const ThreadState *ts) {
+    return g_switches && ts->sw.page ? perf_switch_seq(&ts->sw) : 0;
+}
 
 static inline ThreadState *ts_get(void) {
     ThreadState *ts = tls_ts;

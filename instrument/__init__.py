@@ -83,10 +83,16 @@ def profile(schedule=None, record_shapes=False, activities=None, **kwargs):
 def serve_metrics(port: int, addr: str = "127.0.0.1"):
     """Serve this process's stages on addr:port (127.0.0.1 unless told) from a daemon
     thread: Prometheus metrics at /metrics and the snapshot as JSON at /snapshot
-    (read by `instrument top`).  Returns the server (`.server_port`, `.shutdown()`).
-    Needs prometheus_client."""
-    from .exporters import prometheus
-    return prometheus.serve_metrics(port, addr, source=snapshot)
+    (read by `instrument top`); with PROMETHEUS_MULTIPROC_DIR set, the merge of every
+    worker's snapshot there (start_snapshot_writer).  Returns the server
+    (`.server_port`, `.shutdown()`).  Needs prometheus_client."""
+    from . import config
+    from .serve import metrics, multiproc
+    source = snapshot
+    if config.shared_folder():
+        folder = multiproc.folder()
+        source = lambda: multiproc.merged_snapshot(folder)   # noqa: E731
+    return metrics.serve_metrics(port, addr, source=source)
 
 
 _served = None            # (address, server) started by the `serve` option
@@ -136,7 +142,7 @@ def start_snapshot_writer(directory: Optional[str] = None, interval: float = 5.0
     SIGKILL loses no completed call), every `interval` seconds and at exit.  Processes
     forked afterwards keep their own file.  `serve_metrics` and `instrument top` then
     serve and read the merge.  Returns the writer (`.path`, `.writes`, `.failures`)."""
-    from .exporters import multiproc
+    from .serve import multiproc
     w = multiproc.start_snapshot_writer(directory, interval, source=lambda: _collector.snapshot(judged=False))
     _collector.on_root_exit(w.root_exit if every_call else None)
     return w
@@ -145,8 +151,30 @@ def start_snapshot_writer(directory: Optional[str] = None, interval: float = 5.0
 def stop_snapshot_writer() -> None:
     """Write a last time and stop sharing (see start_snapshot_writer)."""
     _collector.on_root_exit(None)
-    from .exporters import multiproc
+    from .serve import multiproc
     multiproc.stop_snapshot_writer()
+
+
+# Instrumentation without code edits (instrument/auto/), imported on first use: those modules build on this
+# facade, and torch, transformers or a web framework are imported only by what is used.
+_AUTO = {"modules": ("instrument.auto.modules", "modules"), "asgi": ("instrument.auto.asgi", None),
+         "wsgi": ("instrument.auto.wsgi", None), "transformers": ("instrument.auto.transformers", None)}
+
+
+def __getattr__(name: str):
+    """instrument.modules(model), instrument.asgi.Middleware, instrument.wsgi.Middleware, instrument.transformers."""
+    if name not in _AUTO:
+        raise AttributeError(f"module 'instrument' has no attribute {name!r}")
+    import importlib
+    module_name, attr = _AUTO[name]
+    module = importlib.import_module(module_name)
+    value = getattr(module, attr) if attr else module
+    globals()[name] = value
+    return value
+
+
+def __dir__():
+    return sorted(set(globals()) | set(_AUTO))
 
 
 if current_config().serve and not _started_as_the_command_line():
@@ -155,5 +183,5 @@ if current_config().serve and not _started_as_the_command_line():
 
 __all__ = ["stage", "region", "add", "capture", "capture_every", "profile", "snapshot", "report", "diff", "configure",
            "current_config", "reset", "serve_metrics", "start_snapshot_writer", "stop_snapshot_writer", "Snapshot",
-           "StageStats", "SnapshotError", "Diff",
+           "StageStats", "SnapshotError", "Diff", "modules",
            "__version__"]

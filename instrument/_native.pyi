@@ -67,14 +67,16 @@ class _Calibration(TypedDict):
     helper_cpu: str                        # how helper threads' CPU time is read, or why it is not
     base_ns: Optional[float]               # a stage call without reads; None while a stage is open on the thread
     cpu_bias_ns: int                       # what an empty read call records as CPU time: taken out of every read call
+    inner_bias_ns: int                     # its time between its CPU reads: out of a read call's running time
     wall_bias_ns: int                      # what an empty read call records as wall time: taken out of every read call
     unread_wall_bias_ns: int               # what an empty unread call records as wall time: taken out of the others
     cpu_source: str                        # none, thread-clock or task-clock
     sys: bool                              # system time read with the CPU time
     thread_clock: str                      # how the thread CPU clock is read
+    switches: str                          # how a call knows its thread left the CPU, or why it does not
 
 class _EstimateRow(TypedDict):
-    """A quantity estimated over a stage's covered calls (csrc/record.c): unbiased, with its variance."""
+    """A quantity estimated over a stage's covered calls (csrc/stats.c stats_estimate), with its variance."""
     total: float
     self: float
     var: float            # of the total's estimate (0 when every covered call was read)
@@ -111,6 +113,7 @@ class _StatsRow(TypedDict):
     covered: int          # calls the estimates stand for: read, and left unread by the budget
     cov_run: int          # their running wall time (wall less suspended)
     cov_run_self: int
+    cpu_bound: float      # what their CPU time cannot exceed: their threads' CPU since each one's first call
     hist: List[Tuple[int, int]]                        # (bucket, count)
     estimates: _Estimates
     counters: List[Optional[_CounterRow]]               # one per event given to set_counters

@@ -1,11 +1,11 @@
 """The `instrument` command.
 
     instrument run [-o run.json] [--trace-events N] [--no-report] [--keep-parts] -- python serve.py ...
-    instrument report FILE... [--sort total|self|calls|p99] [--depth N] [--fold] [--format ...] [--ops]
+    instrument report FILE... [--sort total|self|calls|p99|cpu|...] [--depth N] [--fold] [--format ...] [--ops]
     instrument report --tail [--quantile Q] [--json] FILE...  |  report --since EARLIER LATER [...]
     instrument diff BEFORE AFTER [--fail-if-slower PCT] [--format ...]
     instrument merge FILE... -o all.json
-    instrument export --chrome|--prometheus|--hatchet|--html OUT FILE... [--diff]
+    instrument export --chrome|--hatchet|--html|--prometheus OUT FILE... [--diff] [--title T] [--openmetrics]
     instrument top URL [--interval S] [--sort KEY] [--once] [--json]
     instrument doctor [--json] | nsys ... | demo ... | advise ...
 
@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import glob
-import importlib
 import json
 import os
 import re
@@ -23,21 +22,19 @@ import signal
 import subprocess
 import sys
 import threading
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 from . import config
 from ._version import __version__
 from .analysis.advice import advise
 from .analysis.diff import diff
+from .analysis.metrics import sort_keys
 from .analysis.ranks import rank_view
 from .analysis.tail import tail
 from .analysis.verdict import with_verdicts
-from .exporters import multiproc, ranks, table
-from .snapshot import (RANK_KEY, Snapshot, SnapshotError, atomic_write, load_many, merge_processes, path_text,
-                       rank_of)
-
-TABLE_FORMATS = ("table", "markdown", "csv", "json")
-EXPORTS = ("chrome", "prometheus", "hatchet", "html")
+from .exporters import formats, ranks, table
+from .serve import multiproc
+from .snapshot import RANK_KEY, Snapshot, SnapshotError, atomic_write, load_many, merge_all, path_text, rank_of
 
 
 class CLIError(Exception):
@@ -149,14 +146,15 @@ def _load_all(paths: Sequence[str], progress: bool = False) -> Snapshot:
     paths = _files(paths)
     _check_versions(paths)
     p = _Progress(len(paths), progress and len(paths) >= 10)
-    return merge_processes((_read(f) for f in paths), p)
+    return merge_all((_read(f) for f in paths), p)
 
 
 def by_rank(paths: Sequence[str], cmd: str) -> Tuple[Snapshot, List[str]]:
     """The per-rank merge of snapshot files of one job's ranks, checked: every file names its rank (or merges
-    ranks, and maybe the launcher's process) and all are of one world size.  Of several snapshots of one process (its snapshot writer's file and
-    its exit-time part) the latest is kept: a process's snapshots only grow.  Files left out are returned: those
-    earlier snapshots, and files that name no rank and hold no calls (the launcher's own process)."""
+    ranks, and maybe the launcher's process) and all are of one world size.  Of several snapshots of one
+    process (its snapshot writer's file and its exit-time part) the latest is kept: a process's snapshots
+    only grow.  Files left out are returned: those earlier snapshots, and files that name no rank and hold
+    no calls (the launcher's own process)."""
     paths = _files(paths)
     _check_versions(paths)
     singles: Dict[tuple, Tuple[str, Snapshot]] = {}   # process -> its latest snapshot
@@ -202,21 +200,8 @@ def by_rank(paths: Sequence[str], cmd: str) -> Tuple[Snapshot, List[str]]:
     if not kept:
         raise CLIError(f"{cmd}: none of the files names a rank (record under torchrun, or with torch.distributed "
                        "initialised)")
-    return merge_processes(kept), left
+    return merge_all(kept), left
 
-
-def _optional(module: str, attr: str, cmd: str):
-    """A command implemented in a module this build may not have."""
-    try:
-        mod = importlib.import_module(module)
-    except ImportError as e:
-        if e.name and (e.name == module or module.startswith(e.name + ".")):
-            raise CLIError(f"{cmd} is not available in this build") from None
-        raise CLIError(f"{cmd}: cannot load {module}: {e}") from None
-    f = getattr(mod, attr, None)
-    if not callable(f):
-        raise CLIError(f"{cmd} is not available in this build")
-    return f
 
 
 def _rest(cmd: List[str]) -> List[str]:
@@ -251,7 +236,7 @@ def _cmd_report(a) -> int:
         if fmt not in table.TAIL_FORMATS:
             raise CLIError(f"report --tail: --format {fmt} is not available; use table, markdown or json")
         q = 0.99 if a.quantile is None else a.quantile
-        print(table.render_tail(tail(snap, q), format=fmt))
+        print(table.render_tail(tail(snap, q), format=fmt, snap=snap))
         return 0
     render = table.render_with_ops if a.ops else table.render
     print(render(snap, sort=a.sort, depth=a.depth, fold=a.fold, format=fmt))
@@ -341,40 +326,34 @@ def _merge_by_rank(a) -> int:
 
 
 # ------------------------------------------------------------------- export
+def _format_dest(name: str) -> str:
+    return f"format_{name}"   # argparse dests of their own: a format or option name never meets another argument
+
+
+def _option_dest(name: str) -> str:
+    return f"option_{name}"
+
+
 def _cmd_export(a) -> int:
-    fmt = next(f for f in EXPORTS if getattr(a, f) is not None)
-    out = getattr(a, fmt)
-    if a.diff and (fmt != "html" or len(a.files) != 2):
-        raise CLIError("export: --diff takes --html and exactly two snapshots: BEFORE AFTER")
-    if a.openmetrics and fmt != "prometheus":
-        raise CLIError("export: --openmetrics goes with --prometheus")
-    if fmt == "chrome":
-        from .exporters import chrome
-        snaps = [Snapshot.load(f) for f in a.files]
-        try:
-            text = chrome.render(*snaps)
-        except chrome.NoTimeline as e:
-            raise CLIError(f"export: {', '.join(a.files)}: {e}") from None
-        _write(out, text)
-        return 0
-    if fmt == "html":
-        from .exporters import html
-        if a.diff:
-            text = html.render(Snapshot.load(a.files[1]), before=Snapshot.load(a.files[0]), title=a.title)
-        else:
-            text = html.render(_load_all(a.files), title=a.title)
-        _write(out, text)
-        return 0
-    snap = _load_all(a.files)
-    if fmt == "prometheus":
-        try:
-            from .exporters import prometheus
-        except ImportError as e:
-            raise CLIError(f"export: --prometheus needs prometheus_client ({e}); pip install prometheus-client") from None
-        _write(out, prometheus.render(snap, openmetrics=a.openmetrics))
-    else:
-        from .exporters import hatchet
-        _write(out, hatchet.render(snap))
+    fmts = formats()
+    fmt = next(f for f in fmts.values() if getattr(a, _format_dest(f.name)) is not None)
+    out = getattr(a, _format_dest(fmt.name))
+    given = {o.name: getattr(a, _option_dest(o.name)) for f in fmts.values() for o in f.options
+             if getattr(a, _option_dest(o.name)) not in (None, False)}
+    stray = sorted(set(given) - {o.name for o in fmt.options})
+    if stray:
+        owners = [f"--{f.name}" for f in fmts.values() if any(o.name == stray[0] for o in f.options)]
+        raise CLIError(f"export: --{stray[0]} goes with {' or '.join(owners)}, not --{fmt.name}")
+    _check_versions(a.files)
+    try:
+        text = fmt.render([Snapshot.load(f) for f in a.files], **given)
+    except ImportError as e:
+        raise CLIError(f"export: --{fmt.name}: {e}") from None
+    except ValueError as e:
+        if isinstance(e, SnapshotError):
+            raise
+        raise CLIError(f"export: --{fmt.name} {' '.join(a.files)}: {e}") from None
+    _write(out, text)
     return 0
 
 
@@ -446,8 +425,6 @@ def _cmd_run(a) -> int:
     cmd = _rest(a.command)
     if not cmd:
         raise CLIError("run: no program given; usage: instrument run [-o run.json] -- python serve.py ...")
-    if a.trace_events < 0:
-        raise CLIError(f"run: --trace-events must be 0 or more, got {a.trace_events}")
     out = a.output
     if out == "-":
         raise CLIError("run: -o - is not supported (stdout is the program's); give a file name")
@@ -505,7 +482,7 @@ def _cmd_run(a) -> int:
             _err(f"run: skipped {e}")
     if not snaps:
         return status
-    merged = merge_processes(snaps)
+    merged = merge_all(snaps)
     _save(merged, out)
     if not a.no_report:
         print(table.render(with_verdicts(merged)), file=sys.stderr)
@@ -521,19 +498,16 @@ def _cmd_run(a) -> int:
     return status
 
 
-# ------------------------------------------------------- other engineers' commands
+# ----------------------------------------------------------- other commands
 def _cmd_doctor(a) -> int:
-    collect = _optional("instrument.live.doctor", "collect", "doctor")
-    d = collect()
-    if a.json:
-        print(json.dumps(d, indent=2, default=str))
-    else:
-        print(_optional("instrument.live.doctor", "format_text", "doctor")(d))
+    from .live import doctor
+    d = doctor.collect()
+    print(json.dumps(d, indent=2, default=str) if a.json else doctor.format_text(d))
     return 0
 
 
 def _cmd_nsys(a) -> int:
-    run = _optional("instrument.nsys", "run", "nsys")
+    from . import nsys
     cmd = _rest(a.command)
     if not cmd:
         raise CLIError("nsys: no program given; usage: instrument nsys [--dry-run] -- python serve.py ...")
@@ -542,11 +516,12 @@ def _cmd_nsys(a) -> int:
         kw["capture"] = a.capture
     if a.warmup is not None:
         kw["warmup"] = a.warmup
-    return int(run(cmd, **kw) or 0)
+    return int(nsys.run(cmd, **kw) or 0)
 
 
-def _cmd_demo(a) -> int:
-    return int(_optional("instrument.demo", "run_demo", "demo")(_rest(a.args)) or 0)
+def _demo(argv: Sequence[str]) -> int:
+    from .demo import run_demo
+    return int(run_demo(list(argv)) or 0)
 
 
 def _cmd_top(a) -> int:
@@ -564,24 +539,19 @@ def _cmd_advise(a) -> int:
 
 
 # ------------------------------------------------------------------- parser
-def _positive(s: str) -> int:
-    try:
-        n = int(s)
-    except ValueError:
-        n = 0
-    if n < 1:
-        raise argparse.ArgumentTypeError(f"must be a positive integer, got {s!r}")
-    return n
+def _value(parse: Callable[[str, Any], Any]) -> Callable[[str], Any]:
+    """An argparse type from one of config's parsers (argparse names the argument in its message)."""
+    def convert(s: str) -> Any:
+        try:
+            return parse("", s)
+        except ValueError as e:
+            raise argparse.ArgumentTypeError(str(e).strip()) from None
+    return convert
 
 
-def _count(s: str) -> int:
-    try:
-        n = int(s)
-    except ValueError:
-        n = -1
-    if n < 0:
-        raise argparse.ArgumentTypeError(f"must be an integer 0 or more, got {s!r}")
-    return n
+def _option(name: str) -> Callable[[str], Any]:
+    """The argparse type of an argument that sets an option: the option's own parser."""
+    return _value(config.BY_NAME[name].parse)
 
 
 def _fraction(s: str) -> float:
@@ -604,26 +574,6 @@ def _percent(s: str) -> float:
     return x
 
 
-def _alpha(s: str) -> float:
-    try:
-        x = float(s)
-    except ValueError:
-        x = float("nan")
-    if not 0 < x <= 0.5:
-        raise argparse.ArgumentTypeError(f"must be a number in (0, 0.5], such as 0.01, got {s!r}")
-    return x
-
-
-def _interval(s: str) -> float:
-    try:
-        x = float(s)
-    except ValueError:
-        x = float("nan")
-    if not 0.05 <= x <= 3600:
-        raise argparse.ArgumentTypeError(f"must be a number of seconds from 0.05 to 3600, got {s!r}")
-    return x
-
-
 def build_parser() -> argparse.ArgumentParser:
     p = _Parser(prog="instrument", description="Per-stage instrumentation for ML inference services.")
     p.add_argument("--version", action="version", version=f"instrument {__version__}")
@@ -633,7 +583,7 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("-o", "--output", default="run.json", help="merged snapshot (default run.json); each process "
                    "saves its part into <stem>.parts/ beside it, removed after the merge")
     r.add_argument("--keep-parts", action="store_true", help="keep each process's snapshot in <stem>.parts/")
-    r.add_argument("--trace-events", type=_count, default=100_000, metavar="N",
+    r.add_argument("--trace-events", type=_option("trace_events"), default=100_000, metavar="N",
                    help="timeline events kept per process for the Chrome trace (default 100000, 0 = off)")
     r.add_argument("--no-report", action="store_true", help="do not print the breakdown")
     r.add_argument("command", nargs=argparse.REMAINDER, help="-- program and arguments")
@@ -648,10 +598,11 @@ def build_parser() -> argparse.ArgumentParser:
     rp.add_argument("--quantile", type=_fraction, metavar="Q", help="with --tail: slow calls are those at or above "
                     "this quantile of the top-level stage (default 0.99)")
     rp.add_argument("--json", action="store_true", help="the same as --format json")
-    rp.add_argument("--sort", choices=table.SORTS, default="tree")
-    rp.add_argument("--depth", type=_positive, metavar="N")
+    rp.add_argument("--sort", choices=sort_keys(), default="tree", metavar="KEY",
+                    help=f"siblings in tree order, by name, or by a metric, largest first: {', '.join(sort_keys())}")
+    rp.add_argument("--depth", type=_value(config.integer(1)), metavar="N")
     rp.add_argument("--fold", action="store_true", help="one row per stage name wherever it nested")
-    rp.add_argument("--format", choices=TABLE_FORMATS, default="table")
+    rp.add_argument("--format", choices=table.FORMATS, default="table")
     rp.add_argument("--ops", action="store_true", help="show the torch operators under each stage")
     rp.add_argument("--ranks", action="store_true", help="the ranks of a torch.distributed job side by side: each "
                     "stage's spread over ranks per step, the straggler, the wait it caused, missing ranks")
@@ -660,11 +611,11 @@ def build_parser() -> argparse.ArgumentParser:
     d = sub.add_parser("diff", help="compare two snapshots stage by stage")
     d.add_argument("before", metavar="BEFORE")
     d.add_argument("after", metavar="AFTER")
-    d.add_argument("--format", choices=TABLE_FORMATS, default="table")
+    d.add_argument("--format", choices=table.FORMATS, default="table")
     d.add_argument("--fail-if-slower", type=_percent, metavar="PCT",
                    help="exit 1 when the headline stage got more than PCT percent slower per call and the "
                    "slowdown is beyond noise")
-    d.add_argument("--alpha", type=_alpha, metavar="A",
+    d.add_argument("--alpha", type=_option("diff_alpha"), metavar="A",
                    help="chance of calling noise a change (default: the diff_alpha option, 0.01)")
     d.add_argument("--min-change", type=_percent, metavar="PCT",
                    help="smallest change in percent called beyond noise (default: the diff_min_change option, 3)")
@@ -679,15 +630,16 @@ def build_parser() -> argparse.ArgumentParser:
 
     e = sub.add_parser("export", help="write snapshots in another format")
     g = e.add_mutually_exclusive_group(required=True)
-    g.add_argument("--chrome", metavar="OUT", help="Chrome Trace Event JSON (needs trace events)")
-    g.add_argument("--prometheus", metavar="OUT", help="Prometheus text exposition format")
-    g.add_argument("--hatchet", metavar="OUT", help="Hatchet literal JSON")
-    g.add_argument("--html", metavar="OUT", help="self-contained HTML report")
+    options: Dict[str, Tuple[Any, List[str]]] = {}
+    for f in formats().values():
+        g.add_argument(f"--{f.name}", metavar="OUT", dest=_format_dest(f.name),
+                       help=f"{f.summary.rstrip('.')} (OUT: a {f.extension} file, or - for stdout)")
+        for o in f.options:
+            options.setdefault(o.name, (o, []))[1].append(f"--{f.name}")
     e.add_argument("files", nargs="+", metavar="SNAPSHOT")
-    e.add_argument("--diff", action="store_true", help="with --html BEFORE AFTER: a comparison")
-    e.add_argument("--openmetrics", action="store_true", help="with --prometheus: the OpenMetrics format, which "
-                   "carries the slowest calls as exemplars")
-    e.add_argument("--title", help="HTML page title")
+    for o, owners in options.values():
+        kind: Dict[str, Any] = {"action": "store_true"} if o.metavar is None else {"metavar": o.metavar}
+        e.add_argument(f"--{o.name}", dest=_option_dest(o.name), help=f"with {' or '.join(owners)}: {o.help}", **kind)
     e.set_defaults(func=_cmd_export)
 
     dr = sub.add_parser("doctor", help="what this machine allows (perf counters, NVTX, GPU)")
@@ -696,32 +648,32 @@ def build_parser() -> argparse.ArgumentParser:
 
     n = sub.add_parser("nsys", help="run a program under Nsight Systems, capturing the steady state")
     n.add_argument("--dry-run", action="store_true", help="print the nsys command only")
-    n.add_argument("--capture", metavar="NAME", help="NVTX capture range name")
-    n.add_argument("--warmup", type=_count, metavar="N", help="iterations before the capture range opens")
+    n.add_argument("--capture", type=_option("capture"), metavar="NAME", help="NVTX capture range name")
+    n.add_argument("--warmup", type=_option("warmup"), metavar="N", help="iterations before the capture range opens")
     n.add_argument("-o", "--output", metavar="OUT", help="nsys report file")
     n.add_argument("command", nargs=argparse.REMAINDER)
     n.set_defaults(func=_cmd_nsys)
 
     ad = sub.add_parser("advise", help="the biggest stages' bottleneck verdicts and what to run next")
     ad.add_argument("files", nargs="*", default=["run.json"], metavar="SNAPSHOT", help="default run.json")
-    ad.add_argument("--top", type=_positive, default=3, metavar="N")
+    ad.add_argument("--top", type=_value(config.integer(1)), default=3, metavar="N")
     ad.add_argument("--json", action="store_true")
     ad.set_defaults(func=_cmd_advise)
 
     tp = sub.add_parser("top", help="live view of a running process's stages, from its /snapshot endpoint")
     tp.add_argument("url", metavar="URL", help=f"host:port (or port) of {config.env_name('serve')} / "
                     "instrument.serve_metrics, or a full http://host:port/path serving a snapshot")
-    tp.add_argument("--interval", type=_interval, default=2.0, metavar="SECONDS",
+    tp.add_argument("--interval", type=_value(config.number(0.05, 3600)), default=2.0, metavar="SECONDS",
                     help="window length and refresh period (default 2)")
-    tp.add_argument("--sort", choices=("total", "calls", "p50", "p99", "cpu", "name", "tree"), default="total",
-                    help="siblings ordered by this (keys change it while running)")
+    tp.add_argument("--sort", choices=sort_keys(), default="total", metavar="KEY",
+                    help="siblings ordered by this, as `report --sort` (keys change it while running)")
     tp.add_argument("--once", action="store_true", help="print one window after --interval seconds and exit")
     tp.add_argument("--json", action="store_true", help="the window as snapshot JSON (implies --once)")
     tp.set_defaults(func=_cmd_top)
 
     x = sub.add_parser("demo", help="run the demo inference service", add_help=False)
     x.add_argument("args", nargs=argparse.REMAINDER)
-    x.set_defaults(func=_cmd_demo)
+    x.set_defaults(func=lambda a: _demo(_rest(a.args)))
     return p
 
 
@@ -734,7 +686,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     argv = list(argv)
     try:
         if argv[:1] == ["demo"]:   # the demo parses its own options
-            return int(_optional("instrument.demo", "run_demo", "demo")(argv[1:]) or 0)
+            return _demo(argv[1:])
         args = build_parser().parse_args(argv)
         if getattr(args, "func", None) is None:
             build_parser().print_help(sys.stderr)

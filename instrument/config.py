@@ -38,7 +38,7 @@ def _tristate(name: str, v: Any) -> str:
     raise ValueError(f"{name} must be auto, on or off (or a boolean), got {v!r}")
 
 
-def _int(lo: int, hi: Optional[int] = None) -> Callable[[str, Any], int]:
+def integer(lo: int, hi: Optional[int] = None) -> Callable[[str, Any], int]:
     def parse(name: str, v: Any) -> int:
         if isinstance(v, bool):
             raise ValueError(f"{name} must be an integer, got {v!r}")
@@ -54,14 +54,14 @@ def _int(lo: int, hi: Optional[int] = None) -> Callable[[str, Any], int]:
 
 
 def _optional_int(lo: int) -> Callable[[str, Any], Optional[int]]:
-    parse_int = _int(lo)
+    parse_int = integer(lo)
 
     def parse(name: str, v: Any) -> Optional[int]:
         return None if v is None or (isinstance(v, str) and not v.strip()) else parse_int(name, v)
     return parse
 
 
-def _float(lo: float, hi: float) -> Callable[[str, Any], float]:
+def number(lo: float, hi: float) -> Callable[[str, Any], float]:
     def parse(name: str, v: Any) -> float:
         try:
             x = float(v) if not isinstance(v, bool) else None
@@ -189,11 +189,11 @@ OPTIONS: Tuple[Option, ...] = (
            "charge CPU time and counters inside asyncio tasks to each task's own stages (a hook on asyncio's task "
            "steps); off: a call that overlaps other tasks on its thread keeps its wall time, its CPU time and counters "
            "are left out (cpu_ns.overlapped_calls)"),
-    Option("max_stages", "INSTRUMENT_MAX_STAGES", 10000, _int(1, 10_000_000),
+    Option("max_stages", "INSTRUMENT_MAX_STAGES", 10000, integer(1, 10_000_000),
            "distinct stage nodes kept; more are folded into '(other)'", hot=True),
-    Option("trace_events", "INSTRUMENT_TRACE_EVENTS", 0, _int(0, 100_000_000),
+    Option("trace_events", "INSTRUMENT_TRACE_EVENTS", 0, integer(0, 100_000_000),
            "size of the ring of timeline events kept for the Chrome trace export (0 = off)", hot=True),
-    Option("exemplars", "INSTRUMENT_EXEMPLARS", 32, _int(0, 1024),
+    Option("exemplars", "INSTRUMENT_EXEMPLARS", 32, integer(0, 1024),
            "calls kept per top-level stage with their per-stage breakdown: the K slowest and a sample of K "
            "typical ones, for `instrument report --tail` (0 = off)", hot=True),
     Option("nvtx", "INSTRUMENT_NVTX", True, _bool, "emit an NVTX range for every stage", hot=True),
@@ -202,7 +202,7 @@ OPTIONS: Tuple[Option, ...] = (
            "open torch.profiler ranges for stages while a profiler is active (auto: when torch is imported)"),
     Option("gpu", "INSTRUMENT_GPU", "auto", _tristate,
            "time stages on the GPU with CUDA events (auto: when torch has initialised CUDA)"),
-    Option("gpu_events", "INSTRUMENT_GPU_EVENTS", 4096, _int(2, 1_000_000),
+    Option("gpu_events", "INSTRUMENT_GPU_EVENTS", 4096, integer(2, 1_000_000),
            "bound of the pool of unresolved CUDA event pairs; samples beyond it are counted as dropped"),
     Option("collectives", "INSTRUMENT_COLLECTIVES", True, _bool,
            "time torch.distributed collectives and send/recv (all_reduce, barrier, ...) as child stages of their "
@@ -216,37 +216,39 @@ OPTIONS: Tuple[Option, ...] = (
            "host; other hosts only with serve_any_host)"),
     Option("serve_any_host", "INSTRUMENT_SERVE_ANY_HOST", False, _bool,
            "allow `serve` to listen on an address other than loopback (reachable from other machines)"),
-    Option("verdict_wait_cpu", "INSTRUMENT_VERDICT_WAIT_CPU", 0.5, _float(0.0, 1.0),
+    Option("verdict_wait_cpu", "INSTRUMENT_VERDICT_WAIT_CPU", 0.5, number(0.0, 1.0),
            "CPU/wall below which a stage is judged waiting"),
-    Option("verdict_compute_cpu", "INSTRUMENT_VERDICT_COMPUTE_CPU", 0.85, _float(0.0, 1.0),
+    Option("verdict_compute_cpu", "INSTRUMENT_VERDICT_COMPUTE_CPU", 0.85, number(0.0, 1.0),
            "CPU/wall above which a stage is judged compute-bound"),
-    Option("verdict_gpu_share", "INSTRUMENT_VERDICT_GPU_SHARE", 0.6, _float(0.0, 1.0),
+    Option("verdict_gpu_share", "INSTRUMENT_VERDICT_GPU_SHARE", 0.6, number(0.0, 1.0),
            "GPU time / wall above which a stage is judged gpu-bound"),
-    Option("verdict_runqueue_share", "INSTRUMENT_VERDICT_RUNQUEUE_SHARE", 0.3, _float(0.0, 1.0),
+    Option("verdict_runqueue_share", "INSTRUMENT_VERDICT_RUNQUEUE_SHARE", 0.3, number(0.0, 1.0),
            "share of a stage's own time ready but waiting for a CPU (run queue) from which it is judged cpu-starved"),
-    Option("verdict_loop_share", "INSTRUMENT_VERDICT_LOOP_SHARE", 0.3, _float(0.0, 1.0),
+    Option("verdict_loop_share", "INSTRUMENT_VERDICT_LOOP_SHARE", 0.3, number(0.0, 1.0),
            "share of a stage's own time woken but waiting for the event loop from which it is judged loop-blocked"),
-    Option("verdict_kernel_share", "INSTRUMENT_VERDICT_KERNEL_SHARE", 0.5, _float(0.0, 1.0),
+    Option("verdict_kernel_share", "INSTRUMENT_VERDICT_KERNEL_SHARE", 0.5, number(0.0, 1.0),
            "system (kernel) time / CPU time above which a busy stage is judged kernel-bound"),
-    Option("verdict_miss_ratio", "INSTRUMENT_VERDICT_MISS_RATIO", 0.1, _float(0.0, 1.0),
+    Option("verdict_miss_ratio", "INSTRUMENT_VERDICT_MISS_RATIO", 0.1, number(0.0, 1.0),
            "cache-miss ratio above which a stage is judged memory-bound"),
-    Option("verdict_mpki", "INSTRUMENT_VERDICT_MPKI", 10.0, _float(0.0, 1e6),
+    Option("verdict_mpki", "INSTRUMENT_VERDICT_MPKI", 10.0, number(0.0, 1e6),
            "cache misses per 1,000 instructions above which a stage is judged memory-bound"),
-    Option("verdict_low_ipc", "INSTRUMENT_VERDICT_LOW_IPC", 1.0, _float(0.0, 100.0),
+    Option("verdict_low_ipc", "INSTRUMENT_VERDICT_LOW_IPC", 1.0, number(0.0, 100.0),
            "IPC below which a memory-bound suspicion is confirmed"),
-    Option("diff_alpha", "INSTRUMENT_DIFF_ALPHA", 0.01, _float(1e-9, 0.5),
+    Option("diff_alpha", "INSTRUMENT_DIFF_ALPHA", 0.01, number(1e-9, 0.5),
            "diff: the chance of calling noise a change; intervals are at 1 - alpha (0.01: 99 %)"),
-    Option("diff_min_change", "INSTRUMENT_DIFF_MIN_CHANGE", 0.03, _float(0.0, 10.0),
+    Option("diff_min_change", "INSTRUMENT_DIFF_MIN_CHANGE", 0.03, number(0.0, 10.0),
            "diff: the smallest relative change called beyond noise (0.03 = 3 %): drift between runs that no test "
            "sees stays under it"),
 )
 BY_NAME: Dict[str, Option] = {o.name: o for o in OPTIONS}
+SHARED_FOLDER_VARIABLE = "PROMETHEUS_MULTIPROC_DIR"   # prometheus_client's name for the workers' shared folder
 ENV_ONLY = {
     "INSTRUMENT_DISABLE": "1 turns every stage into a no-op (same as configure(enabled=False))",
     "INSTRUMENT_PURE_PYTHON": "1 uses the pure-Python backend even when the C extension is built (read at import)",
     "INSTRUMENT_DEBUG": "1 lets the command line show the traceback of an internal error",
+    SHARED_FOLDER_VARIABLE: "the folder where each worker of a service keeps its snapshot "
+                                "(instrument.start_snapshot_writer); serve_metrics then serves their merge",
 }
-PREFIX = "INSTRUMENT_"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -383,6 +385,12 @@ def pure_python_requested(environ: Optional[Mapping[str, str]] = None) -> bool:
         return _bool("INSTRUMENT_PURE_PYTHON", env.get("INSTRUMENT_PURE_PYTHON", "0") or "0")
     except ValueError:
         return False   # from_env() reports the bad value once
+
+
+def shared_folder(environ: Optional[Mapping[str, str]] = None) -> Optional[str]:
+    """$PROMETHEUS_MULTIPROC_DIR: the folder the workers of a service share their snapshots in; None when unset."""
+    env = os.environ if environ is None else environ
+    return env.get(SHARED_FOLDER_VARIABLE) or None
 
 
 PURE_PYTHON_REASON = "INSTRUMENT_PURE_PYTHON=1"

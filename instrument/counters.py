@@ -1,4 +1,4 @@
-"""perf_event catalogue, spec parsing, errno meanings, scaling and derived ratios.
+"""perf_event catalogue, spec parsing, errno meanings and derived ratios.
 
 Pure data and arithmetic: no I/O (opening events is instrument.live.perf).
 """
@@ -7,7 +7,7 @@ import os
 import re
 
 __all__ = ["EVENTS", "DEFAULT", "KERNEL_CONTEXT_EVENTS", "PERM_FIX", "resolve", "parse_counters", "describe_errno",
-           "scale", "derived"]
+           "derived"]
 
 PERF_TYPE_HARDWARE, PERF_TYPE_SOFTWARE, PERF_TYPE_RAW = 0, 1, 4
 
@@ -123,15 +123,6 @@ def describe_errno(err, event_kind="hardware"):
     if err == _errno.EOVERFLOW:
         return ("sample_max_stack above kernel.perf_event_max_stack", None)
     return (os.strerror(err), None)
-
-
-def scale(delta_value, delta_enabled, delta_running):
-    """(estimate, scaled): None if the counter never ran; value*enabled/running when multiplexed."""
-    if not delta_running:
-        return (None, False)
-    if delta_enabled == delta_running:
-        return (delta_value, False)
-    return ((2 * delta_value * delta_enabled + delta_running) // (2 * delta_running), True)  # rounded, exact ints
 
 
 def _ratio(num, den, factor=1):

@@ -88,8 +88,8 @@ def ci99(total: Optional[float], var: float, upper: Optional[float] = None) -> O
 
 def _estimate_json(e: Mapping[str, Any], upper: Optional[float] = None) -> Dict[str, Any]:
     """An estimate {"total", "self", "var", "var_self", "reads"} as saved: standard deviations, and the interval."""
-    d = {"total": _num(round(e["total"], 3)), "self": _num(round(e["self"], 3)), "sd": round(math.sqrt(e["var"]), 3),
-         "sd_self": round(math.sqrt(e["var_self"]), 3), "reads": e["reads"]}
+    d = {"total": _num(round(e["total"], 3)), "self": _num(round(e["self"], 3)), "sd": math.sqrt(e["var"]),
+         "sd_self": math.sqrt(e["var_self"]), "reads": e["reads"]}   # unrounded: a reloaded interval is the same
     if e["var"] > 0:
         d["ci99"] = [round(x, 3) for x in ci99(e["total"], e["var"], upper)]
     return d
@@ -236,7 +236,7 @@ class StageStats:
         d = {"total": self.cpu_total, "self": self.cpu_self, "calls": self.cpu_calls, "read_calls": self.cpu_reads,
              "estimated": self.cpu_estimated}
         if self.cpu_estimated and self.cpu_total is not None:
-            d.update(sd=round(math.sqrt(self.cpu_var), 3), sd_self=round(math.sqrt(self.cpu_var_self), 3),
+            d.update(sd=math.sqrt(self.cpu_var), sd_self=math.sqrt(self.cpu_var_self),
                      ci99=[round(x, 3) for x in self.cpu_ci99])
         if self.helpers is not None:
             d["helpers"] = _estimate_json(self.helpers)
@@ -444,7 +444,7 @@ def _counter_json(c: Mapping[str, Any]) -> Dict[str, Any]:
     """A counter's dict as saved: its variances as standard deviations, and its interval where estimated."""
     d = {k: v for k, v in c.items() if k not in ("var", "var_self")}
     if c.get("var") and c.get("total") is not None:
-        d.update(sd=round(math.sqrt(c["var"]), 3), sd_self=round(math.sqrt(c.get("var_self") or 0), 3),
+        d.update(sd=math.sqrt(c["var"]), sd_self=math.sqrt(c.get("var_self") or 0),
                  ci99=[round(x, 3) for x in ci99(c["total"], c["var"])])
     return d
 
@@ -1246,14 +1246,18 @@ def _source(meta: Mapping[str, Any]) -> Dict[str, Any]:
     return src
 
 
-def merge_processes(snaps: Iterable[Snapshot], progress: Optional[Callable[[int], None]] = None) -> Snapshot:
-    """Snapshots of separate processes as one (Snapshot.merge: exact, per rank where they name theirs, so one
-    that names its rank is a merge of one); timeline events and exemplars keep their process (`pid`) and are
-    put on the merged snapshot's time base."""
+def load(path) -> Snapshot:
+    return Snapshot.load(path)
+
+
+def merge_all(snaps: Iterable[Snapshot], progress: Optional[Callable[[int], None]] = None) -> Snapshot:
+    """The exact merge of snapshots (Snapshot.merge), one at a time; timeline events and exemplars keep
+    their process (`pid`) and are put on the merged snapshot's time base; a snapshot that names its rank
+    is a merge of one (its figures per rank).  progress(k) after the k-th."""
     acc: Optional[Snapshot] = None
     events: List[Dict[str, Any]] = []
     for k, s in enumerate(snaps, 1):
-        m = s.meta
+        m = s.meta   # a copy: merging never touches the snapshots merged
         base = round((m.get("start_time") or 0) * 1e9)
         events += [dict(e, pid=e.get("pid", m.get("pid")), ts_ns=e["ts_ns"] + base) for e in s.events]
         bare = Snapshot(s.stages, m, None, [dict(e, pid=e.get("pid", m.get("pid")), start_ns=e["start_ns"] + base)
@@ -1263,17 +1267,11 @@ def merge_processes(snaps: Iterable[Snapshot], progress: Optional[Callable[[int]
             progress(k)
     if acc is None:
         raise SnapshotError("no snapshot files given")
-    t0 = round((acc.meta.get("start_time") or 0) * 1e9)
-    return Snapshot(acc.stages, acc.meta, [dict(e, ts_ns=e["ts_ns"] - t0) for e in events],
+    t0 = round((acc._meta.get("start_time") or 0) * 1e9)
+    return Snapshot(acc.stages, acc._meta, [dict(e, ts_ns=e["ts_ns"] - t0) for e in events],
                     [dict(e, start_ns=e["start_ns"] - t0) for e in acc.exemplars])
 
 
-def load(path) -> Snapshot:
-    return Snapshot.load(path)
-
-
 def load_many(paths: Sequence[str]) -> Snapshot:
-    snaps = [Snapshot.load(p) for p in paths]
-    if not snaps:
-        raise SnapshotError("no snapshot files given")
-    return snaps[0].merge(*snaps[1:]) if len(snaps) > 1 else snaps[0]
+    """The files' snapshots, merged (merge_all), read one at a time."""
+    return merge_all(Snapshot.load(p) for p in paths)

@@ -5,9 +5,10 @@ Reads only Snapshots, fetched over HTTP from the process's `/snapshot` (served b
 side.  Every `interval` seconds it takes the window between the last two snapshots
 (`Snapshot.since`: counts, sums and histograms subtracted exactly; for the merge of
 several workers, the same per stage) and shows per stage the window's calls/s,
-p50/p99, CPU/wall, counters and verdict.
+p50/p99, CPU/wall, counters and verdict: the metrics of instrument.analysis.metrics,
+as many as the width allows.
 
-    instrument top 127.0.0.1:9464 [--interval 2] [--sort total|calls|p50|p99|cpu|name|tree]
+    instrument top 127.0.0.1:9464 [--interval 2] [--sort total|calls|p50|p99|cpu_per_wall|name|tree|...]
     instrument top URL --once --json      # one window as snapshot JSON, for scripts
 
 Keys: t total, c calls, m p50 (median), p p99, u CPU/wall, n name, r tree order, q quit.
@@ -22,16 +23,17 @@ import time
 import urllib.error
 import urllib.parse
 import urllib.request
-from typing import List, Optional
+from typing import Any, Callable, List, NamedTuple, Optional
 
 from . import config
+from .analysis.metrics import METRICS, Metric, ordered
 from .analysis.verdict import with_verdicts
-from .exporters.format import ms, name as name_display, ratio
+from .exporters.format import cell
+from .exporters.table import label
 from .snapshot import Snapshot, SnapshotError
 
 MAX_BODY = 80 << 20           # above what /snapshot ever sends (64 MiB)
-SORTS = ("total", "calls", "p50", "p99", "cpu", "name", "tree")
-KEYS = {"t": "total", "c": "calls", "m": "p50", "p": "p99", "u": "cpu", "n": "name", "r": "tree"}
+KEYS = {"t": "total", "c": "calls", "m": "p50", "p": "p99", "u": "cpu_per_wall", "n": "name", "r": "tree"}
 WIDTH = 80
 
 
@@ -117,81 +119,54 @@ def seconds(win: Snapshot, measured: float) -> float:
 
 
 # ---------------------------------------------------------------------- rows
-def _per_call(s, name: str) -> Optional[float]:
-    v = s.counter(name)
-    return v / s.calls if v is not None and s.calls else None
+class Column(NamedTuple):
+    header: str
+    width: int
+    text: Callable[[Snapshot, Any, float, int], str]   # (window, stage, window seconds, top-level wall ns)
 
 
-def _ipc(s) -> Optional[float]:
-    i, c = s.counter("instructions"), s.counter("cycles")
-    return i / c if i is not None and c else None
+def _metric(name: str) -> Column:
+    m: Metric = METRICS[name]
+    return Column(m.header, m.column_width, lambda win, s, t, tot: cell(m, win, s))
 
 
-#: (header, width, value(stage, window seconds, wall ns of the top-level stages) -> text)
-COLUMNS = [
-    ("calls/s", 8, lambda s, t, tot: f"{s.calls / t:.1f}" if t else "n/a"),
-    ("p50 ms", 7, lambda s, t, tot: ms(s.quantile(0.5))),
-    ("p99 ms", 7, lambda s, t, tot: ms(s.quantile(0.99))),
-    ("time%", 5, lambda s, t, tot: f"{100 * s.wall_total / tot:.1f}" if tot else "n/a"),
-    ("C/W", 4, lambda s, t, tot: ratio(s.cpu_ratio)),
-    ("verdict", 13, lambda s, t, tot: (s.verdict or {}).get("verdict", "")),
-]
-COUNTER_COLUMNS = [   # shown while the width allows, when the window has them: (..., counters needed)
-    ("IPC", 5, lambda s, t, tot: ratio(_ipc(s)), ("instructions", "cycles")),
-    ("flt/call", 8, lambda s, t, tot: _num(_per_call(s, "page-faults")), ("page-faults",)),
-    ("cs/call", 7, lambda s, t, tot: _num(_per_call(s, "context-switches")), ("context-switches",)),
-]
+def _window_columns() -> List[Column]:
+    """What only a window has: the rate of calls and the share of the window's time."""
+    return [Column("calls/s", 8, lambda win, s, t, tot: f"{s.calls / t:.1f}" if t else "n/a"),
+            Column("time%", 5, lambda win, s, t, tot: f"{100 * s.wall_total / tot:.1f}" if tot else "n/a")]
 
 
-def _num(x: Optional[float]) -> str:
-    if x is None:
-        return "n/a"
-    return f"{x:.0f}" if x >= 100 else f"{x:.1f}" if x >= 1 else f"{x:.2f}"
+CORE = ("p50", "p99", "cpu_per_wall")                              # after calls/s, before time%
+PREFERRED = ("ipc", "page_faults_per_call", "context_switches_per_call")   # the first added as the width allows
 
 
-def _key(sort: str):
-    return {"total": lambda s: -s.wall_total, "calls": lambda s: -s.calls,
-            "p50": lambda s: -(s.quantile(0.5) or 0), "p99": lambda s: -(s.quantile(0.99) or 0),
-            "cpu": lambda s: -(s.cpu_ratio or 0), "name": lambda s: s.name}[sort]
-
-
-def ordered(win: Snapshot, sort: str) -> list:
-    """The stages as a tree, siblings sorted by `sort` ('tree': first-seen order)."""
-    out: list = []
-
-    def walk(path):
-        kids = win.children(path)
-        if sort != "tree":
-            kids = sorted(kids, key=_key(sort))
-        for k in kids:
-            out.append(k)
-            walk(k.path)
-    walk(())
-    return out
-
-
-def columns(win: Snapshot, width: int) -> list:
-    """The base columns, then counter columns while they fit in `width` (stage names get at least 18)."""
-    cols = [(h, w, f) for h, w, f in COLUMNS]
-    used = 18 + sum(w + 1 for _, w, _ in cols)
-    for h, w, f, needs in COUNTER_COLUMNS:
-        if used + w + 1 <= width and any(all(s.counter(n) is not None for n in needs) for s in win):
-            cols.insert(len(cols) - 1, (h, w, f))
-            used += w + 1
-    return cols
+def columns(win: Snapshot, width: int) -> List[Column]:
+    """calls/s, p50, p99, time%, C/W; then the other metrics the window has while they fit in `width`
+    (stage names get at least 18), those of PREFERRED first; the verdict last."""
+    rate, share = _window_columns()
+    cols = [rate, _metric("p50"), _metric("p99"), share, _metric("cpu_per_wall")]
+    verdict = _metric("verdict")
+    used = 18 + sum(c.width + 1 for c in cols) + verdict.width + 1
+    rest = [n for n in PREFERRED if n in METRICS] + [n for n in METRICS if n not in PREFERRED]
+    for name in rest:
+        if name in CORE or name == "verdict" or not METRICS[name].wanted(win):
+            continue
+        c = _metric(name)
+        if used + c.width + 1 <= width:
+            cols.append(c)
+            used += c.width + 1
+    return cols + [verdict]
 
 
 def table_lines(win: Snapshot, secs: float, sort: str = "total", width: int = WIDTH) -> List[str]:
     """The window as text lines of at most `width` characters."""
     cols = columns(win, width)
-    name_w = max(10, width - sum(w + 1 for _, w, _ in cols))
-    total = sum(s.wall_total for s in win.roots)
-    lines = [f"{'stage':<{name_w}}" + "".join(f" {h:>{w}}" for h, w, _ in cols)]
+    name_w = max(10, width - sum(c.width + 1 for c in cols))
+    total = win.total_ns
+    lines = [f"{'stage':<{name_w}}" + "".join(f" {c.header:>{c.width}}" for c in cols)]
     for s in ordered(win, sort):
-        label = "  " * s.depth + name_display(s.name)
-        if len(label) > name_w:
-            label = label[: name_w - 1] + "…"
-        lines.append(f"{label:<{name_w}}" + "".join(f" {f(s, secs, total)[:w]:>{w}}" for _, w, f in cols))
+        lines.append(f"{label(s, name_w):<{name_w}}" + "".join(f" {c.text(win, s, secs, total)[:c.width]:>{c.width}}"
+                                                             for c in cols))
     if len(lines) == 1:
         lines.append("(no stage completed a call in this window)")
     return [line[:width] for line in lines]

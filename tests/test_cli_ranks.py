@@ -3,8 +3,8 @@ checked, what is left out, and the one-line errors."""
 import json
 
 from instrument import cli
-from instrument.exporters import multiproc
-from instrument.snapshot import Snapshot, merge_processes
+from instrument.serve import multiproc
+from instrument.snapshot import Snapshot, merge_all
 from snapfactory import snap, st
 
 MS = 1_000_000
@@ -58,7 +58,7 @@ def test_merge_by_rank_of_files_folders_and_writer_files(tmp_path, capsys):
 
 def test_report_ranks_table_and_json(tmp_path, capsys):
     m = tmp_path / "m.json"
-    merge_processes([Snapshot.load(rank_file(tmp_path, r, world=3)) for r in (0, 1)]).save(m)
+    merge_all([Snapshot.load(rank_file(tmp_path, r, world=3)) for r in (0, 1)]).save(m)
     rc, out, _ = main(capsys, "report", "--ranks", m)
     assert rc == 0 and out.startswith("Ranks: 2 of a world of 3 on 1 host")
     assert "Missing: rank 2: no snapshot" in out and "Straggler: rank 1 in step/work, +4.00 ms per step" in out
@@ -76,7 +76,7 @@ def test_what_is_refused(tmp_path, capsys):
     err = error(capsys, "merge", "--by-rank", a, other)
     assert "is of a world of 2 ranks but" in err and "of 8: files of different jobs" in err
     m = tmp_path / "m.json"
-    merge_processes([Snapshot.load(a), Snapshot.load(rank_file(tmp_path, 1))]).save(m)
+    merge_all([Snapshot.load(a), Snapshot.load(rank_file(tmp_path, 1))]).save(m)
     assert "give the merge or its parts, not both" in error(capsys, "merge", "--by-rank", m, a)
     snap(pid=7).save(tmp_path / "launcher.json")
     assert "none of the files names a rank" in error(capsys, "report", "--ranks", tmp_path / "launcher.json")

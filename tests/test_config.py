@@ -68,3 +68,13 @@ def test_serve_refuses_other_hosts_unless_asked():
     with pytest.raises(ValueError, match="not a loopback address"):
         config.from_env({"INSTRUMENT_SERVE": "0.0.0.0:1"}, strict=True)
     assert config.from_env({"INSTRUMENT_SERVE": "0.0.0.0:1", "INSTRUMENT_SERVE_ANY_HOST": "1"}).serve == "0.0.0.0:1"
+
+
+def test_the_option_table_of_the_docs_is_config_describe():
+    import os
+    from instrument import config
+    docs = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "docs", "configuration.md")
+    text = open(docs, encoding="utf-8").read()
+    assert config.describe() in text, "docs/configuration.md: paste the output of config.describe()"
+    for o in config.OPTIONS:                      # every option and variable, as the parser knows them
+        assert f"| `{o.name}` |" in text and (o.env is None or f"`{o.env}`" in text)

@@ -1,10 +1,10 @@
-"""The perf_event catalogue: spec parsing, errno meanings, scaling, derived ratios (no I/O)."""
+"""The perf_event catalogue: spec parsing, errno meanings, derived ratios (no I/O)."""
 import errno
 import os
 
 import pytest
 
-from instrument.counters import DEFAULT, EVENTS, derived, describe_errno, parse_counters, resolve, scale
+from instrument.counters import DEFAULT, EVENTS, derived, describe_errno, parse_counters, resolve
 
 # ---------------------------------------------------------------- catalogue and parsing
 
@@ -62,17 +62,7 @@ def test_describe_errno_meanings():
     assert describe_errno(errno.EXDEV, "software") == (os.strerror(errno.EXDEV), None)
 
 
-# ---------------------------------------------------------------- scaling and ratios
-
-def test_scale():
-    assert scale(1000, 2000, 2000) == (1000, False)
-    assert scale(1000, 2000, 1000) == (2000, True)   # ran half the time
-    assert scale(1001, 3, 2) == (1502, True)         # 1501.5 rounds half up, exact ints
-    assert scale(10**18, 10**12, 10**11) == (10**19, True)
-    assert scale(0, 500, 0) == (None, False)         # never scheduled on the PMU
-    assert scale(0, 0, 0) == (None, False)
-
-
+# ------------------------------------------------------------------------ ratios
 def test_derived_ratios():
     c = {"cycles": 4000, "instructions": 10000, "cache-references": 500, "cache-misses": 50,
          "branches": 2000, "branch-misses": 40, "task-clock": 3_000_000}

@@ -175,6 +175,9 @@ def test_demo_run_finds_the_win_and_its_summary_is_the_snapshots(model, tmp_path
     assert top["path"][-1] + ": " + top["verdict"] in out.split("== baseline → optimized ==")[1].replace("request/", "")
     ops = summary["operators"]
     assert ops and all(r["name"].startswith("aten::") for r in ops)       # torch's own operators under forward
+    modules = summary["modules"]   # instrument.modules: forward split by the model's own top modules
+    assert [r["name"] for r in modules] == ["embeddings", "encoder", "pooler"]
+    assert all(r["calls"] == 5 for r in modules) and 0 < sum(r["share"] for r in modules) <= 1
     # the tokenizers are CPU work: their verdict follows the share of a CPU the thread was given
     v = base["request/tokenize"].verdict
     share = v["evidence"]["cpu_per_wall"]

@@ -18,7 +18,7 @@ pytest.importorskip("gunicorn")
 httpx = pytest.importorskip("httpx")
 from prometheus_client.parser import text_string_to_metric_families  # noqa: E402
 
-from instrument.exporters import multiproc  # noqa: E402
+from instrument.serve import multiproc  # noqa: E402
 from snapfactory import cli  # noqa: E402
 from test_demo import ROOT, running_service  # noqa: E402
 

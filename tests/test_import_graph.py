@@ -1,7 +1,8 @@
 """The house's shape, read from the source with `ast` (imports inside functions
-count too): no import circle, the model a leaf, the live side reached only by the
-facade (instrument, instrument.distributed) and the command line, every INSTRUMENT_* variable
-read in config.py."""
+count too): no import circle, the model a leaf, layers that import one way (live
+-> snapshot <- analysis <- exporters <- serve <- facade and command line), the
+live side reached only by the facades (instrument, instrument.distributed) and the
+command line, every environment variable of the package read in config.py."""
 import ast
 import os
 
@@ -103,14 +104,25 @@ def test_the_model_is_a_leaf():
     assert GRAPH["instrument.config"] <= {"instrument.counters"}
 
 
-def test_analysis_and_exporters_never_import_the_live_side():
+LAYERS = ("instrument.analysis", "instrument.exporters", "instrument.serve")   # each imports only those before it
+
+
+def test_analysis_exporters_and_serve_never_import_the_live_side():
     for m, deps in GRAPH.items():
-        if m.startswith(("instrument.analysis", "instrument.exporters")):
+        if m.startswith(LAYERS):
             bad = {d for d in deps if d.startswith("instrument.live") or d in ("instrument", "instrument.cli",
                                                                               "instrument._native")}
             assert not bad, f"{m} imports {sorted(bad)}"
-        if m.startswith("instrument.analysis"):
-            assert not {d for d in deps if d.startswith("instrument.exporters")}, m
+
+
+def test_the_layers_import_one_way():
+    for k, layer in enumerate(LAYERS):
+        above = LAYERS[k + 1:] + ("instrument.top",)
+        for m, deps in GRAPH.items():
+            if m.startswith(layer):
+                assert not {d for d in deps if d.startswith(above)}, f"{m} imports from a layer above it"
+    assert "instrument.serve.metrics" in GRAPH and GRAPH["instrument.serve.metrics"] >= {
+        "instrument.exporters.prometheus", "instrument.serve.multiproc"}
 
 
 def test_only_the_facade_and_the_command_line_reach_into_the_live_side():
@@ -127,3 +139,34 @@ def test_environment_variables_are_read_in_config_only():
     offenders = [os.path.relpath(p, ROOT) for p, _ in MODS.values()
                  if p not in allowed and "INSTRUMENT_" in open(p).read()]
     assert offenders == []
+    named = {os.path.relpath(p, ROOT) for p, _ in MODS.values() for node in ast.walk(ast.parse(open(p).read()))
+             if isinstance(node, ast.Constant) and node.value == "PROMETHEUS_MULTIPROC_DIR"}
+    assert named == {os.path.join("instrument", "config.py")}
+
+
+def reads_environment(path):
+    """Whether a module touches os.environ or os.getenv (or imports them from os)."""
+    for node in ast.walk(ast.parse(open(path).read())):
+        if isinstance(node, ast.Attribute) and node.attr in ("environ", "getenv") and \
+                isinstance(node.value, ast.Name) and node.value.id == "os":
+            return True
+        if isinstance(node, ast.ImportFrom) and node.module == "os" and \
+                {a.name for a in node.names} & {"environ", "getenv"}:
+            return True
+    return False
+
+
+def test_what_serves_reads_no_environment():
+    assert reads_environment(os.path.join(PKG, "config.py"))
+    for m, (path, _) in MODS.items():
+        if m.startswith(LAYERS):
+            assert not reads_environment(path), m
+
+
+def test_instrumentation_without_code_edits_builds_on_the_facade_only():
+    auto = {m for m in GRAPH if m.startswith("instrument.auto")}
+    assert "instrument.auto.modules" in auto
+    for m in auto:
+        bad = GRAPH[m] - auto - {"instrument"}
+        assert not bad, f"{m} imports {sorted(bad)}"
+    assert not GRAPH["instrument"] & auto   # imported on first use (instrument.__getattr__), never with the facade

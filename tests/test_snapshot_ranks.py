@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from instrument.snapshot import (RANK_FIELDS, Snapshot, SnapshotError, merge_processes, rank_figures, rank_of)
+from instrument.snapshot import (RANK_FIELDS, Snapshot, SnapshotError, merge_all, rank_figures, rank_of)
 from snapfactory import snap, st
 
 MS = 1_000_000
@@ -46,21 +46,21 @@ def test_snapshots_that_name_no_rank_keep_no_rank_figures():
     m = a.merge(b)
     assert m["req"].ranks is None and "ranks" not in json.loads(m.to_json())["stages"][0]
     assert set(m.meta["merged_from"][0]) == {"pid", "host", "start_time", "end_time"}
-    one = merge_processes([rank_snap(3, st("req", 2, MS))])            # one rank alone: a merge of one
+    one = merge_all([rank_snap(3, st("req", 2, MS))])            # one rank alone: a merge of one
     assert one["req"].ranks == {3: rank_figures(st("req", 2, MS))} and len(one.meta["merged_from"]) == 1
-    assert merge_processes([a]) == a
+    assert merge_all([a]) == a
 
 
 def test_rank_figures_survive_save_load_merge_and_fold(tmp_path):
     parts = job(calls=(4, 5, 6, 7), per_call=(MS, MS, 9 * MS, MS))
-    whole = merge_processes(parts)
+    whole = merge_all(parts)
     whole.save(tmp_path / "w.json")
     back = Snapshot.load(tmp_path / "w.json")
     assert back == whole and back["step/work"].ranks == whole["step/work"].ranks
-    halves = merge_processes(parts[:2]).merge(merge_processes(parts[2:]))
+    halves = merge_all(parts[:2]).merge(merge_all(parts[2:]))
     for s in whole.stages:
         assert halves[s.path].ranks == s.ranks and halves[s.path].calls == s.calls
-    again = whole.merge(merge_processes([rank_snap(2, st("step/work", 1, 5 * MS), pid=77)]))   # rank 2 restarted
+    again = whole.merge(merge_all([rank_snap(2, st("step/work", 1, 5 * MS), pid=77)]))   # rank 2 restarted
     assert again["step/work"].ranks[2]["calls"] == 7 and again["step/work"].ranks[2]["wall_ns"] == 6 * 9 * MS + 5 * MS
     folded = whole.fold()
     assert folded["work"].ranks == whole["step/work"].ranks
@@ -69,17 +69,17 @@ def test_rank_figures_survive_save_load_merge_and_fold(tmp_path):
 def test_since_of_merges_is_each_ranks_window():
     early = job(calls=(10, 10, 10), end=1_700_000_030.0)
     late = job(calls=(25, 24, 30), end=1_700_000_060.0)
-    w = merge_processes(late).since(merge_processes(early))
+    w = merge_all(late).since(merge_all(early))
     work = w["step/work"]
     assert {r: f["calls"] for r, f in work.ranks.items()} == {0: 15, 1: 14, 2: 20}
     assert work.ranks[2]["wall_ns"] == 20 * 3 * MS and work.calls == 49
     assert work.windows is None and w.meta["window"]["duration_ns"] is None and not w.events
     assert w["step"].ranks[1]["self_ns"] == 14 * MS
     with pytest.raises(SnapshotError, match="left the merge"):           # a rank that restarted: a new window
-        merge_processes([late[0], late[1]]).since(merge_processes(early))
-    backwards = merge_processes([rank_snap(0, st("step", 30, MS), pid=1000), rank_snap(1, st("step", 1, MS))])
+        merge_all([late[0], late[1]]).since(merge_all(early))
+    backwards = merge_all([rank_snap(0, st("step", 30, MS), pid=1000), rank_snap(1, st("step", 1, MS))])
     with pytest.raises(SnapshotError, match="rank 1 has 10 calls before and 1 after"):
-        backwards.since(merge_processes([rank_snap(0, st("step", 10, MS), pid=1000),
+        backwards.since(merge_all([rank_snap(0, st("step", 10, MS), pid=1000),
                                          rank_snap(1, st("step", 10, MS))]))
 
 
@@ -92,12 +92,12 @@ def test_since_of_merges_is_each_ranks_window():
     ({"gpu_ns": "fast"}, "gpu_ns >= 0 or null"),
 ])
 def test_bad_ranks_entries_are_refused_in_one_line(entry, why):
-    d = json.loads(merge_processes(job()).to_json())
+    d = json.loads(merge_all(job()).to_json())
     d["stages"][1]["ranks"][0].update(entry)
     with pytest.raises(SnapshotError, match=why) as e:
         Snapshot.from_dict(d)
     assert "\n" not in str(e.value) and "step/work" in str(e.value)
-    d = json.loads(merge_processes(job()).to_json())
+    d = json.loads(merge_all(job()).to_json())
     d["stages"][1]["ranks"].append(dict(d["stages"][1]["ranks"][0]))
     with pytest.raises(SnapshotError, match=r"a ranks entry needs a rank \(once\)"):
         Snapshot.from_dict(d)
@@ -107,5 +107,5 @@ def test_bad_ranks_entries_are_refused_in_one_line(entry, why):
 
 
 def test_every_rank_field_is_written_and_read():
-    d = json.loads(merge_processes(job()).to_json())
+    d = json.loads(merge_all(job()).to_json())
     assert [set(x) for x in d["stages"][1]["ranks"]] == [{"rank", *RANK_FIELDS}] * 3

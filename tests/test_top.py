@@ -14,7 +14,7 @@ import uuid
 import pytest
 
 import instrument
-from instrument.exporters import prometheus as P
+from instrument.serve import metrics as P
 from snapfactory import ROOT, cli, env
 
 pytest.importorskip("prometheus_client")

@@ -41,7 +41,7 @@ app = FastAPI(title="instrument embedding example", lifespan=lifespan)
 def service_snapshot() -> instrument.Snapshot:
     """This process's stages, or with PROMETHEUS_MULTIPROC_DIR the merge of every worker's."""
     if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
-        from instrument.exporters import multiproc
+        from instrument.serve import multiproc
         return multiproc.merged_snapshot()
     return instrument.snapshot()
 
@@ -49,7 +49,7 @@ def service_snapshot() -> instrument.Snapshot:
 def metrics_text() -> str:
     """Prometheus text exposition of the service's stages, from the SDK's exporter."""
     from instrument.exporters import prometheus
-    return prometheus.render(service_snapshot())
+    return prometheus.render([service_snapshot()])
 
 
 @app.post("/embed")
@@ -69,8 +69,8 @@ def metrics():
 @app.get("/snapshot")
 def snapshot():
     """The snapshot as JSON, as instrument.serve_metrics serves it: `instrument top 127.0.0.1:8000` reads it."""
-    from instrument.exporters import prometheus
-    return Response(prometheus.snapshot_body(service_snapshot()), media_type="application/json")
+    from instrument.serve import metrics
+    return Response(metrics.snapshot_body(service_snapshot()), media_type="application/json")
 
 
 @app.get("/debug/instrument")

@@ -11,7 +11,11 @@ the root in that call (`Snapshot.exemplars`).  For a root stage:
 - each stage's excess is its mean self time over the slow calls less its mean
   self time in the typical call; its share is that excess over the total excess
   (the slow calls' mean wall time less the typical one's), so the shares add up
-  to 1 and the stage that holds the tail comes first.
+  to 1 and the stage that holds the tail comes first;
+- each stage's excess is split by component (on a CPU, in the run queue, blocked,
+  awaiting, waiting for the event loop) from the kept calls' own splits, so a tail
+  reads as one sentence: "slow calls of request are 96 ms slower than a typical
+  one; 80 % of that is io waiting for the event loop, which burst held".
 
 Pure functions of a Snapshot, like the rest of `instrument.analysis`.
 """
@@ -20,9 +24,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
-from ..snapshot import Snapshot
+from ..snapshot import EXEMPLAR_SPLIT, Snapshot, StageStats
 
 Path = Tuple[str, ...]
+PARTS = ("on_cpu", "runqueue", "blocked", "awaiting", "loop_ready", "unknown")   # a kept call's self time, in parts
+PART_TEXT = {"on_cpu": "on a CPU", "runqueue": "waiting for a CPU (run queue)", "blocked": "blocked (I/O, locks, sleep)",
+             "awaiting": "awaiting", "loop_ready": "waiting for the event loop",
+             "unknown": "off the CPU part of the time, in calls left unread (run queue or blocked)"}
 
 
 @dataclass(frozen=True)
@@ -32,10 +40,17 @@ class Excess:
     share: Optional[float]    # of the total excess; None when the slow calls are no slower than typical ones
     slow_ns: float            # mean self time over the slow calls
     typical_ns: float         # self time in the typical call
+    parts: Mapping[str, float] = None   # the excess by component (PARTS): slow calls' mean less the typical's
+
+    @property
+    def component(self) -> Optional[str]:
+        """The component that holds most of the excess; None when nothing grew."""
+        grew = [(v, p) for p, v in (self.parts or {}).items() if v > 0]
+        return max(grew)[1] if grew else None
 
     def to_dict(self) -> Dict[str, Any]:
         return {"path": list(self.path), "ns": self.ns, "share": self.share, "slow_ns": self.slow_ns,
-                "typical_ns": self.typical_ns}
+                "typical_ns": self.typical_ns, "parts_ns": dict(self.parts or {}), "component": self.component}
 
 
 @dataclass(frozen=True)
@@ -66,6 +81,25 @@ class TailView:
             return None
         return sum(e.share for e in rows)   # type: ignore[misc]
 
+    def sentence(self, snap: Optional[Snapshot] = None) -> Optional[str]:
+        """Why the slow calls are slow, in one sentence: the stage that holds most of the excess and the component
+        of its time that grew (with the stages that held the event loop, from `snap`, where that was it)."""
+        total = self.total_excess_ns
+        top = next((e for e in self.excess if e.ns > 0), None)
+        if total is None or total <= 0 or top is None:
+            return None
+        root = "/".join(self.stage)
+        text = (f"slow calls of {root} (≥ p{self.quantile * 100:g}) are {total / 1e6:.3g} ms slower than a typical one; "
+                f"{top.share:.0%} of that is {'/'.join(top.path)}")
+        c = top.component
+        if c is not None:
+            text += f" {PART_TEXT[c]} (+{top.parts[c] / 1e6:.3g} ms)"
+            st = snap.get(top.path) if snap is not None else None
+            if c == "loop_ready" and st is not None and st.loop_blockers:
+                held = sorted(st.loop_blockers.items(), key=lambda kv: -kv[1])[:2]
+                text += ", while " + " and ".join(p for p, _ in held) + " held the loop"
+        return text
+
     def to_dict(self) -> Dict[str, Any]:
         return {"stage": list(self.stage), "quantile": self.quantile, "calls": self.calls, "p50_ns": self.p50_ns,
                 "p99_ns": self.p99_ns, "threshold_ns": self.threshold_ns, "slow_calls": self.slow_calls,
@@ -81,6 +115,27 @@ def _mean_breakdown(calls: Sequence[Mapping[str, Any]]) -> Dict[Path, float]:
             p = tuple(b["path"])
             acc[p] = acc.get(p, 0.0) + b["wall_ns"]
     return {p: v / len(calls) for p, v in acc.items()} if calls else {}
+
+
+def _parts(b: Mapping[str, Any]) -> Dict[str, float]:
+    """A kept call's self time of one stage by component: blocked is what the others leave of it; all of it
+    unknown where the call's split was not measured."""
+    split = b.get("split") or {}
+    if any(split.get(k) is None for k in EXEMPLAR_SPLIT):
+        return {"unknown": float(b["wall_ns"])}
+    out = {k: float(split[k]) for k in EXEMPLAR_SPLIT}
+    out["blocked"] = max(float(b["wall_ns"]) - sum(out.values()), 0.0)
+    return out
+
+
+def _mean_parts(calls: Sequence[Mapping[str, Any]]) -> Dict[Path, Dict[str, float]]:
+    acc: Dict[Path, Dict[str, float]] = {}
+    for e in calls:
+        for b in e["breakdown"]:
+            d = acc.setdefault(tuple(b["path"]), {})
+            for k, v in _parts(b).items():
+                d[k] = d.get(k, 0.0) + v
+    return {p: {k: v / len(calls) for k, v in d.items()} for p, d in acc.items()} if calls else {}
 
 
 def _typical(samples: List[Mapping[str, Any]]) -> List[Mapping[str, Any]]:
@@ -109,6 +164,7 @@ def tail_of(snap: Snapshot, root: str, quantile: float = 0.99) -> Optional[TailV
         slow = [max(calls, key=lambda e: e["wall_ns"])]
     typical = _typical([e for e in calls if e.get("sample")])
     s_mean, t_mean = _mean_breakdown(slow), _mean_breakdown(typical)
+    s_parts, t_parts = _mean_parts(slow), _mean_parts(typical)
     slow_wall = sum(e["wall_ns"] for e in slow) / len(slow)
     typ_wall = sum(e["wall_ns"] for e in typical) / len(typical) if typical else None
     total = slow_wall - typ_wall if typ_wall is not None else None
@@ -117,7 +173,9 @@ def tail_of(snap: Snapshot, root: str, quantile: float = 0.99) -> Optional[TailV
         a, b = s_mean.get(p, 0.0), t_mean.get(p, 0.0)
         d = a - b if typ_wall is not None else a
         share = (d / total) if total is not None and total > 0 else None
-        rows.append(Excess(p, d, share, a, b))
+        sp, tp = s_parts.get(p, {}), t_parts.get(p, {}) if typ_wall is not None else {}
+        parts = {k: sp.get(k, 0.0) - tp.get(k, 0.0) for k in PARTS if k in sp or k in tp}
+        rows.append(Excess(p, d, share, a, b, parts))
     rows.sort(key=lambda r: (-r.ns, r.path))
     p50, p99 = (st.quantile(0.5), st.quantile(0.99)) if st.calls else (None, None)
     return TailView(stage=(root,), quantile=quantile, calls=st.calls, p50_ns=p50, p99_ns=p99, threshold_ns=threshold,
@@ -133,3 +191,20 @@ def tail(snap: Snapshot, quantile: float = 0.99) -> List[TailView]:
         if v is not None:
             views.append(v)
     return views
+
+
+_last: Tuple[Optional[Snapshot], Dict[str, TailView]] = (None, {})   # the last snapshot asked about, its views
+
+
+def share_of_excess(snap: Snapshot, s: StageStats) -> Optional[float]:
+    """The stage's share (with the stages under it) of its root stage's p99 excess; None without exemplars.
+    A table asks for every stage of one snapshot in turn, so the views of the last one are kept."""
+    global _last
+    if not snap.exemplars:
+        return None
+    seen, views = _last
+    if seen is not snap:
+        views = {v.stage[0]: v for v in tail(snap)}
+        _last = (snap, views)
+    v = views.get(s.path[0])
+    return v.share(s.path) if v is not None else None

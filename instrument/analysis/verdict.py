@@ -70,7 +70,7 @@ def _per_call(s: StageStats, e: Optional[Mapping[str, Any]]) -> Optional[float]:
 def blockers_text(s: StageStats, top: int = 3) -> str:
     """`burst (81 ms), model (12 ms)`: the stages that held the event loop while this one waited for it."""
     rows = sorted(((p, ns) for p, ns in s.loop_blockers.items() if ns > 0), key=lambda r: -r[1])[:top]
-    return ", ".join(f"{p} ({ns / 1e6:.3g} ms)" for p, ns in rows)
+    return ", ".join(f"{p} ({ns / 1e6:.3g} ms)" if ns < 1e9 else f"{p} ({ns / 1e6:,.0f} ms)" for p, ns in rows)
 
 
 def _evidence(s: StageStats, wall: int) -> Dict[str, Any]:
@@ -188,6 +188,8 @@ def _off_cpu(s: StageStats, wall: int, cpu_ratio: Optional[float], th: Mapping[s
           "waiting on the device)"
     if s.runqueue is not None:
         why += f"; blocked {blocked:.0%} of its own time, in the run queue {rq:.0%}"
+    if vol is not None and vol >= 1:
+        why += f"; {vol:.2g} voluntary context switches per call (the thread gave up the CPU)"
     if s.gpu and s.gpu.get("total_ns") is not None and s.wall_total:
         why += f"; GPU time covers only {s.gpu['total_ns'] / s.wall_total:.0%}"
     return out("waiting", why)

@@ -5,7 +5,7 @@ the mistakes real services make; ``optimized``: those fixed) and walks the three
 workflow on its own run: (1) the per-stage breakdown with counters, items and verdicts,
 (2) the NVTX ranges and the ``instrument nsys`` command that records them, (3)
 ``instrument.profile()`` on a few requests, showing the operators under the stage the
-advice names.  Every figure and sentence it prints is computed from the measured
+advice names, and ``instrument.modules`` splitting the forward stage by the model's modules.  Every figure and sentence it prints is computed from the measured
 snapshots; ``summary.json`` holds the same as data.
 
 The heavy packages (torch, transformers, tokenizers, the model) are imported only when the
@@ -224,6 +224,21 @@ def _profile(service, sentences, args, path):
              "share": (r.get("self_cpu_ns") or 0) / total} for r in rows[:5]]
 
 
+def _modules(service, sentences, args):
+    """Step 3, by module: instrument.modules on a few requests splits forward by the model's own modules."""
+    instrument.reset()
+    with instrument.modules(service.model, depth=1):
+        for texts in batches(sentences, PROFILED_REQUESTS, args.batch_size):
+            service.embed(texts)
+    snap = instrument.snapshot()
+    instrument.reset()
+    forward = snap.get(("request", "forward"))
+    root = ("request", "forward", type(service.model).__name__)
+    return [{"name": s.name, "calls": s.calls, "wall_ns": s.wall_total,
+             "share": s.wall_total / forward.wall_total if forward is not None and forward.wall_total else None}
+            for s in snap if s.path[:-1] == root]
+
+
 def run_demo(argv=None) -> int:
     args = _parser().parse_args(argv)
     if args.requests < 1 or args.batch_size < 1:
@@ -289,21 +304,28 @@ def run_demo(argv=None) -> int:
                 f"{r['share'] * 100:5.1f}%")
         if not ops:
             say("  (no torch operators ran under it)")
+    modules = _modules(services[variants[0]], sentences, args)
+    if modules:
+        say(f"\n  request/forward by module (instrument.modules(model, depth=1) on {PROFILED_REQUESTS} requests):")
+        for r in modules:
+            say(f"  {r['name']:<40} {r['calls']:>6} calls {r['wall_ns'] / 1e6:>9.2f} ms wall "
+                f"{(r['share'] or 0) * 100:5.1f}% of forward")
 
     if len(snapshots) == 2:
         say("\n== baseline → optimized ==")
         say(render_diff(snapshots["baseline"], snapshots["optimized"]))
         say()   # after the diff, the advice is about what is left to do: the optimized variant
         say(render_advice(advise(snapshots["optimized"]), about=f"optimized ({out / 'optimized.json'})"))
-        report = html.render(snapshots["optimized"], before=snapshots["baseline"],
+        report = html.render([snapshots["baseline"], snapshots["optimized"]], diff=True,
                              title="instrument demo: baseline → optimized")
     else:
-        report = html.render(first, title=f"instrument demo: {variants[0]}")
+        report = html.render([first], title=f"instrument demo: {variants[0]}")
     page = out / "report.html"
     page.write_text(report, encoding="utf-8")
     written.append(page)
     summary = summarize(snapshots, advice, written + [out / "summary.json"], device, args)
     summary["operators"] = ops
+    summary["modules"] = modules
     summary["advice"] = advice
     summary["lines"] = summary_lines(summary, variants)
     (out / "summary.json").write_text(json.dumps(summary, indent=2, allow_nan=False), encoding="utf-8")

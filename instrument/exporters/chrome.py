@@ -19,9 +19,13 @@ from __future__ import annotations
 
 import json
 import os
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from ..snapshot import Snapshot, path_text
+from . import snapshots
+
+NAME = "chrome"
+EXTENSION = ".json"
 
 LANE = 10_000_000   # synthetic tid = tid + lane * LANE; Linux tids stay below 2**22
 SLOW_TID = 9 * LANE  # the lanes of the slowest calls: SLOW_TID + lane
@@ -86,7 +90,7 @@ def _call_slices(e: Dict[str, Any], ts_us: float, pid: int, tid: int,
     return out
 
 
-def trace(*snaps: Snapshot) -> Dict[str, Any]:
+def trace(snaps: Sequence[Snapshot]) -> Dict[str, Any]:
     """The trace of one or more snapshots (each its own process, on one time axis)."""
     if not any(s.events or any(e["slow"] for e in s.exemplars) for s in snaps):
         raise NoTimeline("the snapshot has no timeline events and no exemplars: record with "
@@ -170,12 +174,9 @@ def trace(*snaps: Snapshot) -> Dict[str, Any]:
             "otherData": {"source": "instrument", "events_dropped": dropped, "start_time": t0}}
 
 
-def render(*snaps: Snapshot, indent: Optional[int] = None) -> str:
-    """The Chrome Trace Event JSON of the snapshots' timelines (NoTimeline when they have none)."""
-    return json.dumps(trace(*snaps), indent=indent, allow_nan=False)
+def render(snaps: Sequence[Snapshot], indent: Optional[int] = None) -> str:
+    """Chrome Trace Event JSON (Perfetto, chrome://tracing) of the timelines.
 
-
-def write(path: str, *snaps: Snapshot, indent: Optional[int] = None) -> None:
-    data = render(*snaps, indent=indent)
-    with open(path, "w", encoding="utf-8") as f:
-        f.write(data)
+    Each snapshot stays its own process, all on one time axis.  NoTimeline when
+    none has trace events or exemplars."""
+    return json.dumps(trace(snapshots(snaps)), indent=indent, allow_nan=False)

@@ -3,11 +3,13 @@ that cannot move the cursor or break a table."""
 from __future__ import annotations
 
 import math
-from typing import Optional, Sequence
+from typing import Any, Callable, Dict, Mapping, Optional, Sequence
 
-from ..snapshot import name_text, path_text as _path_text
+from ..analysis.metrics import Bar, Metric
+from ..snapshot import Snapshot, StageStats, name_text, path_text as _path_text
 
 MINUS = "\u2212"
+ESTIMATE = "~"   # marks a figure estimated from the calls read under the overhead budget
 
 
 def ms(ns: Optional[float]) -> str:
@@ -40,6 +42,13 @@ def ratio(x: Optional[float], digits: int = 2) -> str:
     if digits == 2 and x >= 9.995:   # keep to four characters
         return f"{x:.0f}" if x < 99.5 else "99+"
     return f"{x:.{digits}f}"
+
+
+def number(x: Optional[float]) -> str:
+    """A small quantity with about three digits: 0.25, 2.5, 250."""
+    if x is None:
+        return "n/a"
+    return f"{x:.0f}" if x >= 100 else f"{x:.1f}" if x >= 1 else f"{x:.2f}"
 
 
 def human(ns: Optional[float]) -> str:
@@ -118,3 +127,28 @@ def si(x: Optional[float]) -> str:
 def rate(per_s: Optional[float], name: str) -> str:
     """Items per second: `398k tokens/s`."""
     return "n/a" if per_s is None else f"{si(per_s)} {printable(name)}/s"
+
+
+#: the format kinds of instrument.analysis.metrics: a value's text by kind
+KINDS: Dict[str, Callable[[Any], str]] = {
+    "ms": ms, "pct": pct, "ratio": ratio, "ratio1": lambda x: ratio(x, 1), "int": lambda x: f"{x:.0f}",
+    "number": number, "text": lambda x: printable(str(x)),
+}
+
+
+def metric_text(kind: str, value: Any) -> str:
+    """A metric's value as text: `n/a` where not measured (text: empty), a Bar as `12.3±0.4`, components as
+    `on_cpu 12.0 queue 3.0`."""
+    if value is None:
+        return "" if kind == "text" else "n/a"
+    if isinstance(value, Bar):
+        return f"{metric_text(kind, value.value)}\u00b1{metric_text(kind, value.error)}"
+    if isinstance(value, Mapping):
+        return " ".join(f"{printable(str(k))} {metric_text(kind, v)}" for k, v in value.items())
+    return KINDS[kind](value)
+
+
+def cell(m: Metric, snap: Snapshot, s: StageStats) -> str:
+    """A stage's figure as a table shows it, marked with ESTIMATE when estimated from sampled calls."""
+    text = metric_text(m.kind, m.value(snap, s))
+    return ESTIMATE + text if text not in ("", "n/a") and m.estimated(s) else text

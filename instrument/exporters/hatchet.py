@@ -1,6 +1,6 @@
 """The stage tree in Hatchet's literal format, for call-tree analysis with llnl-hatchet.
 
-    json.dump(to_literal(snap), open("tree.json", "w"))
+    open("tree.json", "w").write(render([snap]))
     gf = hatchet.GraphFrame.from_literal(json.load(open("tree.json")))
 
 Every node carries the same metrics (Hatchet takes the metric names from one
@@ -11,9 +11,13 @@ added with `instrument.add` (null where a stage has none).
 from __future__ import annotations
 
 import json
-from typing import Any, Dict, List
+from typing import Any, Dict, List, Sequence
 
 from ..snapshot import Snapshot, StageStats
+from . import merged
+
+NAME = "hatchet"
+EXTENSION = ".json"
 
 
 def to_literal(snap: Snapshot) -> List[Dict[str, Any]]:
@@ -35,11 +39,8 @@ def to_literal(snap: Snapshot) -> List[Dict[str, Any]]:
     return [node(r) for r in snap.roots]
 
 
-def render(snap: Snapshot) -> str:
-    """Hatchet's literal format (`GraphFrame.from_literal`) as JSON."""
-    return json.dumps(to_literal(snap), allow_nan=False)
+def render(snaps: Sequence[Snapshot]) -> str:
+    """Hatchet's literal format (`GraphFrame.from_literal`) as JSON.
 
-
-def write(path: str, snap: Snapshot) -> None:
-    with open(path, "w", encoding="utf-8") as f:
-        f.write(render(snap))
+    Several snapshots are merged into one tree."""
+    return json.dumps(to_literal(merged(snaps)), allow_nan=False)

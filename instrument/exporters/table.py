@@ -3,7 +3,8 @@ a before/after diff, the advice, a stage's torch operators, and the tail view
 (which stage the slow calls of a root stage lost their time in).
 
 Columns appear when the snapshot has their data (counters, GPU time, verdicts);
-the base set fits an 80-column terminal.  Each renders as a terminal table,
+the core set fits an 80-column terminal.  Each column is a metric of
+instrument.analysis.metrics.  Each renders as a terminal table,
 markdown, CSV or JSON.
 """
 from __future__ import annotations
@@ -13,184 +14,57 @@ import io
 import json
 import shutil
 import textwrap
-from dataclasses import dataclass
 from typing import Any, Callable, Dict, List, Optional, Sequence
 
-from .. import counters
+from ..analysis import metrics as _metrics
 from ..analysis.diff import METRICS, Change, Diff, DiffRow
+from ..analysis.metrics import Metric, ordered
 from ..analysis.significance import MIN_WINDOWS, Significance
-from ..analysis.tail import TailView, tail
+from ..analysis.tail import TailView
 from ..snapshot import Snapshot, StageStats
-from .format import (MINUS, count, human, md, ms, name as name_display, path_text, pct, per_unit, printable, rate,
-                     ratio, signed_percent)
+from .format import (ESTIMATE, MINUS, cell, count, human, md, ms, name as name_display, path_text, pct, per_unit,
+                     printable, rate, signed_percent)
 
-SORTS = ("tree", "total", "self", "calls", "p99", "mean", "name", "cpu")
 FORMATS = ("table", "markdown", "csv", "json")
+NAME_MIN = 14                    # the stage name column narrows to this before a core column is left out
+NAME_MAX = 40                    # and is never wider
+DROPPABLE = ("cpu_per_wall",)    # core columns left out, in this order, when the terminal is too narrow
 
 
-@dataclass(frozen=True)
-class Column:
-    header: str                                      # text and markdown, with the unit of the values shown
-    width: int
-    value: Callable[[Snapshot, StageStats], str]
-    raw: Callable[[Snapshot, StageStats], object]    # CSV: the value in the unit its `field` names
-    wants: Callable[[Snapshot], bool] = lambda snap: True
-    field: str = ""                                  # CSV header: name_unit (ns, pct) or a plain count or ratio
-    base: bool = False     # shown whenever it wants to be, before the optional columns
-
-
-def _est(text: str, estimated: bool) -> str:
-    """A figure estimated from a sample of the calls (overhead budget) is marked with ESTIMATE."""
-    return ESTIMATE + text if estimated and text not in ("", "n/a") else text
-
-
-def _ctr_est(s: StageStats, name: str) -> bool:
-    return bool((s.counters.get(name) or {}).get("estimated"))
-
-
-def _has_sys(snap: Snapshot) -> bool:
-    return any(s.cpu_sys_total is not None for s in snap)
-
-
-def _counter_derived(s: StageStats, key: str):
-    totals = {k: v.get("total") for k, v in s.counters.items()}
-    return counters.derived(totals, s.attributed_wall(), s.cpu_total).get(key)   # overlapped calls left out
-
-
-def _has_counter(*names: str) -> Callable[[Snapshot], bool]:
-    return lambda snap: any(s.counter(n) is not None for s in snap for n in names)
-
-
-def _percent(x: Optional[float]) -> Optional[float]:
-    return None if x is None else 100 * x
-
-
-_tail_memo: List[Any] = [None, None]   # the last snapshot asked about and its tail views
-
-
-def _tails(snap: Snapshot) -> Dict[str, TailView]:
-    if _tail_memo[0] is not snap:
-        _tail_memo[:] = [snap, {v.stage[0]: v for v in tail(snap)}]
-    return _tail_memo[1]
-
-
-def tail_share(snap: Snapshot, s: StageStats) -> Optional[float]:
-    """The stage's share (with the stages under it) of its root stage's p99 excess."""
-    v = _tails(snap).get(s.path[0])
-    return v.share(s.path) if v is not None else None
-
-
-def _has_tail(snap: Snapshot) -> bool:
-    return any((v.total_excess_ns or 0) > 0 for v in _tails(snap).values()) if snap.exemplars else False
-
-
-COLUMNS: List[Column] = [
-    Column("calls", 6, lambda n, s: str(s.calls), lambda n, s: s.calls, field="calls", base=True),
-    Column("total ms", 8, lambda n, s: ms(s.wall_total), lambda n, s: s.wall_total, field="total_ns", base=True),
-    Column("%root", 5, lambda n, s: pct(n.share_of_root(s)), lambda n, s: _percent(n.share_of_root(s)),
-           field="root_pct", base=True),
-    Column("tail%", 5, lambda n, s: pct(tail_share(n, s)), lambda n, s: _percent(tail_share(n, s)), _has_tail,
-           field="tail_pct", base=True),
-    Column("mean ms", 7, lambda n, s: ms(s.wall_mean), lambda n, s: s.wall_mean, field="mean_ns", base=True),
-    Column("p50 ms", 6, lambda n, s: ms(s.quantile(0.5)), lambda n, s: s.quantile(0.5), field="p50_ns", base=True),
-    Column("p99 ms", 6, lambda n, s: ms(s.quantile(0.99)), lambda n, s: s.quantile(0.99), field="p99_ns", base=True),
-    Column("self ms", 7, lambda n, s: ms(s.wall_self), lambda n, s: s.wall_self, field="self_ns", base=True),
-    Column("CPU ms", 6, lambda n, s: _est(ms(s.cpu_total), s.cpu_estimated), lambda n, s: s.cpu_total,
-           field="cpu_ns", base=True),
-    Column("C/W", 4, lambda n, s: _est(ratio(s.cpu_ratio), s.cpu_estimated), lambda n, s: s.cpu_ratio,
-           field="cpu_per_wall", base=True),
-    Column("sys%", 5, lambda n, s: _est(pct(s.sys_share), s.cpu_estimated), lambda n, s: _percent(s.sys_share),
-           _has_sys, field="sys_pct"),
-    Column("IPC", 5, lambda n, s: ratio(_counter_derived(s, "ipc")), lambda n, s: _counter_derived(s, "ipc"),
-           _has_counter("instructions"), field="ipc"),
-    Column("miss%", 6, lambda n, s: pct(_counter_derived(s, "cache_miss_ratio")),
-           lambda n, s: _percent(_counter_derived(s, "cache_miss_ratio")), _has_counter("cache-misses"),
-           field="cache_miss_pct"),
-    Column("MPKI", 6, lambda n, s: ratio(_counter_derived(s, "mpki"), 1), lambda n, s: _counter_derived(s, "mpki"),
-           _has_counter("cache-misses"), field="mpki"),
-    Column("brmiss%", 7, lambda n, s: pct(_counter_derived(s, "branch_miss_ratio")),
-           lambda n, s: _percent(_counter_derived(s, "branch_miss_ratio")), _has_counter("branch-misses"),
-           field="branch_miss_pct"),
-    Column("faults", 7, lambda n, s: "n/a" if s.counter("page-faults") is None else
-           _est(f"{s.counter('page-faults'):.0f}", _ctr_est(s, "page-faults")),
-           lambda n, s: s.counter("page-faults"), _has_counter("page-faults"), field="page_faults"),
-    Column("ctxsw", 6, lambda n, s: "n/a" if s.counter("context-switches") is None else
-           _est(f"{s.counter('context-switches'):.0f}", _ctr_est(s, "context-switches")),
-           lambda n, s: s.counter("context-switches"),
-           _has_counter("context-switches"), field="context_switches"),
-    Column("GPU ms", 7, lambda n, s: ms((s.gpu or {}).get("total_ns")), lambda n, s: (s.gpu or {}).get("total_ns"),
-           lambda snap: any(s.gpu for s in snap), field="gpu_ns"),
-    Column("verdict", 14, lambda n, s: (s.verdict or {}).get("verdict", ""), lambda n, s: (s.verdict or {}).get("verdict"),
-           lambda snap: any(s.verdict for s in snap), field="verdict"),
-    Column("user ms", 7, lambda n, s: _est(ms(s.cpu_user_total), s.cpu_estimated), lambda n, s: s.cpu_user_total,
-           _has_sys, field="cpu_user_ns"),
-    Column("sys ms", 6, lambda n, s: _est(ms(s.cpu_sys_total), s.cpu_estimated), lambda n, s: s.cpu_sys_total,
-           _has_sys, field="cpu_sys_ns"),
-]
-ESTIMATE = "~"   # marks a figure estimated from the calls read under the overhead budget
-NAME_MIN = 14          # the stage name column narrows to this before a base column is left out
-DROPPABLE = ("C/W",)  # base columns left out, in this order, when the terminal is too narrow
-UNITS = ("ms: milliseconds of wall time (CPU ms: thread CPU time); %root: percent of the top-level stage's "
-         "total; tail%: percent of the slow calls' excess over a typical call; C/W: CPU time / wall time; sys%: "
-         "percent of the stage's own CPU time spent in the kernel")
-
-
-def _sort_key(sort: str):
-    return {
-        "total": lambda s: -s.wall_total, "self": lambda s: -s.wall_self, "calls": lambda s: -s.calls,
-        "p99": lambda s: -(s.quantile(0.99) or 0), "mean": lambda s: -(s.wall_mean or 0),
-        "name": lambda s: s.name, "cpu": lambda s: -(s.cpu_total or 0),
-    }[sort]
-
-
-def ordered(snap: Snapshot, sort: str = "tree", depth: Optional[int] = None) -> List[StageStats]:
-    """Rows in tree order, siblings sorted by `sort`; 'tree' keeps first-seen order."""
-    if sort not in SORTS:
-        raise ValueError(f"sort must be one of {', '.join(SORTS)}, got {sort!r}")
-    out: List[StageStats] = []
-
-    def walk(path):
-        kids = snap.children(path)
-        if sort != "tree":
-            kids = sorted(kids, key=_sort_key(sort))
-        for k in kids:
-            if depth is None or k.depth < depth:
-                out.append(k)
-                walk(k.path)
-    walk(())
-    return out
-
-
-def choose_columns(snap: Snapshot, width: Optional[int], names: Optional[Sequence[str]] = None) -> List[Column]:
-    return _choose(snap, width, names)[0]
+def label(s: StageStats, width: Optional[int] = None) -> str:
+    """A stage's name as the first column shows it: indented by its depth, cut to `width` with '…'."""
+    text = "  " * s.depth + name_display(s.name)
+    return text if width is None or len(text) <= width else text[: width - 1] + "…"
 
 
 def _choose(snap: Snapshot, width: Optional[int], names: Optional[Sequence[str]] = None):
-    """The columns that fit `width`, and those with data that did not fit."""
+    """The columns (metrics) that fit `width`, and those with data that did not fit."""
     if names:
-        by = {c.header.lower(): c for c in COLUMNS}
-        by.update({c.field: c for c in COLUMNS})
+        by: Dict[str, Metric] = {}
+        for m in _metrics.METRICS.values():
+            by.update({m.header.lower(): m, m.field: m, m.name: m})
         bad = [n for n in names if n.lower() not in by]
         if bad:
-            raise ValueError(f"unknown column {', '.join(bad)}; the columns are: {', '.join(c.header for c in COLUMNS)}")
+            raise ValueError(f"unknown column {', '.join(bad)}; the columns are: "
+                             f"{', '.join(m.name for m in _metrics.METRICS.values())}")
         return [by[n.lower()] for n in names], []
-    cols = [c for c in COLUMNS if c.base and c.wants(snap)]
-    extra = [c for c in COLUMNS if not c.base and c.wants(snap)]
+    shown = _metrics.wanted(snap)
+    cols = [m for m in shown if m.core]
+    extra = [m for m in shown if not m.core]
     if width is None:
         return cols + extra, []
-    dropped = []
     for name in DROPPABLE:
-        if NAME_MIN + sum(c.width + 1 for c in cols) > width:
-            dropped += [c for c in cols if c.header == name]
-            cols = [c for c in cols if c.header != name]
-    used = 16 + sum(c.width + 1 for c in cols)
+        if NAME_MIN + sum(m.column_width + 1 for m in cols) > width:
+            cols = [m for m in cols if m.name != name]
+    longest = max((len(label(s)) for s in snap), default=0)
+    used = max(16, min(NAME_MAX, longest)) + sum(m.column_width + 1 for m in cols)   # names stay whole if they can
     dropped = []
-    for c in extra:
-        if used + c.width + 1 <= width:
-            cols.append(c)
-            used += c.width + 1
+    for m in extra:
+        if used + m.column_width + 1 <= width:
+            cols.append(m)
+            used += m.column_width + 1
         else:
-            dropped.append(c)
+            dropped.append(m)
     return cols, dropped
 
 
@@ -222,10 +96,12 @@ def overhead_line(snap: Snapshot) -> Optional[str]:
             f"{o.get('calls', 0):,} calls read)")
 
 
-def _json_row(snap: Snapshot, s: StageStats) -> Dict[str, Any]:
-    d = dict(s.to_dict(), root_pct=_percent(snap.share_of_root(s)))
-    if snap.exemplars:
-        d["tail_pct"] = _percent(tail_share(snap, s))
+def _json_row(snap: Snapshot, s: StageStats, cols: Sequence[Metric]) -> Dict[str, Any]:
+    """The stage as the snapshot records it, plus each metric's field; where the record has that key (calls,
+    verdict) the record's is kept: the same figure, or more of it (the verdict with its reason)."""
+    d = s.to_dict()
+    for k, v in _metrics.row(snap, s, list(cols)).items():
+        d.setdefault(k, v)
     for name, it in d.get("items", {}).items():
         it.update(ns_per_item=s.per_item_ns(name), per_second=s.item_rate(name))
     return d
@@ -245,43 +121,42 @@ def render(snap: Snapshot, sort: str = "tree", depth: Optional[int] = None, fold
     if fold:
         snap = snap.fold()
     rows = ordered(snap, sort, depth)
-    if format == "json":   # times in ns (wall_ns, cpu_ns), root_pct and tail_pct in percent
-        return json.dumps([_json_row(snap, s) for s in rows], indent=2, allow_nan=False)
     if width is None:
         width = max(80, shutil.get_terminal_size((80, 24)).columns) if format == "table" else None
     cols, dropped = _choose(snap, width, columns)
+    if format == "json":   # times in ns (wall_ns, cpu_ns, total_ns), root_pct and tail_pct in percent
+        return json.dumps([_json_row(snap, s, cols) for s in rows], indent=2, allow_nan=False)
     if format == "csv":
+        names = item_names(snap)
+        cells = [{k: v for m in cols for k, v in m.fields(m.value(snap, s)).items()} for s in rows]
+        fields = list(dict.fromkeys(k for c in cells for k in c)) if cells else [m.field for m in cols]
         buf = io.StringIO()
         w = csv.writer(buf)
-        names = item_names(snap)
-        w.writerow(["path"] + [c.field for c in cols] + [h for n in names for h in (n, f"ns/{n}", f"{n}/s")])
-        for s in rows:
-            w.writerow([path_text(s.path)] + [c.raw(snap, s) for c in cols]
+        w.writerow(["path"] + fields + [h for n in names for h in (n, f"ns/{n}", f"{n}/s")])
+        for s, c in zip(rows, cells):
+            w.writerow([path_text(s.path)] + [c.get(f) for f in fields]
                        + [v for n in names for v in (s.item_total(n), s.per_item_ns(n), s.item_rate(n))])
         return buf.getvalue()
     below = below or item_lines
     if format == "markdown":
-        lines = ["| stage | " + " | ".join(c.header for c in cols) + " |",
+        lines = ["| stage | " + " | ".join(m.header for m in cols) + " |",
                  "| --- | " + " | ".join("---:" for _ in cols) + " |"]
         notes = []
         for s in rows:
             name = "&nbsp;" * (2 * s.depth) + md(name_display(s.name))
-            lines.append(f"| {name} | " + " | ".join(c.value(snap, s) for c in cols) + " |")
+            lines.append(f"| {name} | " + " | ".join(md(cell(m, snap, s)) for m in cols) + " |")
             extra = below(s, "    ")
             if extra:
                 notes += ["", f"**{md(path_text(s.path))}**", "", "```", *extra, "```"]
         return "\n".join(lines + notes)
-    name_w = max(10, min(40, (width or 80) - sum(c.width + 1 for c in cols)))
-    head = f"{'stage':<{name_w}}" + "".join(f" {c.header:>{c.width}}" for c in cols)
+    name_w = max(10, min(NAME_MAX, (width or 80) - sum(m.column_width + 1 for m in cols)))
+    head = f"{'stage':<{name_w}}" + "".join(f" {m.header:>{m.column_width}}" for m in cols)
     lines = []
     if title:
         lines.append(title)
     lines += [head, "-" * len(head)]
     for s in rows:
-        label = "  " * s.depth + name_display(s.name)
-        if len(label) > name_w:
-            label = label[: name_w - 1] + "…"
-        lines.append(f"{label:<{name_w}}" + "".join(f" {c.value(snap, s):>{c.width}}" for c in cols))
+        lines.append(f"{label(s, name_w):<{name_w}}" + "".join(f" {cell(m, snap, s):>{m.column_width}}" for m in cols))
         lines += below(s, "  " * (s.depth + 2))
     if not rows:
         lines.append("(no stages recorded)")
@@ -303,7 +178,7 @@ def render(snap: Snapshot, sort: str = "tree", depth: Optional[int] = None, fold
     if own:
         lines += textwrap.wrap(own, width or 80)
     if dropped:
-        lines += textwrap.wrap(f"not shown at {width} columns: {', '.join(c.header for c in dropped)} (a wider "
+        lines += textwrap.wrap(f"not shown at {width} columns: {', '.join(m.header for m in dropped)} (a wider "
                                "terminal, COLUMNS=160, or --format csv/json shows them)", width)
     return "\n".join(lines)
 
@@ -351,15 +226,18 @@ def _q(q: float) -> str:
     return f"p{q * 100:g}".replace(".", "")
 
 
-def render_tail(views: Sequence[TailView], format: str = "table", limit: Optional[int] = 12) -> str:
+def render_tail(views: Sequence[TailView], format: str = "table", limit: Optional[int] = 12,
+                snap: Optional[Snapshot] = None) -> str:
     """Per root stage: how much more time each stage took in the calls above the
     quantile ("slow ms": their mean self time) than in a typical call, as time and as
-    share of the excess, largest first.
+    share of the excess, largest first, with the component of its time that grew most
+    and one sentence that says it (naming the stages that held the event loop, from
+    `snap`, where that was it).
     JSON: one object per root stage, a list when there are several."""
     if format not in TAIL_FORMATS:
         raise ValueError(f"format must be one of {', '.join(TAIL_FORMATS)}, got {format!r}")
     if format == "json":
-        objs = [{k: v for k, v in t.to_dict().items()} for t in views]
+        objs = [dict(t.to_dict(), why=t.sentence(snap)) for t in views]
         return json.dumps(objs[0] if len(objs) == 1 else objs, indent=2, allow_nan=False)
     if not views:
         return ("No exemplars in this snapshot: record with the `exemplars` option above 0 (the default is 32) "
@@ -374,22 +252,27 @@ def render_tail(views: Sequence[TailView], format: str = "table", limit: Optiona
         if v.typical_mean_ns is not None:
             head += (f", against a typical call (mean of the middle half of {v.typical_calls} sampled) of "
                      f"{human(v.typical_mean_ns)}: {human(v.total_excess_ns)} more")
+        why = v.sentence(snap)
+        if why:
+            head += f"\n{why[0].upper() + why[1:]}."
         rows = v.excess[:limit] if limit else v.excess
         cells = [[path_text(e.path), ms(e.slow_ns), ms(e.typical_ns),
-                  ("+" if e.ns > 0 else MINUS if e.ns < 0 else "") + ms(abs(e.ns)), pct(e.share)] for e in rows]
-        hdr = ["stage", "slow ms", "typical ms", "excess ms", "share%"]
+                  ("+" if e.ns > 0 else MINUS if e.ns < 0 else "") + ms(abs(e.ns)), pct(e.share),
+                  f"{e.component} +{ms(e.parts[e.component])}" if e.component else ""] for e in rows]
+        hdr = ["stage", "slow ms", "typical ms", "excess ms", "share%", "grew most"]
         if format == "markdown":
-            out += [f"**{md(head)}**", "", "| " + " | ".join(hdr) + " |", "| --- | ---: | ---: | ---: | ---: |"]
+            out += [f"**{md(head)}**", "", "| " + " | ".join(hdr) + " |", "| --- | ---: | ---: | ---: | ---: | --- |"]
             out += ["| " + " | ".join([md(c[0])] + c[1:]) + " |" for c in cells]
             out.append("")
             continue
         w0 = min(48, max([len(hdr[0])] + [len(c[0]) for c in cells]))
-        widths = [w0] + [max(len(hdr[i]), *(len(c[i]) for c in cells)) if cells else len(hdr[i]) for i in range(1, 5)]
+        widths = [w0] + [max(len(hdr[i]), *(len(c[i]) for c in cells)) if cells else len(hdr[i]) for i in range(1, 6)]
 
         def line(c):
             first = c[0] if len(c[0]) <= w0 else c[0][: w0 - 1] + "…"
-            return f"{first:<{w0}}" + "".join(f" {x:>{w}}" for x, w in zip(c[1:], widths[1:]))
-        out += [head, "", line(hdr), "-" * (sum(widths) + 4)] + [line(c) for c in cells]
+            return (f"{first:<{w0}}" + "".join(f" {x:>{w}}" for x, w in zip(c[1:5], widths[1:5]))
+                    + f"  {c[5]:<{widths[5]}}").rstrip()
+        out += [head, "", line(hdr), "-" * (sum(widths) + 6)] + [line(c) for c in cells]
         if len(v.excess) > len(rows):
             out.append(f"({len(v.excess) - len(rows)} more stages)")
         out.append("")
@@ -406,6 +289,8 @@ def render_advice(advice: Sequence[Dict[str, Any]], about: Optional[str] = None)
         lines.append(f"{i}. {path_text(a['path'])}: {a['verdict']} — {a['reason']}")
         lines.append(f"   self {a['self_ns'] / 1e6:.2f} ms"
                      + (f"; removing it would save at most {share:.0%} of end-to-end time" if share is not None else ""))
+        if a.get("tail"):
+            lines.append(f"   in slow calls: {a['tail']['text']}")
         lines.append(f"   next: {a['next']}")
     if len(lines) == 1:
         lines.append("   (no stages recorded)")

@@ -345,8 +345,11 @@ def _cpu_fields(s: Dict[str, Any]) -> Dict[str, Any]:
     if cpu is None:
         return dict(out, cpu_total=None, cpu_self=None, cpu_calls=0)
     # single calls are not clamped (their corrections are medians): the totals are bounded here, by the running
-    # time of the calls they cover, as one thread's CPU time is
+    # time of the calls they cover; a sampled estimate, which may stray above it, also by their threads' CPU
+    # clocks since their first calls (another clock than task-clock: not held to it when every call was read)
     total = min(max(round(cpu["total"]), 0), s["cov_run"])
+    if cpu["reads"] != covered:
+        total = min(total, s["cpu_bound"])
     self_ = min(round(cpu["self"]), max(s["cov_run_self"], 0))
     out.update(cpu_total=total, cpu_self=self_, cpu_calls=covered, cpu_var=cpu["var"], cpu_var_self=cpu["var_self"],
                cpu_read_calls=cpu["reads"] if cpu["reads"] != covered else None)
@@ -411,7 +414,8 @@ def _overhead(raw: Dict[str, Any]) -> Optional[Dict[str, Any]]:
     return {"per_call_ns": base, "per_read_ns": read, "calls": calls,
             "read_calls": reads, "estimated_ns": round(calls * base + reads * read),
             "budget": _config_now.overhead_budget, **{k: c.get(k) for k in (
-                "cpu_source", "cpu_bias_ns", "wall_bias_ns", "unread_wall_bias_ns", "sys", "thread_clock", "run_queue",
+                "cpu_source", "cpu_bias_ns", "inner_bias_ns", "wall_bias_ns", "unread_wall_bias_ns", "sys", "thread_clock",
+                "switches", "run_queue",
                 "helper_cpu")}}
 
 

@@ -25,7 +25,7 @@ import zlib
 from typing import Any, Callable, Dict, List, Optional
 
 from .. import config as _config
-from ..snapshot import COLLECTIVE_PREFIX, COLLECTIVES, RANK_KEY, Snapshot, merge_processes
+from ..snapshot import COLLECTIVE_PREFIX, COLLECTIVES, RANK_KEY, Snapshot, merge_all
 from . import backend
 
 _originals: Dict[str, Callable] = {}   # function name -> torch's own, while ours is in its place
@@ -137,7 +137,7 @@ def gather(source: Callable[[], Snapshot], dst: int = 0, group: Any = None) -> O
     d.gather(mine, parts, dst=dst, group=group)
     if not here:
         return None
-    return merge_processes(Snapshot.from_dict(json.loads(zlib.decompress(p[:int(s)].numpy().tobytes())))
+    return merge_all(Snapshot.from_dict(json.loads(zlib.decompress(p[:int(s)].numpy().tobytes())))
                            for p, s in zip(parts, sizes))
 
 

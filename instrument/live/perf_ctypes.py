@@ -203,3 +203,35 @@ class CounterGroup:
             self._close_fds()
         except Exception:
             pass
+
+
+class SwitchPage:
+    """Whether the calling thread left the CPU, without a system call (as csrc/perf.c perf_switch_open): the kernel
+    rewrites a perf event's mmap page, moving its seqlock, each time the thread is scheduled back in."""
+
+    def __init__(self, fd: int, page) -> None:
+        self.fd, self.page = fd, page
+
+    @classmethod
+    def open(cls):
+        """The calling thread's page, or None where no context-switches event can be opened and mapped."""
+        import mmap
+        fd = perf_event_open(PERF_TYPE_SOFTWARE, 3, exclude_kernel=False)   # PERF_COUNT_SW_CONTEXT_SWITCHES
+        if fd < 0:
+            fd = perf_event_open(PERF_TYPE_SOFTWARE, 3, exclude_kernel=True)
+        if fd < 0:
+            return None
+        try:
+            return cls(fd, mmap.mmap(fd, mmap.PAGESIZE, mmap.MAP_SHARED, mmap.PROT_READ))
+        except (OSError, ValueError):
+            os.close(fd)
+            return None
+
+    def seq(self) -> int:
+        return struct.unpack_from("I", self.page, 8)[0]   # perf_event_mmap_page.lock
+
+    def close(self) -> None:
+        if self.fd >= 0:
+            self.page.close()
+            os.close(self.fd)
+            self.fd = -1

@@ -14,7 +14,7 @@ import sys
 import threading
 import time
 import weakref
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Tuple
 
 try:
     import resource
@@ -52,6 +52,7 @@ _ctr_first: Optional[dict] = None   # what the first thread's open gave: errno p
 _budget = 0.0                   # share of a stage's time its reads may cost; 0: every call is read
 _read_cost = 0.0                # ns one call's reads cost, from calibrate()
 _cpu_bias = 0                   # ns of CPU time an empty read call records: taken out of every read call
+_inner_bias = 0                 # ns between an empty read call's CPU reads: out of a read call's running time
 _wall_bias = [0, 0]             # ns of the SDK's own work inside the wall window of an unread call, a read one
 _cpu_split = False              # read the thread's rusage with the CPU time: system time, context switches
 _run_queue = False              # read the thread's run-queue time (schedstat) with the CPU time
@@ -150,57 +151,140 @@ _SUMS = ("calls", "errors", "wall_total", "wall_self", "overlapped", "abandoned"
          "loop_total", "loop_self", "covered", "cov_run", "cov_run_self")
 
 
+STRATA_RUN = 4
+STRATA = 2 * STRATA_RUN
+
+
+def _stratum(run: float, switched: bool) -> int:
+    """csrc/stats.h stratum(): < 16 µs, then steps of 64; and whether the thread left the CPU during the call."""
+    b = 0 if run < 16000 else min(1 + (int(run // 16000).bit_length() - 1) // 6, STRATA_RUN - 1)
+    return b + (STRATA_RUN if switched else 0)
+
+
+_ST = ("n", "x", "w", "xx", "xw", "ww", "Wn", "Wx", "Ww")   # a stratum's sums (csrc/stats.h Estimate)
+
+
+def _fit(m: Tuple[float, ...]) -> Tuple[float, float, float]:
+    """csrc/stats.c fit(): (a, r, mse) of the better fit to read calls' sums m (as _ST), per call (a the mean) or
+    per running ns (r the ratio), weighted by 1 / p; mse -1 below two reads."""
+    n, x, w, xx, xw, ww, Wn, Wx, Ww = m
+    ratio, mean = (Wx / Ww if Ww > 0 else 0.0), (Wx / Wn if Wn > 0 else 0.0)
+    sse_w, sse_c = xx - 2 * ratio * xw + ratio * ratio * ww, xx - 2 * mean * x + mean * mean * n
+    a, r, sse = (mean, 0.0, sse_c) if sse_c < sse_w else (0.0, ratio, sse_w)
+    return a, r, (max(sse, 0.0) / (n - 1) if n >= 2 else -1.0)
+
+
+FEW_READS = 5   # below this many reads, a stratum's own spread is not trusted alone (csrc/stats.c)
+
+
+def _predict_unread(m: Tuple[float, ...], nb: float, q: int, switched: bool, n: float, w: float,
+                    rel: float) -> Tuple[float, float]:
+    """csrc/stats.c predict_unread(): (prediction, variance) of n unread calls of running time w in all."""
+    a, r, g = _fit(m)
+    pred, run = a * n + r * w, w / n
+    if nb < FEW_READS:
+        if q in (Q_CPU, Q_SYS, Q_RQ) and not nb:   # left the CPU: anywhere in [0, w]; else as the others
+            pred = w / 2 if switched else min(max(pred, 0.0), w)
+            return pred, (max(pred, w - pred) / 2.576) ** 2
+        one = run if q in (Q_CPU, Q_SYS, Q_RQ) else max(abs(pred / n), math.sqrt(rel) * run)
+        g = max(g, one * one)
+    return pred, n * g + g * (n * n if not nb else w * w / m[5] if r else n * n / m[0])
+
+
 class _Est:
-    """A quantity's estimate over a node's covered calls, and the read calls' sums its prediction of an unread call
-    comes from (csrc/stats.h Estimate): per running ns, or per call, whichever predicted the read calls better."""
-    __slots__ = ("est", "est_self", "var", "var_self", "rx", "rw", "rxs", "rws", "sse_w", "sse_c", "reads")
+    """The read calls' sums a quantity's estimate comes from (csrc/stats.h Estimate): by stratum, and of self."""
+    __slots__ = _ST + ("un", "uw", "s", "suw", "reads")
 
     def __init__(self) -> None:
-        self.est = self.est_self = self.var = self.var_self = self.rx = self.rw = self.rxs = self.rws = 0.0
-        self.sse_w = self.sse_c = 0.0
+        for k in _ST + ("un", "uw"):
+            setattr(self, k, [0.0] * STRATA)
+        self.s = [0.0] * len(_ST)   # self, pooled
+        self.suw = 0.0
         self.reads = 0
 
-    def per_call(self) -> bool:
-        return bool(self.reads) and self.sse_c < self.sse_w
+    def sums(self, b: int) -> Tuple[float, ...]:
+        if b >= 0:
+            return tuple(getattr(self, k)[b] for k in _ST)
+        return tuple(sum(getattr(self, k)) for k in _ST)
 
-    def predict(self, run: float, own: bool = False) -> float:
+    def predict(self, run: float, switched: bool) -> float:
         if not self.reads:
             return 0.0
-        x, w = (self.rxs, self.rws) if own else (self.rx, self.rw)
-        if self.per_call():
-            return x / self.reads
-        return x / w * run if w > 0 else 0.0
+        b = _stratum(run, switched)
+        a, r, _ = _fit(self.sums(b if self.n[b] else -1))
+        return a + r * run
+
+    def add(self, b: int, x: float, run: float, W: float, xs: float, run_self: float) -> None:
+        for k, v in zip(_ST, (1.0, x, run, x * x, x * run, run * run, W, W * x, W * run)):
+            getattr(self, k)[b] += v
+        for i, v in enumerate((1.0, xs, run_self, xs * xs, xs * run_self, run_self * run_self, W, W * xs,
+                               W * run_self)):
+            self.s[i] += v
+        self.reads += 1
+
+    def merge(self, o: "_Est") -> None:
+        for k in _ST + ("un", "uw"):
+            mine = getattr(self, k)
+            for b, v in enumerate(getattr(o, k)):
+                mine[b] += v
+        self.s = [a + b for a, b in zip(self.s, o.s)]
+        self.suw += o.suw
+        self.reads += o.reads
 
 
 class _Slot:
-    __slots__ = _SUMS + ("wall_min", "wall_max", "hist", "pend_w", "pend_ws", "pend_n", "est", "mux", "blockers",
-                         "items")
+    __slots__ = _SUMS + ("wall_min", "wall_max", "hist", "un", "uw", "uws", "run_b", "calls_b", "cpu0", "cpu_bound",
+                         "est", "mux", "blockers", "items")
 
     def __init__(self) -> None:
         for k in _SUMS:
             setattr(self, k, 0)
         self.wall_min, self.wall_max = sys.maxsize, 0
         self.hist: Dict[int, int] = {}
-        self.pend_w = self.pend_ws = 0.0   # unread covered calls not yet in `est`: running wall (total, self), count
-        self.pend_n = 0
+        self.un, self.uw = [0.0] * STRATA, [0.0] * STRATA   # covered calls left unread, by stratum: number, time
+        self.uws = 0.0                                       # their running self time
+        self.run_b, self.calls_b = [0.0] * STRATA, [0.0] * STRATA   # covered calls by stratum: running time, number
+        self.cpu0: Optional[int] = None   # a thread's slot: the thread's CPU clock before its first call
+        self.cpu_bound = 0.0              # merged slots: what their calls' CPU time cannot exceed
         self.est: Optional[List[_Est]] = None   # per quantity, made on the first read call
         self.mux: Optional[List[list]] = None   # per counter: [enabled, running, scaled] of the read calls
         self.blockers: Dict[int, int] = {}       # node -> ns it held the loop while this stage was ready
         self.items: Dict[str, _ItemSum] = {}
 
-    def flush(self) -> None:
-        """The pending unread calls into the estimates, at the current ratios."""
-        if self.est is None or not self.pend_n:
-            return
-        for e in self.est:   # both predictions are linear: one per pending sum
-            if e.per_call():
-                e.est += e.predict(0) * self.pend_n
-                e.est_self += e.predict(0, True) * self.pend_n
-            else:
-                e.est += e.predict(self.pend_w)
-                e.est_self += e.predict(self.pend_ws, True)
-        self.pend_w = self.pend_ws = 0.0
-        self.pend_n = 0
+    def estimate(self, q: int) -> Tuple[float, float, float, float]:
+        """csrc/stats.c stats_estimate(): (total, self, var, var_self) of quantity q."""
+        e = self.est[q]
+        rel = 0.0
+        for b in range(STRATA):
+            m = e.sums(b)
+            mse = _fit(m)[2]
+            if mse >= 0 and m[2] > 0:
+                rel = max(rel, mse / (m[2] / m[0]) ** 2)
+        total = var = n_all = 0.0
+        for b in range(STRATA):
+            n, w = self.un[b] + e.un[b], self.uw[b] + e.uw[b]
+            total += e.x[b]
+            n_all += n
+            if n:
+                pred, v = _predict_unread(e.sums(b if e.n[b] else -1), e.n[b], q, b >= STRATA_RUN, n, w, rel)
+                total += pred
+                var += v
+        own, var_self = e.s[1], 0.0
+        if n_all:
+            pred, var_self = _predict_unread(tuple(e.s), e.s[0], q, False, n_all, self.uws + e.suw, rel)
+            own += pred
+        return total, own, var, var_self
+
+    def mark_start(self, back: int) -> None:
+        self.cpu0 = time.thread_time_ns() - back
+
+    def mean_cpu(self) -> float:
+        """csrc/stats.c stats_mean_cpu(): a stratum none of whose calls was read counts as on a CPU throughout."""
+        e, cpu = self.est[Q_CPU], 0.0
+        for b in range(STRATA):
+            share = e.x[b] / e.w[b] if e.w[b] > 0 else 1.0
+            cpu += min(max(share, 0.0), 1.0) * self.run_b[b]
+        return cpu / self.covered
 
 
 class _ItemSum:
@@ -219,8 +303,9 @@ def _add_blocker(blockers: Dict[int, int], node: int, ns: int) -> None:
     blockers[node] = blockers.get(node, 0) + ns
 
 
-def _merge_slot(d: _Slot, s: _Slot) -> None:
-    s.flush()
+def _merge_slot(d: _Slot, s: _Slot, cpu_now: float) -> None:
+    """Adds s into d (csrc/stats.c stats_merge): s a live thread's slot whose CPU clock reads cpu_now, or a merged
+    one (cpu_now < 0)."""
     for k in _SUMS:
         setattr(d, k, getattr(d, k) + getattr(s, k))
     d.wall_min = min(d.wall_min, s.wall_min)
@@ -228,12 +313,19 @@ def _merge_slot(d: _Slot, s: _Slot) -> None:
     h = d.hist
     for i, c in s.hist.items():
         h[i] = h.get(i, 0) + c
+    for b in range(STRATA):
+        d.run_b[b] += s.run_b[b]
+        d.calls_b[b] += s.calls_b[b]
+        d.un[b] += s.un[b]
+        d.uw[b] += s.uw[b]
+    d.uws += s.uws
+    d.cpu_bound += s.cpu_bound if cpu_now < 0 else cpu_now - s.cpu0 if s.cpu0 is not None else math.inf
     if s.est is not None:
         if d.est is None:
             d.est = [_Est() for _ in s.est]
+        d.est += [_Est() for _ in range(len(s.est) - len(d.est))]
         for de, se in zip(d.est, s.est):
-            for k in _Est.__slots__:
-                setattr(de, k, getattr(de, k) + getattr(se, k))
+            de.merge(se)
     if s.mux is not None:
         if d.mux is None:
             d.mux = [[0, 0, 0] for _ in s.mux]
@@ -268,7 +360,7 @@ class _ThreadSlots:
     """One thread's slots; folded into the retired slots when the thread ends."""
     __slots__ = ("stats", "native_id", "perf", "perf_gen", "tok", "htok", "changes", "ctx", "batch", "chain", "last",
                  "step_outer", "step_ctx", "step_handle", "step_t0", "step_node", "batch_t0", "spans", "rng", "sched_fd",
-                 "cpu_clock_id", "cpu_seen", "__weakref__")
+                 "cpu_clock_id", "cpu_seen", "sw", "__weakref__")
 
     def __init__(self) -> None:
         self.stats: Dict[int, _Slot] = {}
@@ -298,6 +390,7 @@ class _ThreadSlots:
         except (AttributeError, OSError):
             self.cpu_clock_id = None
         self.cpu_seen = 0
+        self.sw = _switch_page()   # whether the thread left the CPU during a call (perf_ctypes.SwitchPage)
         with _lock:
             _threads[id(self)] = self
 
@@ -306,23 +399,34 @@ class _ThreadSlots:
         try:
             if self.perf is not None:
                 self.perf.close()
+            if self.sw is not None:
+                self.sw.close()
             if self.sched_fd >= 0:
                 os.close(self.sched_fd)
             with _lock:
                 _threads.pop(id(self), None)
-                _retired_cpu += _clock_ns(self.cpu_clock_id, self.cpu_seen)
+                cpu = _clock_ns(self.cpu_clock_id)   # its slots' calls took no more CPU than the thread
+                _retired_cpu += cpu if cpu >= 0 else self.cpu_seen
                 for nid, s in self.stats.items():
-                    d = _retired.get(nid)
-                    if d is None:
-                        s.flush()
-                        _retired[nid] = s
-                    else:
-                        _merge_slot(d, s)
+                    _merge_slot(_retired.setdefault(nid, _Slot()), s, cpu if cpu >= 0 else math.inf)
         except Exception:
             pass
 
 
 _local = threading.local()
+_switches = False   # calibrate() saw the switch page move when the thread slept: calls know it (csrc g_switches)
+
+
+def _switch_page():
+    try:
+        from .perf_ctypes import SwitchPage
+        return SwitchPage.open()
+    except Exception:
+        return None
+
+
+def _switch_seq(slots: "_ThreadSlots") -> int:
+    return slots.sw.seq() if _switches and slots.sw is not None else 0
 
 
 def _slots() -> _ThreadSlots:
@@ -336,7 +440,7 @@ def _slots() -> _ThreadSlots:
 # ----------------------------------------------------------------- the stack
 class _Frame:
     __slots__ = ("stage", "node", "parent", "slots", "epoch", "hook", "nvtx", "nvtx_id", "gen", "taint0", "susp0",
-                 "loop0", "child_wall", "child_susp", "child_loop", "child", "r0", "xm", "xm_child", "w", "skipped")
+                 "loop0", "child_wall", "child_susp", "child_loop", "child", "r0", "xm", "xm_child", "w", "sw0", "skipped")
 
 
 class _Stack:
@@ -709,17 +813,18 @@ def _task_exit(slots: "_ThreadSlots", st: _Stack, f: _Frame, r1: Optional[_Readi
 
 def _budget_read(slots: "_ThreadSlots", node: int) -> float:
     """The weight of this call's readings under the overhead budget: 1 / its chance of being read; 0: not read.
-    The chance is the budget's share of the stage's mean CPU time per call so far (of its running wall time where
-    no CPU time is measured) over what one call's reads cost (as csrc/enter_exit.c)."""
+    The chance is the budget's share of the stage's predicted CPU time per call over what one call's reads cost
+    (as csrc/enter_exit.c)."""
     if _budget <= 0 or _read_cost <= 0:
         return 1.0
     s = slots.stats.get(node)
-    if s is None or s.covered < FIRST_READS or s.est is None:
+    if s is None:
+        s = slots.stats[node] = _Slot()
+    if s.cpu0 is None:
+        s.mark_start(0)                # the CPU clock before the node's first call here
+    if s.covered < FIRST_READS or s.est is None:
         return 1.0                     # a stage's first calls on a thread are read
-    mean = s.cov_run / s.covered
-    if s.est[Q_CPU].reads:
-        mean = s.est[Q_CPU].predict(mean)
-    p = _budget * mean / _read_cost
+    p = _budget * s.mean_cpu() / _read_cost   # the long calls of a stage count, read or not
     if p >= 1.0:
         return 1.0                     # long enough for a read on every call
     p = max(p, MIN_READ_CHANCE)
@@ -730,11 +835,14 @@ def _budget_read(slots: "_ThreadSlots", node: int) -> float:
 class _Measure:
     """A finished call as csrc/record.h CallMeasure describes it: the one thing _record takes, from a normal exit
     and from a call whose context died with it open."""
-    __slots__ = ("wall", "susp", "loop", "x", "mux", "read", "overlapped", "stand_in", "abandoned", "error")
+    __slots__ = ("wall", "susp", "loop", "inner", "switched", "x", "mux", "read", "overlapped", "stand_in",
+                 "abandoned", "error")
 
     def __init__(self, wall: int, susp: int = 0, loop: int = 0, read: bool = False, overlapped: bool = False,
                  stand_in: bool = False, abandoned: bool = False, error: bool = False) -> None:
         self.wall, self.susp, self.loop, self.read = wall, susp, loop, read
+        self.inner = 0   # a read call: the time between its CPU reads (_Reading.tq), what its quantities span
+        self.switched = True   # its thread left the CPU during it (or that is not known)
         self.x: Optional[list] = None   # per quantity: the call's value, None where not measured
         self.mux: Optional[list] = None  # per counter: (enabled, running) of the call
         self.overlapped, self.stand_in, self.abandoned, self.error = overlapped, stand_in, abandoned, error
@@ -769,45 +877,37 @@ def _correct(m: _Measure) -> None:
 
 
 def _estimate_call(s: _Slot, f: _Frame, m: _Measure, want: bool) -> Optional[list]:
-    """The call's part of each estimate of its node (csrc/record.c estimate_call); the per-call estimates if want."""
-    run = m.wall - m.susp
-    run_self = run - (f.child_wall - f.child_susp)
-    nq = Q_CTR + len(_ctr_events)
+    """The call's part of each estimate's sums (csrc/record.c estimate_call); the per-call values if want."""
+    run, child = m.wall - m.susp, f.child_wall - f.child_susp
     s.covered += 1
     s.cov_run += run
-    s.cov_run_self += run_self
+    s.cov_run_self += run - child
+    if m.read:   # what predicts a call: a read one's running time between its CPU reads (as csrc/record.c)
+        run = max(m.inner - m.susp - _inner_bias, 0)
+    run_self = run - child
+    nq = Q_CTR + len(_ctr_events)
+    b = _stratum(run, m.switched)
+    s.run_b[b] += run
+    s.calls_b[b] += 1
     if not m.read:
-        s.pend_w += run
-        s.pend_ws += run_self
-        s.pend_n += 1
-        return [e.predict(run) for e in s.est[:nq]] if want and s.est is not None else None
+        s.un[b] += 1
+        s.uw[b] += run
+        s.uws += run_self
+        return [e.predict(run, m.switched) for e in s.est[:nq]] if want and s.est is not None else None
     if s.est is None or len(s.est) < nq:
         s.est = (s.est or []) + [_Est() for _ in range(nq - len(s.est or []))]
-    s.flush()
-    W = f.w
-    v = W * W - W   # (1 - p) / p^2
     out = [0.0] * nq
     for q in range(nq):
         t = s.est[q]
-        pred, preds = t.predict(run), t.predict(run_self, True)
         x = m.x[q] if m.x is not None and q < len(m.x) else None
         if x is None:   # not measured on this call: it counts as unread for this quantity
-            t.est += pred
-            t.est_self += preds
-            out[q] = pred
+            t.un[b] += 1
+            t.uw[b] += run
+            t.suw += run_self
+            out[q] = t.predict(run, m.switched)
             continue
-        xs = x - f.child[q]
-        d, ds = x - pred, xs - preds
-        t.est += pred + W * d
-        t.est_self += preds + W * ds
-        t.var += v * d * d
-        t.var_self += v * ds * ds
-        per_ns = t.rx / t.rw * run if t.rw > 0 else 0.0   # how each prediction would have done, for the next calls
-        per_call = t.rx / t.reads if t.reads else 0.0
-        t.sse_w += (x - per_ns) ** 2
-        t.sse_c += (x - per_call) ** 2
-        t.rx, t.rw, t.rxs, t.rws, t.reads = t.rx + x, t.rw + run, t.rxs + xs, t.rws + run_self, t.reads + 1
-        out[q] = pred + W * d
+        t.add(b, x, run, f.w, x - f.child[q], run_self)
+        out[q] = x
     return out if want else None
 
 
@@ -840,6 +940,8 @@ def _record(slots: Optional["_ThreadSlots"], f: _Frame, p: Optional[_Frame], m: 
     covered = m.read or m.stand_in
     give = p is not None and p.w > 0 and covered   # a read parent's self needs its children's estimates
     e = None
+    if s is not None and s.cpu0 is None:
+        s.mark_start(m.wall)   # its first call: it began at most its wall time ago
     if s is not None and covered:
         e = _estimate_call(s, f, m, give)
     if give and e is None:
@@ -913,7 +1015,7 @@ def _enter(stage: "Stage") -> None:
         f.child_wall = f.child_susp = f.child_loop = 0
         f.hook = None
         f.xm, f.xm_child = None, 0
-        f.nvtx, f.w, f.skipped = 0, 0.0, False
+        f.nvtx, f.w, f.sw0, f.skipped = 0, 0.0, 0, False
         f.r0 = _Reading(_perf_ns())
         f.taint0 = f.susp0 = f.loop0 = 0
         _stack.set(f)   # before the hook, as in the C backend: current_path() includes this stage
@@ -932,6 +1034,7 @@ def _enter(stage: "Stage") -> None:
                 _nvtx.push(stage.name, stage.color, stage.category)
         if _xm_k:
             _xm_enter(f, parent)
+        f.sw0 = _switch_seq(slots)   # whether the thread leaves the CPU during the call
         w = _budget_read(slots, f.node) if _cpu_clock or _ctr_events else 0.0   # nothing read without a CPU source
         if w:
             if _ctr_events:
@@ -959,9 +1062,11 @@ def _read_exit(slots: "_ThreadSlots", st: _Stack, f: _Frame) -> _Measure:
     m = _Measure(0)
     over = _task_exit(slots, st, f, r1, m)
     m.wall = _perf_ns() - f.r0.t
+    m.switched = f.slots is not slots or _switch_seq(slots) != f.sw0
     m.read = read and not over
     if m.read:
         _call_quantities(f.r0, r1, m)
+        m.inner = r1.tq - f.r0.tq
     m.overlapped = over
     m.stand_in = f.skipped and f.slots is slots and not over
     return m
@@ -1105,6 +1210,8 @@ def _xm_exit(f: "_Frame", m: "_Measure", slots: "_ThreadSlots") -> None:
     x = m.x if m.read and m.x is not None else None
     cpu = max(int(x[Q_CPU] - f.child[Q_CPU]), 0) if x is not None and x[Q_CPU] is not None else -1
     rq = max(int(x[Q_RQ] - f.child[Q_RQ]), 0) if x is not None and x[Q_RQ] is not None else -1
+    if not m.read and _switches and not m.switched:   # never left the CPU: on it for all its running time
+        cpu, rq = max(wall - f.xm_child - susp, 0), 0
     part = [max(wall - f.xm_child, 0), cpu, rq, max(susp - loop, 0), max(loop, 0)]
     old = parts.get(node)
     parts[node] = part if old is None else [old[0] + part[0], _known_sum(old[1], part[1]),
@@ -1597,11 +1704,11 @@ def _time_bare_calls(cal: "Stage", slots: "_ThreadSlots", n: int) -> tuple:
 
 
 def _measure_biases(cal: "Stage", slots: "_ThreadSlots", n: int) -> Optional[tuple]:
-    """Empty calls read on every call, on the real path: what one records in its CPU and wall windows; None when
-    fewer than 5 calls were read."""
-    global _cpu_bias, _wall_bias, _budget
-    _cpu_bias, _wall_bias, _budget = 0, [0, 0], 0.0
-    cpus, walls = [], []
+    """Empty calls read on every call, on the real path: what one records in its CPU window, its wall window and
+    between its CPU reads; None when fewer than 5 calls were read."""
+    global _cpu_bias, _inner_bias, _wall_bias, _budget
+    _cpu_bias, _inner_bias, _wall_bias, _budget = 0, 0, [0, 0], 0.0
+    cpus, walls, inner = [], [], []
     for _ in range(n):
         slots.stats = {}
         _enter(cal)
@@ -1609,17 +1716,42 @@ def _measure_biases(cal: "Stage", slots: "_ThreadSlots", n: int) -> Optional[tup
         for sl in slots.stats.values():
             walls.append(sl.wall_total)
             if sl.est is not None and sl.est[Q_CPU].reads:
-                cpus.append(sl.est[Q_CPU].rx)
+                cpus.append(sum(sl.est[Q_CPU].x))
+                inner.append(sum(sl.est[Q_CPU].w))
     if len(walls) < 5:
         return None
-    return (max(sorted(cpus)[len(cpus) // 2], 0) if cpus else 0), max(sorted(walls)[len(walls) // 2], 0)
+    return ((max(_trimmed_mean(cpus), 0) if cpus else 0), max(_trimmed_mean(walls), 0),
+            (max(_trimmed_mean(inner), 0) if inner else 0))
+
+
+def _trimmed_mean(v: list) -> int:
+    """The mean of the middle 80 %: what a call costs on average, without the rare interrupt or fault."""
+    v = sorted(v)
+    k = len(v) // 10
+    mid = v[k:len(v) - k]
+    return int(sum(mid) / len(mid))
+
+
+def _probe_switches(slots: "_ThreadSlots") -> str:
+    """Whether the switch page moves when this thread sleeps (as csrc/calibrate.c probe_switches)."""
+    global _switches
+    _switches = False
+    if slots.sw is None:
+        return "unavailable (no perf context-switches event for this thread: perf_event_paranoid?)"
+    for _ in range(3):
+        a = slots.sw.seq()
+        time.sleep(50e-6)
+        if slots.sw.seq() != a:
+            _switches = True
+            return "perf mmap page (each call: whether its thread left the CPU)"
+    return "unavailable (the kernel does not update the perf mmap page when the thread is switched in)"
 
 
 def calibrate(n: int = 200) -> Dict[str, Any]:
     """What the configuration in force costs on this thread, the way _enter/_exit spend it (as csrc/calibrate.c):
     one call's reads (the budget's unit), what an empty call records in its wall window (read or not) and in its
     CPU window (taken out of every call), and a stage call without reads (None while a stage is open here)."""
-    global _read_cost, _cpu_bias, _wall_bias, _enabled, _nvtx, _xm_k, _ring, _budget
+    global _read_cost, _cpu_bias, _inner_bias, _wall_bias, _enabled, _nvtx, _xm_k, _ring, _budget
     global _hook_enter, _hook_exit, _root_exit_hook
     if not 1 <= n <= 1_000_000:
         raise ValueError(f"calibrate needs 1 to 1000000 rounds, got {n}")
@@ -1627,6 +1759,7 @@ def calibrate(n: int = 200) -> Dict[str, Any]:
     slots = _slots()
     if _ctr_events:
         _counters(slots)
+    switches = _probe_switches(slots)
     probe = _read_boundary(slots, False)
     src = probe.cpu_src
     reads = bool(src or probe.gen or probe.q[Q_RQ] >= 0 or probe.q[Q_HELPERS] >= 0)
@@ -1635,7 +1768,7 @@ def calibrate(n: int = 200) -> Dict[str, Any]:
     base = None
     if _stack.get() is None:
         saved = (_enabled, _nvtx, _xm_k, _ring, _hook_enter, _hook_exit, _root_exit_hook, slots.stats, _budget,
-                 _cpu_bias, _wall_bias)
+                 _cpu_bias, _inner_bias, _wall_bias)
         _enabled, _nvtx, _xm_k, _ring = True, None, 0, []
         _hook_enter = _hook_exit = _root_exit_hook = None
         biases = None
@@ -1646,14 +1779,16 @@ def calibrate(n: int = 200) -> Dict[str, Any]:
                 biases = _measure_biases(cal, slots, n)
         finally:
             (_enabled, _nvtx, _xm_k, _ring, _hook_enter, _hook_exit, _root_exit_hook, slots.stats, _budget,
-             _cpu_bias, _wall_bias) = saved
+             _cpu_bias, _inner_bias, _wall_bias) = saved
         _wall_bias = [bare_wall, _wall_bias[1]]
         if biases is not None:
-            _cpu_bias = int(biases[0])
+            _cpu_bias, _inner_bias = int(biases[0]), int(biases[2])
             _wall_bias = [bare_wall, biases[1]]
-    return {"read_ns": float(read_ns), "base_ns": base, "cpu_bias_ns": _cpu_bias, "wall_bias_ns": _wall_bias[1],
+    return {"read_ns": float(read_ns), "base_ns": base, "cpu_bias_ns": _cpu_bias, "inner_bias_ns": _inner_bias,
+            "wall_bias_ns": _wall_bias[1],
             "unread_wall_bias_ns": _wall_bias[0], "cpu_source": ("none", "thread-clock", "task-clock")[src],
             "sys": probe.q[Q_SYS] >= 0, "thread_clock": "clock_gettime (the pure-Python backend)",
+            "switches": switches,
             "run_queue": ("off (the run_queue option)" if not _run_queue else "/proc/thread-self/schedstat"
                           if probe.q[Q_RQ] >= 0 else "unavailable (/proc/thread-self/schedstat cannot be read)"),
             "helper_cpu": ("off (the helper_cpu option)" if not _helper_cpu else
@@ -1669,10 +1804,13 @@ def set_counters(events, exclude_kernel, taskclock_index) -> None:
     with _lock:
         for src in [_retired] + [t.stats for t in _threads.values()]:
             for slot in src.values():
-                slot.flush()         # counter slots of the old events would be misread under the new ones
-                slot.mux = None
+                slot.mux = None      # counter slots of the old events would be misread under the new ones
                 if slot.est is not None:
                     del slot.est[Q_CTR:]
+                    for _ in events:   # the calls left unread so far are none of the new events'
+                        e = _Est()
+                        e.un, e.uw, e.suw = [-v for v in slot.un], [-v for v in slot.uw], -slot.uws
+                        slot.est.append(e)
     _ctr_events, _ctr_excl = events, bool(exclude_kernel)
     _ctr_taskclock = taskclock_index if taskclock_index < len(events) else -1
     _ctr_gen += 1
@@ -1693,25 +1831,26 @@ def set_root_exit_hook(hook) -> None:
     _root_exit_hook = hook
 
 
-def _estimate_row(e: Optional["_Est"]) -> Optional[Dict[str, Any]]:
+def _estimate_row(s: _Slot, q: int) -> Optional[Dict[str, Any]]:
+    e = s.est[q] if s.est is not None and q < len(s.est) else None
     if e is None or not e.reads:
         return None
-    return {"total": e.est, "self": e.est_self, "var": e.var, "var_self": e.var_self, "reads": e.reads}
+    total, own, var, var_self = s.estimate(q)
+    return {"total": total, "self": own, "var": var, "var_self": var_self, "reads": e.reads}
 
 
 def _row(nid: int, s: _Slot) -> Dict[str, Any]:
     """One collect() stats row (a _StatsRow in instrument/_native.pyi)."""
-    s.flush()
-    est = s.est or []
     row: Dict[str, Any] = {k: getattr(s, k) for k in _SUMS}
     counters = []
     for k in range(len(_ctr_events)):
-        e = _estimate_row(est[Q_CTR + k] if Q_CTR + k < len(est) else None)
+        e = _estimate_row(s, Q_CTR + k)
         if e is not None and s.mux is not None and k < len(s.mux):
             e.update(enabled=s.mux[k][0], running=s.mux[k][1], scaled=s.mux[k][2])
         counters.append(e)
     row.update(node=nid, wall_min=s.wall_min, wall_max=s.wall_max, hist=sorted(s.hist.items()),
-               estimates={name: _estimate_row(est[q] if q < len(est) else None) for q, name in enumerate(SCALAR_NAMES)},
+               cpu_bound=s.cpu_bound,
+               estimates={name: _estimate_row(s, q) for q, name in enumerate(SCALAR_NAMES)},
                counters=counters, blockers=sorted(s.blockers.items()),
                items=[(k, v.n, v.x, v.calls, v.floats) for k, v in s.items.items()])
     return row
@@ -1720,12 +1859,12 @@ def _row(nid: int, s: _Slot) -> Dict[str, Any]:
 def collect() -> Dict[str, Any]:
     with _lock:
         merged: Dict[int, _Slot] = {}
-        for src in [_retired] + [t.stats for t in list(_threads.values())]:
+        me = getattr(_local, "slots", None)
+        sources = [(_retired, -1)] + [(t.stats, time.thread_time_ns() if t is me else _clock_ns(t.cpu_clock_id, math.inf))
+                                      for t in list(_threads.values())]
+        for src, cpu_now in sources:   # each thread's CPU clock now: its slots' calls took no more
             for nid, s in list(src.items()):
-                d = merged.get(nid)
-                if d is None:
-                    d = merged[nid] = _Slot()
-                _merge_slot(d, s)
+                _merge_slot(merged.setdefault(nid, _Slot()), s, cpu_now)
         nodes = [(i, p, n, o) for i, (p, n, o) in enumerate(_nodes) if i > 0]
         threads = len(_threads)
     stats = [_row(nid, s) for nid, s in sorted(merged.items()) if s.calls or s.items]
@@ -1776,6 +1915,9 @@ def after_fork_child() -> None:
         if t.perf is not None:
             t.perf.close()     # the inherited fds count the parent's threads
         t.perf, t.perf_gen = None, 0
+        if t.sw is not None:
+            t.sw.close()
+        t.sw = _switch_page() if t is mine else None
     _ctr_first = None
     _epoch += 1
 

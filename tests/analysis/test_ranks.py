@@ -6,7 +6,7 @@ import pytest
 
 from instrument.analysis.ranks import rank_view
 from instrument.exporters import ranks as text
-from instrument.snapshot import Snapshot, merge_processes
+from instrument.snapshot import Snapshot, merge_all
 from snapfactory import snap, st
 
 MS = 1_000_000
@@ -25,7 +25,7 @@ def straggler_job(pre_ms, ar_ms, world=None, steps=STEPS):
         parts.append(rank_snap(r, st("step", steps, round((p + a) * MS), self_ns=0),
                                st("step/preprocess", steps, round(p * MS)),
                                st("step/dist.all_reduce", steps, round(a * MS)), world=world or len(pre_ms)))
-    return merge_processes(parts)
+    return merge_all(parts)
 
 
 def test_the_straggler_its_stage_and_the_wait_it_caused():
@@ -52,7 +52,7 @@ def test_the_straggler_its_stage_and_the_wait_it_caused():
 def test_per_step_is_per_call_of_the_top_level_stage():
     parts = [rank_snap(r, st("step", 5, 10 * MS), st("step/chunk", 20, MS * (3 if r == 1 else 1)),
                        st("step/dist.barrier", 5, MS), world=2) for r in range(2)]
-    v = rank_view(merge_processes(parts))
+    v = rank_view(merge_all(parts))
     chunk = v.stage("step/chunk")
     assert chunk.per_step == {0: 4 * MS, 1: 12 * MS}        # four calls per step
     assert v.straggler.rank == 1 and v.straggler.excess_ns == 8 * MS
@@ -64,11 +64,11 @@ def test_the_following_collective_is_the_next_one_after_the_stage_in_its_step():
     parts = [rank_snap(r, st("step", STEPS, 30 * MS), st("step/dist.broadcast", STEPS, (1 if r == 0 else 9) * MS),
                        st("step/forward", STEPS, (12 if r == 0 else 4) * MS, self_ns=STEPS * (10 if r == 0 else 2) * MS),
                        st("step/forward/dist.all_reduce", STEPS, 2 * MS), world=3) for r in range(3)]
-    v = rank_view(merge_processes(parts))
+    v = rank_view(merge_all(parts))
     s = v.straggler
     assert (s.rank, s.path, s.collective) == (0, ("step", "forward"), ("step", "dist.broadcast"))
     assert s.waits == {1: 8 * MS, 2: 8 * MS} and s.excess_ns == 8 * MS
-    alone = rank_view(merge_processes([rank_snap(r, st("load", 3, (5 if r else 1) * MS), world=2) for r in range(2)]))
+    alone = rank_view(merge_all([rank_snap(r, st("load", 3, (5 if r else 1) * MS), world=2) for r in range(2)]))
     assert alone.straggler.path == ("load",) and alone.straggler.collective is None and alone.straggler.waits == {}
     assert "no collective follows it" in "\n".join(text.summary(alone))
 
@@ -80,19 +80,19 @@ def test_collectives_are_measured_on_the_device_when_every_rank_has_device_time(
         gpu = {"total_ns": STEPS * (25 if r == 0 else 5) * MS, "samples": STEPS}
         parts.append(rank_snap(r, st("step", STEPS, 30 * MS), st("step/preprocess", STEPS, (1 if r == 0 else 21) * MS),
                                type(ar)(**{**ar.__dict__, "gpu": gpu}), world=2))
-    v = rank_view(merge_processes(parts))
+    v = rank_view(merge_all(parts))
     coll = v.stage("step/dist.all_reduce")
     assert coll.device and coll.per_step == {0: 25 * MS, 1: 5 * MS} and coll.wait == {0: 20 * MS, 1: 0}
     assert v.straggler.rank == 1 and v.straggler.waits == {0: 20 * MS}
     assert "ᵍ device time" in text.render(v)
     parts[1] = rank_snap(1, st("step", STEPS, 30 * MS), st("step/dist.all_reduce", STEPS, MS // 10), world=2)
-    assert not rank_view(merge_processes(parts)).stage("step/dist.all_reduce").device    # one rank without: host
+    assert not rank_view(merge_all(parts)).stage("step/dist.all_reduce").device    # one rank without: host
 
 
 def test_missing_ranks_ranks_that_stopped_early_and_calls_that_raised():
     parts = [rank_snap(r, st("step", n, 10 * MS, errors=e), st("step/dist.all_reduce", n, MS, errors=e), world=5)
              for r, n, e in ((0, 11, 1), (1, 10, 0), (3, 7, 0), (4, 11, 1))]
-    v = rank_view(merge_processes(parts))
+    v = rank_view(merge_all(parts))
     assert v.ranks == (0, 1, 3, 4) and v.missing == (2,)
     assert v.steps == {0: 10, 1: 10, 3: 7, 4: 10} and v.stopped == (3,)
     assert v.failed == {("step",): {0: 1, 4: 1}, ("step", "dist.all_reduce"): {0: 1, 4: 1}}

@@ -1,6 +1,8 @@
 """The tail view from known exemplars: slow calls against a typical one, stage by stage."""
 import pytest
 
+import instrument
+
 from instrument.analysis.tail import tail, tail_of
 from instrument.snapshot import Snapshot
 from snapfactory import snap, st
@@ -38,7 +40,9 @@ def test_excess_and_shares_of_known_calls():
     d = v.to_dict()
     assert d["stage"] == ["request"] and d["excess"][0] == {"path": ["request", "pre"], "ns": pre.ns,
                                                             "share": pre.share, "slow_ns": pre.slow_ns,
-                                                            "typical_ns": pre.typical_ns}
+                                                            "typical_ns": pre.typical_ns,
+                                                            # no split kept with these calls: all of it unknown
+                                                            "parts_ns": {"unknown": pre.ns}, "component": "unknown"}
     assert set(d) >= {"stage", "p50_ns", "p99_ns", "slow_calls", "excess"}
 
 
@@ -56,3 +60,43 @@ def test_quantile_chooses_the_slow_calls_and_bad_quantiles_are_refused():
 def test_no_exemplars_no_view():
     assert tail(snap(st("request", 10, MS))) == []
     assert tail_of(snap(st("request", 10, MS)), "request") is None
+
+
+def test_a_tail_made_by_a_busy_loop_says_so_in_one_sentence(backend):
+    """Requests await a 10 ms sleep inside stage io; early on, two bursts of 40 ms CPU work run on the loop in stage
+    burst.  The slow requests are the ones that waited for the loop: the tail's excess is io's, its component
+    loop_ready, within what each request measured of itself beyond its sleep, and the sentence names burst."""
+    import asyncio
+    import time
+    instrument.configure(exemplars=16)
+    waited = {}
+
+    async def request(i):
+        with instrument.stage("request"):
+            with instrument.stage("io"):
+                t = time.perf_counter_ns()
+                await asyncio.sleep(0.01)
+                waited[i] = time.perf_counter_ns() - t - 10_000_000   # beyond the sleep: ready, not run
+
+    async def burst():
+        with instrument.stage("burst"):
+            t = time.thread_time_ns()
+            while time.thread_time_ns() - t < 40_000_000:
+                pass
+
+    async def main():
+        await asyncio.gather(*(request(i) for i in range(8)), burst(), burst())
+        for k in range(1, 16):
+            await asyncio.gather(*(request(8 * k + i) for i in range(4)))
+
+    asyncio.run(main())
+    snap = instrument.snapshot()
+    view = tail_of(snap, "request")
+    top = view.excess[0]
+    assert top.path == ("request", "io") and top.component == "loop_ready", view.to_dict()
+    slow = sorted(waited.values())[-view.slow_calls:]     # the slowest requests' own wait beyond the sleep
+    typical = sorted(waited.values())[len(waited) // 4: -len(waited) // 4]
+    truth = sum(slow) / len(slow) - sum(typical) / len(typical)
+    assert top.parts["loop_ready"] == pytest.approx(truth, rel=0.25), (top.parts, truth)
+    why = view.sentence(snap)
+    assert "request/io waiting for the event loop" in why and "burst" in why, why

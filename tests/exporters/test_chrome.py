@@ -64,17 +64,17 @@ def test_live_threads_and_interleaving_tasks(backend):
         await asyncio.gather(*(task(i) for i in range(5)))
     asyncio.run(many())
     s = instrument.snapshot()
-    xs = check_trace(chrome.trace(s), {"request", "tokenize", "task", "inner"})
+    xs = check_trace(chrome.trace([s]), {"request", "tokenize", "task", "inner"})
     assert sum(e["name"] == "tokenize" for e in xs) == 60 and sum(e["name"] == "task" for e in xs) == 5
     assert len({e["tid"] for e in xs if e["name"] == "request"}) == 3
     assert all("tts" in e and "tdur" in e for e in xs if e["name"] == "tokenize")
-    calls = [e for e in chrome.trace(s)["traceEvents"] if e["ph"] == "C" and e["name"] == "calls"]
+    calls = [e for e in chrome.trace([s])["traceEvents"] if e["ph"] == "C" and e["name"] == "calls"]
     assert calls[-1]["args"] == {"request": 60, "task": 5}
 
 
 def test_no_timeline_is_refused():
     with pytest.raises(chrome.NoTimeline, match="trace_events"):
-        chrome.trace(snap(st("a", 3, 1000)))
+        chrome.trace([snap(st("a", 3, 1000))])
 
 
 def test_cli_export_no_timeline_exits_2(tmp_path, capsys):

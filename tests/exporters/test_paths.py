@@ -14,7 +14,7 @@ from instrument.analysis.advice import advise
 from instrument.analysis.diff import diff
 from instrument.exporters import chrome, hatchet, html, table
 from instrument.snapshot import parse_path, path_text
-from test_html import browse, chromium  # noqa: F401  (the page read back by a real browser)
+from browser import browse, chromium  # noqa: F401  (the page read back by a real browser)
 
 SHAPES = {("a/b",): "a\\/b", ("a", "b"): "a/b", ("a",): "a", ("c\\",): "c\\\\", ("c\\", "d"): "c\\\\/d",
           ("c\\/d",): "c\\\\\\/d"}
@@ -87,14 +87,14 @@ def test_prometheus_labels(shapes):
     from prometheus_client.parser import text_string_to_metric_families
     from instrument.exporters import prometheus
     labels = set()
-    for fam in text_string_to_metric_families(prometheus.render(shapes)):
+    for fam in text_string_to_metric_families(prometheus.render([shapes])):
         if fam.name == "instrument_stage_duration_seconds":
             labels |= {(s.labels["stage"], s.labels["path"]) for s in fam.samples}
     assert labels == {(p[-1], t) for p, t in SHAPES.items()}
 
 
 def test_chrome_trace(shapes):
-    events = [e for e in json.loads(chrome.render(shapes))["traceEvents"] if e.get("ph") == "X"]
+    events = [e for e in json.loads(chrome.render([shapes]))["traceEvents"] if e.get("ph") == "X"]
     assert {(e["name"], e["args"]["path"]) for e in events} == {(p[-1], t) for p, t in SHAPES.items()}
 
 
@@ -116,7 +116,7 @@ def test_otel_attributes(shapes):
     pytest.importorskip("opentelemetry.sdk")
     from opentelemetry.sdk.metrics import MeterProvider
     from opentelemetry.sdk.metrics.export import InMemoryMetricReader
-    from instrument.exporters import otel
+    from instrument.serve import otel
     reader = InMemoryMetricReader()
     otel.OTelBridge(MeterProvider(metric_readers=[reader]).get_meter("t")).record(shapes)
     got = set()
@@ -129,7 +129,7 @@ def test_otel_attributes(shapes):
 
 def test_html_page(shapes, tmp_path, chromium):
     page = tmp_path / "paths.html"
-    page.write_text(html.render(shapes, before=shapes))
+    page.write_text(html.render([shapes, shapes], diff=True))
     dom = browse(chromium, page, tmp_path, "dom")
     assert 'data-rendered="1"' in dom
     cells = {htmllib.unescape(c) for c in re.findall(r'data-path="([^"]*)"', dom.split('id="icicle"', 1)[1]

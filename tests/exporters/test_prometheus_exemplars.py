@@ -41,7 +41,7 @@ def _top_stage(e):
 
 def test_openmetrics_exemplars_and_item_counters(backend, tmp_path):
     s = workload()
-    fams = {f.name: f for f in text_string_to_metric_families(P.render(s, openmetrics=True))}
+    fams = {f.name: f for f in text_string_to_metric_families(P.render([s], openmetrics=True))}
     (tok,) = [x for x in fams["instrument_stage_items"].samples if x.name.endswith("_total")]
     assert tok.labels == {"stage": "forward", "path": "request/forward", "item": "tokens"} and tok.value == 1400
     hist = fams["instrument_stage_duration_seconds"]
@@ -54,7 +54,7 @@ def test_openmetrics_exemplars_and_item_counters(backend, tmp_path):
     assert top.exemplar.value <= float(top.labels["le"])            # each in its own bucket
     assert len({x.labels["le"] for x in marked}) == len(marked)
     # the text format 0.0.4 has no exemplars, and the command line writes either
-    assert " # {" not in P.render(s)
+    assert " # {" not in P.render([s])
     s.save(tmp_path / "s.json")
     r = cli("export", "--prometheus", tmp_path / "m.txt", "--openmetrics", tmp_path / "s.json")
     assert r.returncode == 0, r.stderr

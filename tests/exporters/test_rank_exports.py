@@ -7,9 +7,10 @@ import re
 import pytest
 
 from instrument.exporters import html
-from instrument.snapshot import Snapshot, merge_processes, name_text
+from instrument.snapshot import Snapshot, merge_all, name_text
 from snapfactory import snap, st
-from test_html import EVIL, browse, chromium  # noqa: F401  (the fixture)
+from browser import browse, chromium  # noqa: F401  (the fixture)
+from test_html import EVIL
 
 MS = 1_000_000
 
@@ -20,7 +21,7 @@ def rank_snap(rank, *stages, world=4):
 
 
 def job(world=4, present=(0, 1, 2, 3)):
-    return merge_processes([rank_snap(r, st("step", 10, 25 * MS), st("step/preprocess", 10, (21 if r == 2 else 1) * MS),
+    return merge_all([rank_snap(r, st("step", 10, 25 * MS), st("step/preprocess", 10, (21 if r == 2 else 1) * MS),
                                       st(("step", EVIL[0]), 10, MS), st("step/dist.all_reduce", 10, (1 if r == 2 else 21) * MS),
                                       world=world) for r in present])
 
@@ -31,7 +32,7 @@ def test_prometheus_rank_label():
     from test_prometheus import PROMTOOL, promtool_check
 
     def ranked(s, family):
-        fams = {f.name: f for f in text_string_to_metric_families(prometheus.render(s))}
+        fams = {f.name: f for f in text_string_to_metric_families(prometheus.render([s]))}
         return {(x.labels["path"], x.labels["rank"]): x.value for x in fams[family].samples}
 
     merged = job()
@@ -43,12 +44,12 @@ def test_prometheus_rank_label():
     assert ranked(own, "instrument_stage_rank_self_seconds") == {("step", "2"): 0.007, ("step/x", "2"): 0.003}
     assert ranked(snap(st("step", 3, MS)), "instrument_stage_rank_seconds") == {}          # no rank, no series
     if PROMTOOL:
-        assert promtool_check(prometheus.render(merged)) == (0, "")
+        assert promtool_check(prometheus.render([merged])) == (0, "")
 
 
 def test_html_heat_map_of_stage_by_rank(chromium, tmp_path):  # noqa: F811
     page = tmp_path / "ranks.html"
-    html.write(str(page), job(world=5))
+    page.write_text(html.render([job(world=5)]))
     dom = browse(chromium, page, tmp_path, "dom")
     assert 'data-rendered="1"' in dom and 'id="ranks-card" hidden' not in dom
     assert re.search(r"<title>([^<]*)</title>", dom).group(1) == "instrument: stage breakdown"   # nothing injected ran

@@ -11,7 +11,7 @@ import pytest
 from instrument.analysis.diff import diff
 from instrument.exporters import chrome, hatchet, html, table
 from snapfactory import snap, st
-from test_html import browse, chromium  # noqa: F401
+from browser import browse, chromium  # noqa: F401
 
 MS = 1_000_000
 CTR = {"cache-references": {"total": 4000}, "cache-misses": {"total": 500}, "branches": {"total": 10_000},
@@ -34,9 +34,10 @@ def test_breakdown_csv_fields_name_their_units():
     assert float(req["cpu_per_wall"]) == pytest.approx(0.8)                                    # a ratio
     assert float(req["cache_miss_pct"]) == pytest.approx(12.5) and float(req["branch_miss_pct"]) == pytest.approx(2.5)
     assert float(req["page_faults"]) == 12 and float(req["context_switches"]) == 3               # counts
+    assert float(req["page_faults_per_call"]) == pytest.approx(0.12)                             # per call
     for field in next(csv.reader(io.StringIO(table.render(s, format="csv")))):
         assert field in ("path", "calls", "cpu_per_wall", "ipc", "mpki", "page_faults", "context_switches",
-                         "verdict") or field.endswith(("_ns", "_pct")), field
+                         "verdict") or field.endswith(("_ns", "_pct", "_per_call")), field
 
 
 def test_breakdown_table_markdown_json_units():
@@ -76,18 +77,18 @@ def test_machine_formats_in_seconds_and_microseconds():
     lit = {n["frame"]["name"]: n for n in hatchet.to_literal(s)}
     assert lit["request"]["metrics"]["time (inc)"] == pytest.approx(2.5)          # seconds
     ev = snap(st("request", 1, 5 * MS), events=[{"path": ["request"], "tid": 1, "ts_ns": 2 * MS, "dur_ns": 5 * MS}])
-    x = next(e for e in json.loads(chrome.render(ev))["traceEvents"] if e["ph"] == "X")
+    x = next(e for e in json.loads(chrome.render([ev]))["traceEvents"] if e["ph"] == "X")
     assert x["dur"] == 5000 and x["ts"] == 2000                                  # microseconds, as Chrome reads
 
 
 def test_html_table_in_ms(chromium, tmp_path):
     page = tmp_path / "u.html"
-    page.write_text(html.render(sample()))
+    page.write_text(html.render([sample()]))
     dom = htmllib.unescape(browse(chromium, page, tmp_path, "dom"))
     head = re.findall(r"<th[^>]*>([^<]*)</th>", dom)
-    assert head[:5] == ["stage", "calls", "total ms", "% root", "mean ms"]
-    assert {"cache-misses", "page-faults", "verdict"} <= set(head)                 # counters and verdict columns
+    assert head[:5] == ["stage", "calls", "total ms", "%root", "mean ms"]          # the breakdown table's headers
+    assert {"miss%", "brmiss%", "faults", "verdict"} <= set(head)                 # counter ratios and the verdict
     body = dom.split("<tbody>", 1)[1]
     first = re.findall(r"<td[^>]*>([^<]*)</td>", body)[:5]
-    assert first[:4] == ["100", "2500.0", "100.0%", "25.00"]   # the name cell holds markup, the rest text
+    assert first[:4] == ["100", "2500.0", "100.0", "25.00"]   # the name cell holds markup, the rest text
     assert "12" in re.findall(r"<td[^>]*>([^<]*)</td>", body)

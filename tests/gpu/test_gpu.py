@@ -4,6 +4,7 @@
 
 Figures (GPU ms per stage vs torch.cuda.Event ms, host return µs) are printed with -s.
 """
+import os
 import subprocess
 import sys
 import time
@@ -138,3 +139,111 @@ def test_auto_turns_on_when_cuda_initialises():
             "g = instrument.snapshot()['s'].gpu; assert g and g['samples'] == 1, g\n")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr[-2000:]
+
+
+def test_gpu_time_shows_in_every_output():
+    """The `gpu` metric of the table, CSV, JSON, the HTML report, top and Prometheus: the CUDA events' time."""
+    import csv
+    import io
+    import json
+    import re
+    from instrument import top
+    from instrument.exporters import html, table
+    from instrument.exporters.format import ms
+    a, b = torch.randn(4096, 4096, device="cuda"), torch.randn(4096, 4096, device="cuda")
+    a @ b
+    torch.cuda.synchronize()
+    instrument.reset()
+    st, ref = instrument.stage("matmul"), []
+    for _ in range(10):
+        e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        with st:
+            e0.record()
+            for _ in range(4):
+                a @ b
+            e1.record()
+        ref.append((e0, e1))
+    torch.cuda.synchronize()
+    snap = instrument.snapshot()
+    truth = sum(e0.elapsed_time(e1) for e0, e1 in ref) * 1e6
+    gpu = snap["matmul"].gpu["total_ns"]
+    assert gpu == pytest.approx(truth, rel=0.10)
+    text = table.render(snap, width=300).splitlines()
+    assert "GPU ms" in text[0] and ms(gpu) in text[2].split(), text[:3]
+    row = next(csv.DictReader(io.StringIO(table.render(snap, format="csv"))))
+    assert float(row["gpu_ns"]) == gpu
+    assert json.loads(table.render(snap, format="json"))[0]["gpu_ns"] == gpu
+    page = html.render([snap])
+    data = json.loads(re.search(r'<script type="application/json" id="data">(.*?)</script>', page, re.S).group(1))
+    assert data["after"]["stages"][0]["cells"]["gpu"][0] == gpu
+    assert "GPU ms" in top.table_lines(snap, 1.0, width=300)[0]
+    pytest.importorskip("prometheus_client")
+    from prometheus_client.parser import text_string_to_metric_families
+    from instrument.exporters import prometheus
+    fams = {f.name: f for f in text_string_to_metric_families(prometheus.render([snap]))}
+    assert fams["instrument_stage_gpu_seconds"].samples[0].value == pytest.approx(gpu / 1e9)
+    figure(f"matmul: GPU {gpu / 1e6:.2f} ms in every output, cuda.Event {truth / 1e6:.2f} ms; verdict "
+           f"{snap['matmul'].verdict['verdict']}; table row: {text[2].strip()}")
+
+
+# ------------------------------------------------------------------ instrument.modules
+class Busy(torch.nn.Module):
+    """Keeps the GPU busy about `ms` per call, between CUDA events of its own: the truth to compare with."""
+
+    def __init__(self, cycles):
+        super().__init__()
+        self.cycles, self.events = cycles, []
+
+    def forward(self, x):
+        e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        e0.record()
+        torch.cuda._sleep(self.cycles)
+        e1.record()
+        self.events.append((e0, e1))
+        return x + 1
+
+
+def test_gpu_time_per_module_matches_cuda_events_and_nothing_waits():
+    model = torch.nn.Sequential(Busy(sleep_cycles(8)), Busy(sleep_cycles(2)))
+    x = torch.zeros(4, device="cuda")
+    with instrument.modules(model, depth=1):
+        model(x)
+        torch.cuda.synchronize()
+        instrument.reset()
+        for m in model:
+            m.events.clear()
+        for _ in range(10):
+            model(x)
+        busy_after_return = not torch.cuda.current_stream().query()   # the call returned with kernels queued
+        torch.cuda.synchronize()
+        snap = instrument.snapshot()
+    assert busy_after_return, "the module stages waited for the GPU"
+    for i, m in enumerate(model):
+        g = snap["Sequential", str(i)].gpu
+        ref_ns = sum(e0.elapsed_time(e1) for e0, e1 in m.events) * 1e6
+        figure(f"module {i}: GPU {g['total_ns'] / 1e6:.2f} ms in {g['samples']} calls vs cuda.Event "
+               f"{ref_ns / 1e6:.2f} ms")
+        assert g["samples"] == 10 and g["errors"] == 0
+        assert g["total_ns"] == pytest.approx(ref_ns, rel=0.10)
+    root = snap["Sequential"].gpu
+    assert root["total_ns"] >= 0.95 * sum(snap["Sequential", str(i)].gpu["total_ns"] for i in range(2))
+
+
+def test_bert_modules_on_cuda_each_have_gpu_time():
+    transformers = pytest.importorskip("transformers")
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "auto"))
+    from module_tree import expected_tree
+    config = transformers.BertConfig(hidden_size=128, num_hidden_layers=2, num_attention_heads=2,
+                                     intermediate_size=256, vocab_size=1000)
+    model = transformers.BertModel(config).cuda().eval()
+    ids = torch.randint(0, 1000, (8, 64), device="cuda")
+    with instrument.modules(model, depth=2), torch.inference_mode():
+        for _ in range(5):
+            model(input_ids=ids)
+        torch.cuda.synchronize()
+        snap = instrument.snapshot()
+    assert {s.path for s in snap} == expected_tree(model, 2, "BertModel")
+    assert all(s.calls == 5 and s.gpu and s.gpu["samples"] == 5 for s in snap)
+    enc = snap["BertModel", "encoder"].gpu
+    figure(f"BertModel encoder: GPU {enc['total_ns'] / 5e3:.1f} µs per call, "
+           f"{len(snap)} module stages each with GPU time")

@@ -44,8 +44,9 @@ def test_a_preempted_spin_is_cpu_starved_not_waiting(backend, shared_core):
     rq, cpu = run_delay_ns() - rq0, time.thread_time_ns() - cpu0
     s = instrument.snapshot()["spin"]
     assert rq > 0.2 * s.wall_total, "the hog should have taken the core from the spin"
-    assert s.split_part("runqueue") == pytest.approx(rq, rel=0.10)
-    assert s.split_part("on_cpu") == pytest.approx(cpu, rel=0.05)
+    # within 10 % and 5 %, and the estimates' own 99 % intervals where the reads were sampled (a hog makes them dear)
+    assert abs(s.split_part("runqueue") - rq) <= 0.10 * rq + 2.576 * s.runqueue["var"] ** 0.5
+    assert abs(s.split_part("on_cpu") - cpu) <= 0.05 * cpu + 2.576 * s.cpu_var ** 0.5
     add_up(s)
     assert s.verdict["verdict"] == "cpu-starved", s.verdict
     assert s.verdict["evidence"]["split"]["runqueue"] >= 0.3
@@ -117,7 +118,8 @@ def test_a_busy_event_loop_is_loop_blocked_not_awaiting(backend):
 
 def test_torch_threads_count_as_the_stages_cpu(backend):
     """torch with two intra-op threads: the stage's CPU plus the helper threads' equals the process's CPU over the
-    loop (within 10 %), and the stage is compute-bound, not waiting."""
+    loop (within 10 %, and the estimates' own 99 % interval where the calls were sampled), and the stage is
+    compute-bound, not waiting."""
     torch = pytest.importorskip("torch")
     old = torch.get_num_threads()
     torch.set_num_threads(2)
@@ -134,7 +136,8 @@ def test_torch_threads_count_as_the_stages_cpu(backend):
         torch.set_num_threads(old)
     s = instrument.snapshot()["matmul"]
     assert s.helpers is not None and s.helpers["total"] > 0
-    assert s.cpu_total + s.helpers["total"] == pytest.approx(proc, rel=0.10), (s.cpu_total, s.helpers, proc)
+    sd = (s.cpu_var + s.helpers["var"]) ** 0.5
+    assert abs(s.cpu_total + s.helpers["total"] - proc) <= 0.10 * proc + 2.576 * sd, (s.cpu_total, s.helpers, proc)
     add_up(s)
     assert s.verdict["verdict"] in ("compute-bound", "cpu-starved"), s.verdict
 

@@ -9,7 +9,6 @@
   // a name as in a path: "\\" and "/" inside it escaped, so a stage "a/b" never reads like b under a
   function nameText(n) { return n.replace(/\\/g, "\\\\").replace(/\//g, "\\/"); }
   function pathText(p) { return p.map(nameText).join("/"); }
-  function count(x) { return x === null || x === undefined ? "n/a" : Math.round(x).toLocaleString("en-US"); }
   function ms(ns) { if (ns === null || ns === undefined) return "n/a"; var v = ns / 1e6;
     return v >= 10000 ? v.toFixed(0) : v >= 100 ? v.toFixed(1) : v >= 1 ? v.toFixed(2) : v >= 0.01 ? v.toFixed(3) : v.toFixed(4); }
   function human(ns) { if (ns === null || ns === undefined) return "n/a";
@@ -80,19 +79,16 @@
     while (tip.firstChild) tip.removeChild(tip.firstChild);
     tip.appendChild(el("div", "t", pathText(s.path)));
     var t = el("table"), other = B ? (side === A ? BI : AI)[key(s.path)] : null;
-    var rows = [["calls", s.calls + (s.errors ? " (" + s.errors + " errors)" : "")], ["total", human(s.total)], ["self", human(s.self)],
-      ["mean", human(s.mean)], ["p50", human(s.p50)], ["p99", human(s.p99)],
-      ["CPU", (s.estimated ? "~" : "") + human(s.cpu) + (s.ratio === null ? "" : " (CPU/wall " + s.ratio.toFixed(2) + ")") +
-        (s.sys === null || s.sys === undefined ? "" : ", " + pct(s.sys) + " in the kernel") +
-        (s.estimated ? " \u2014 estimated from the calls read under the overhead budget" : "")],
-      ["share of parent", pct(s.parent)], ["share of root", pct(s.root)]];
-    if (s.gpu !== null && s.gpu !== undefined) rows.push(["GPU", human(s.gpu)]);
-    if (s.tail !== null && s.tail !== undefined) rows.push(["share of p99 excess", pct(s.tail)]);
+    var rows = [["calls", s.calls + (s.errors ? " (" + s.errors + " errors)" : "")]];
+    D.metrics.forEach(function (m) { var c = (s.cells || {})[m.name];   // the figures of the table, as it shows them
+      if (c && m.name !== "calls" && m.name !== "verdict" && c[1] !== "n/a") rows.push([m.header, c[1]]); });
+    rows.push(["share of parent", pct(s.parent)]);
     (s.items || []).forEach(function (it) {
       rows.push([it.name, count(it.total) + " in " + count(it.calls) + " adds" + (it.per_ns === null ? "" :
         " \u00b7 " + human(it.per_ns) + "/" + it.unit + " \u00b7 " + si(it.rate) + " " + it.name + "/s")]); });
     if (s.verdict) rows.push(["verdict", s.verdict + (s.reason ? " \u2014 " + s.reason : "")]);
     Object.keys(s.counters || {}).forEach(function (c) { rows.push([c, count(s.counters[c])]); });
+    if (s.estimated) rows.push(["~", "estimated from the calls read under the overhead budget"]);
     if (B) {
       var b = side === A ? other : s, a = side === A ? s : other;
       rows.push(["before \u2192 after", b && a ? human(b.mean) + " \u2192 " + human(a.mean) + " per call (" + signed(change(b.mean, a.mean)) + ")"
@@ -167,38 +163,25 @@
   redraw();
   window.addEventListener("resize", redraw);
 
-  // ----- table
-  var counterNames = [];
-  [A].concat(B ? [B] : []).forEach(function (side) { side.stages.forEach(function (s) {
-    Object.keys(s.counters || {}).forEach(function (c) { if (counterNames.indexOf(c) < 0) counterNames.push(c); }); }); });
-  var cols = [
-    ["stage", function (s) { return pathText(s.path); }],
-    ["calls", function (s) { return s.calls; }, String],
-    ["total ms", function (s) { return s.total; }, ms],
-    ["% root", function (s) { return s.root; }, pct],
-    ["tail %", function (s) { return s.tail; }, pct],
-    ["mean ms", function (s) { return s.mean; }, ms],
-    ["p50 ms", function (s) { return s.p50; }, ms],
-    ["p99 ms", function (s) { return s.p99; }, ms],
-    ["self ms", function (s) { return s.self; }, ms],
-    ["CPU ms", function (s) { return s.cpu; }, ms],
-    ["CPU/wall", function (s) { return s.ratio; }, function (v) { return v === null ? "n/a" : v.toFixed(2); }]
-  ];
-  if ([A].concat(B ? [B] : []).some(function (side) { return side.stages.some(function (s) { return s.sys !== null && s.sys !== undefined; }); }))
-    cols.push(["sys %", function (s) { return s.sys === undefined ? null : s.sys; }, pct]);
-  counterNames.forEach(function (c) { cols.push([c, function (s) { var v = (s.counters || {})[c]; return v === undefined ? null : v; }, count]); });
-  if ([A].concat(B ? [B] : []).some(function (side) { return side.stages.some(function (s) { return s.gpu !== null && s.gpu !== undefined; }); }))
-    cols.push(["GPU ms", function (s) { return s.gpu === undefined ? null : s.gpu; }, ms]);
-  cols.push(["verdict", function (s) { return s.verdict || null; }, String]);
-  if (B || !A.stages.some(function (s) { return s.tail !== null && s.tail !== undefined; }))
-    cols = cols.filter(function (c) { return c[0] !== "tail %"; });
+  // ----- table: a column per metric (their cells as the breakdown table shows them); with a diff, before/after
+  function metricColumn(m) { return { h: m.header, title: m.doc, metric: true,
+    v: function (s) { var c = (s.cells || {})[m.name]; return c ? c[0] : null; },
+    t: function (s) { var c = (s.cells || {})[m.name]; return c ? c[1] : "n/a"; } }; }
+  function column(h, v, f, change) { return { h: h, v: v, t: function (s) { return f(v(s)); }, change: change }; }
+  var cols = [{ h: "stage", v: function (s) { return pathText(s.path); } }].concat(D.metrics.filter(function (m) {
+    return !B || ["p50", "cpu_per_wall", "root", "self", "tail"].indexOf(m.name) < 0;   // room for the comparison
+  }).map(metricColumn));
+  function after(name) { var h = D.metrics.filter(function (m) { return m.name === name; })[0].header;
+    return cols.map(function (c) { return c.h; }).indexOf(h) + 1; }
   if (B) {
-    cols = cols.filter(function (c) { return ["p50 ms", "CPU/wall", "% root", "self ms"].indexOf(c[0]) < 0; });   // room for the comparison
-    cols.splice(3, 0, ["before ms", function (s) { var b = BI[key(s.path)]; return b ? b.total : null; }, ms],
-      ["\u0394 total", function (s) { var b = BI[key(s.path)]; return b ? change(b.total, s.total) : null; }, signed, true]);
-    cols.splice(6, 0, ["before mean ms", function (s) { var b = BI[key(s.path)]; return b ? b.mean : null; }, ms],
-      ["\u0394 mean", function (s) { var b = BI[key(s.path)]; return b ? change(b.mean, s.mean) : null; }, signed, true],
-      ["beyond noise?", function (s) { var t = TEST[key(s.path)]; return t ? (t.significant ? (t.direction > 0 ? "slower" : "faster") : "~ within noise") : null; }, String]);
+    var beforeTotal = column("before ms", function (s) { var b = BI[key(s.path)]; return s.onlyBefore ? s.total : b ? b.total : null; }, ms);
+    var beforeMean = column("before mean ms", function (s) { var b = BI[key(s.path)]; return s.onlyBefore ? s.mean : b ? b.mean : null; }, ms);
+    beforeTotal.before = beforeMean.before = true;
+    cols.splice(after("total"), 0, beforeTotal,
+      column("\u0394 total", function (s) { var b = BI[key(s.path)]; return b ? change(b.total, s.total) : null; }, signed, true));
+    cols.splice(after("mean"), 0, beforeMean,
+      column("\u0394 mean", function (s) { var b = BI[key(s.path)]; return b ? change(b.mean, s.mean) : null; }, signed, true),
+      column("beyond noise?", function (s) { var t = TEST[key(s.path)]; return t ? (t.significant ? (t.direction > 0 ? "slower" : "faster") : "~ within noise") : null; }, String));
   }
   var rows = A.stages.slice();
   if (B) B.stages.forEach(function (s) { if (!AI[key(s.path)]) rows.push(Object.assign({ onlyBefore: true }, s)); });
@@ -206,12 +189,13 @@
   function renderTable() {
     var t = document.getElementById("table"); while (t.firstChild) t.removeChild(t.firstChild);
     var thead = el("thead"), hr = el("tr");
-    cols.forEach(function (c, i) { var th = el("th", null, c[0] + (sortCol === i ? (sortDesc ? " \u25be" : " \u25b4") : ""));
+    cols.forEach(function (c, i) { var th = el("th", null, c.h + (sortCol === i ? (sortDesc ? " \u25be" : " \u25b4") : ""));
+      if (c.title) th.title = c.title;
       th.addEventListener("click", function () { if (sortCol === i) { if (!sortDesc) sortCol = null; sortDesc = !sortDesc; } else { sortCol = i; sortDesc = i !== 0; } renderTable(); });
       hr.appendChild(th); });
     thead.appendChild(hr); t.appendChild(thead);
     var list = rows.slice();
-    if (sortCol !== null) { var f = cols[sortCol][1];
+    if (sortCol !== null) { var f = cols[sortCol].v;
       list.sort(function (x, y) { var a = f(x), b = f(y); if (a === null) return 1; if (b === null) return -1; var r = a < b ? -1 : a > b ? 1 : 0; return sortDesc ? -r : r; }); }
     var tb = el("tbody"), maxTotal = Math.max.apply(null, rows.map(function (s) { return s.total; }).concat([1]));
     list.forEach(function (s) {
@@ -226,16 +210,15 @@
       else if (B && !BI[key(s.path)]) name.appendChild(el("span", "tag", "only after"));
       tr.appendChild(name);
       cols.slice(1).forEach(function (c) {
-        var v = s.onlyBefore && c[0].indexOf("before") < 0 && c[0].indexOf("\u0394") < 0 ? null : c[1](s);
-        if (s.onlyBefore && c[0] === "before ms") v = s.total;
-        if (s.onlyBefore && c[0] === "before mean ms") v = s.mean;
-        var quiet = c[3] && !s.onlyBefore && BI[key(s.path)] && noisy(s) &&
-          (c[0] === "\u0394 mean" || (c[0] === "\u0394 total" && BI[key(s.path)].calls === s.calls));
-        var td = el("td", null, v === null || v === undefined ? "n/a" : (quiet ? "~" : "") + c[2](v));
-        if (v === null || v === undefined) td.className = "na";
+        var hidden = s.onlyBefore && !c.before, v = hidden ? null : c.v(s);   // a stage only before: its before figures
+        var text = hidden || (!c.metric && (v === null || v === undefined)) ? "n/a" : c.t(s);
+        var quiet = c.change && !s.onlyBefore && BI[key(s.path)] && noisy(s) &&
+          (c.h === "\u0394 mean" || (c.h === "\u0394 total" && BI[key(s.path)].calls === s.calls));
+        var td = el("td", null, (quiet ? "~" : "") + text);
+        if (text === "n/a") td.className = "na";
         else if (quiet) { td.className = "noise"; td.title = "within noise: " + TEST[key(s.path)].reason; }
-        else if (c[0] === "beyond noise?") td.className = v === "slower" ? "up" : v === "faster" ? "down" : "noise";
-        else if (c[3]) td.className = v > 0.005 ? "up" : v < -0.005 ? "down" : "";
+        else if (c.h === "beyond noise?") td.className = v === "slower" ? "up" : v === "faster" ? "down" : "noise";
+        else if (c.change) td.className = v > 0.005 ? "up" : v < -0.005 ? "down" : "";
         tr.appendChild(td);
       });
       tr.addEventListener("mousemove", function (ev) { showTip(ev, s, s.onlyBefore ? B : A); });

@@ -11,7 +11,7 @@ import time
 import pytest
 
 import instrument
-from instrument.exporters import multiproc
+from instrument.serve import multiproc
 from instrument.snapshot import SnapshotError
 from snapfactory import env, snap, st
 
@@ -64,7 +64,7 @@ def test_a_slot_cut_short_leaves_the_previous_one(tmp_path):
 
 KILLED_WRITER = """
 import sys
-from instrument.exporters import multiproc
+from instrument.serve import multiproc
 from instrument.snapshot import Snapshot, StageStats
 f = multiproc.SnapshotFile(sys.argv[1])
 n = 0

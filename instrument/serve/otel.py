@@ -1,6 +1,6 @@
 """Optional OpenTelemetry bridge: stage durations into an OTel histogram.
 
-    from instrument.exporters import otel
+    from instrument.serve import otel
     bridge = otel.OTelBridge(meter, source=instrument.snapshot)   # meter: default the global provider's
     bridge.record()                     # call periodically: records what is new since the previous call
     bridge.start(10.0)                  # or: a daemon thread doing it every 10 s

@@ -33,6 +33,7 @@ import time
 import zlib
 from typing import Callable, List, Optional, Tuple
 
+from .. import config
 from ..snapshot import Snapshot, SnapshotError
 
 MAGIC = b"INSTSNAP"
@@ -42,14 +43,13 @@ SLOT = struct.Struct("<QQII")               # seq, length, crc32, reserved
 FIRST_CAPACITY = 64 << 10
 MAX_FILE_BYTES = 1 << 30                   # as Snapshot.load: larger files are refused unread
 PATTERN = "instrument-*.snap"
-_FOLDER_VARIABLE = "PROMETHEUS_MULTIPROC_DIR"
 
 
 def folder(directory: Optional[str] = None) -> str:
     """`directory`, or $PROMETHEUS_MULTIPROC_DIR; ValueError when neither is given."""
-    d = directory or os.environ.get(_FOLDER_VARIABLE)
+    d = directory or config.shared_folder()
     if not d:
-        raise ValueError(f"no folder given and {_FOLDER_VARIABLE} is not set")
+        raise ValueError(f"no folder given and {config.SHARED_FOLDER_VARIABLE} is not set")
     if not os.path.isdir(d):
         raise ValueError(f"{d}: not a folder (create it, empty, when the service starts)")
     return os.fspath(d)

@@ -5,7 +5,7 @@ from opentelemetry.sdk.metrics import MeterProvider  # noqa: E402
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader  # noqa: E402
 
 import instrument  # noqa: E402
-from instrument.exporters import otel  # noqa: E402
+from instrument.serve import otel  # noqa: E402
 from snapfactory import snap, st  # noqa: E402
 
 
