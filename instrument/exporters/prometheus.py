@@ -15,6 +15,8 @@ values are escaped by prometheus_client; their number is bounded by the stage ca
 metric of instrument.analysis.metrics in PromQL.
 
 Items added with `instrument.add` are `instrument_stage_items_total{item=...}`.
+A rank of a torch.distributed job (and a merge of ranks) also has its figures per rank,
+`instrument_stage_rank_*{rank=...}`.
 Exemplars: in the OpenMetrics exposition (`render(snaps, openmetrics=True)`, or a
 scrape that asks for it, as Prometheus does with `--enable-feature=exemplar-storage`),
 the duration buckets of a top-level stage carry its slowest calls, one per bucket:
@@ -30,7 +32,7 @@ import importlib
 from typing import Any, Callable, Dict, Iterator, List, Sequence
 
 from .. import histogram as _hist
-from ..snapshot import SPLIT, Z99, Snapshot, StageStats, path_text
+from ..snapshot import SPLIT, Z99, Snapshot, StageStats, path_text, rank_figures, rank_of
 from . import Option, merged
 
 NAME = "prometheus"
@@ -65,6 +67,11 @@ METRICS = {
                                             "perf_event software clocks of a stage (task-clock, cpu-clock)"),
     "instrument_stage_items": ("counter", ["item"], "items",
                                "Items added to a stage with instrument.add (tokens, samples, bytes, ...)"),
+    "instrument_stage_rank_seconds": ("counter", ["rank"], "seconds",
+                                      "Wall time of a stage on each rank of a torch.distributed job"),
+    "instrument_stage_rank_self_seconds": ("counter", ["rank"], "seconds",
+                                           "Wall time of a stage outside its child stages on each rank"),
+    "instrument_stage_rank_calls": ("counter", ["rank"], "calls", "Completed calls of a stage on each rank"),
     "instrument_processes": ("gauge", None, "processes", "Processes whose snapshots are merged into these metrics"),
 }
 
@@ -124,8 +131,13 @@ def _family(name: str) -> Any:
 
 def families(snap: Snapshot) -> List[Any]:
     fam = {name: _family(name) for name in METRICS}
+    rank = rank_of(snap.meta)   # a rank's own process: its figures under its rank
     for s in snap:
         lab = [s.name, path_text(s.path)]
+        for r, f in sorted((s.ranks or ({rank: rank_figures(s)} if rank is not None and s.calls else {})).items()):
+            fam["instrument_stage_rank_seconds"].add_metric(lab + [str(r)], f["wall_ns"] / 1e9)
+            fam["instrument_stage_rank_self_seconds"].add_metric(lab + [str(r)], f["self_ns"] / 1e9)
+            fam["instrument_stage_rank_calls"].add_metric(lab + [str(r)], f["calls"])
         fam["instrument_stage_duration_seconds"].add_metric(lab, with_exemplars(s, snap, buckets(s)), s.wall_total / 1e9)
         for item, it in s.items.items():
             fam["instrument_stage_items"].add_metric(lab + [item], it["total"])
