@@ -145,7 +145,7 @@ def test_system_share_and_estimates_shown_in_chromium(chromium, tmp_path):
 
 
 LAYOUT = """
-var wrap = document.querySelector(".table-wrap"), t = document.getElementById("table");
+var t = document.getElementById("table"), wrap = t.parentElement;
 function box(e) { var r = e.getBoundingClientRect(); return {left: r.left, right: r.right, top: r.top, bottom: r.bottom}; }
 function view() { var r = wrap.getBoundingClientRect(), x = r.left + wrap.clientLeft, y = r.top + wrap.clientTop;
   return {left: x, right: x + wrap.clientWidth, top: y, bottom: y + wrap.clientHeight}; }
