@@ -9,6 +9,7 @@ import pytest
 
 import instrument
 from instrument import cli
+from instrument.analysis.advice import NEXT_STEP
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 README = open(os.path.join(ROOT, "README.md"), encoding="utf-8").read()
@@ -50,3 +51,9 @@ def test_top_level_names_exist():
         assert name in instrument.__all__
     for name in re.findall(r"`?instrument\.([a-z_]+)\(", README):
         assert hasattr(instrument, name), f"README names instrument.{name}, which does not exist"
+
+
+def test_the_verdict_list_names_every_verdict():
+    listed = re.search(r"a verdict per stage\n?\((.*?);", README, re.S).group(1).split()
+    judged = set(NEXT_STEP) - {"memory-bound?", "unknown"}     # a suspicion and the absence of data
+    assert {v.strip(",") for v in listed} == judged
