@@ -93,6 +93,8 @@ def test_stage_does_not_wait_for_the_gpu():
 def test_pool_overflow_is_counted():
     instrument.configure(gpu_events=4)
     x = torch.ones(16, device="cuda")
+    x.add_(1)                 # the first launch of a kernel loads it (CUDA lazy loading), and that waits for the device
+    torch.cuda.synchronize()
     torch.cuda._sleep(sleep_cycles(300))   # the stream is busy: no pair can resolve
     for _ in range(100):
         with instrument.stage("tiny"):
