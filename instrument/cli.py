@@ -3,7 +3,7 @@
     instrument run [-o run.json] [--trace-events N] [--no-report] [--keep-parts] -- python serve.py ...
     instrument report FILE... [--sort total|self|calls|p99|cpu|...] [--depth N] [--fold] [--format ...] [--ops]
     instrument report --tail [--quantile Q] [--json] FILE...  |  report --since EARLIER LATER [...]
-    instrument diff BEFORE AFTER [--fail-if-slower PCT] [--format ...]
+    instrument diff BEFORE AFTER [--basis turns|windows|runs] [--fail-on-regression PCT] [--summary FILE] [--format ...]
     instrument merge FILE... -o all.json
     instrument export --chrome|--hatchet|--html|--prometheus OUT FILE... [--diff] [--title T] [--openmetrics]
     instrument top URL [--interval S] [--sort KEY] [--once] [--json]
@@ -27,7 +27,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 from . import config
 from ._version import __version__
 from .analysis.advice import advise
-from .analysis.diff import diff
+from .analysis.diff import BASES, REGRESSIONS, diff, metric_text
 from .analysis.metrics import sort_keys
 from .analysis.tail import tail
 from .analysis.verdict import with_verdicts
@@ -179,26 +179,43 @@ def _diff_options(a) -> Dict[str, float]:
     return opts
 
 
+def _regression_text(r, figure: str, t) -> str:
+    return f"{path_text(r.path)} {table.significance_text(t, metric_text(figure))}"
+
+
 def _cmd_diff(a) -> int:
     try:
-        d = diff(Snapshot.load(a.before), Snapshot.load(a.after), **_diff_options(a))
+        d = diff(Snapshot.load(a.before), Snapshot.load(a.after), basis=a.basis, **_diff_options(a))
     except ValueError as e:
         if isinstance(e, SnapshotError):
             raise
         raise CLIError(f"diff: {e}") from None
+    for w in d.warnings:
+        _err(f"diff: {w}")
     print(table.render_diff(d, format=a.format))
-    if a.fail_if_slower is not None:
-        if d.change is None:
-            raise CLIError(f"diff: --fail-if-slower cannot judge: {table.headline(d)}")
-        stage = path_text(d.stage or ())
-        if round(d.change * 100, 9) > a.fail_if_slower:   # 27.5/25 is 10.000000000000009 % in floats
-            if d.significance.direction > 0:
-                _err(f"diff: {stage} is {d.change * 100:.1f}% slower per call, more than the {a.fail_if_slower:g}% "
-                     f"allowed, and beyond noise ({d.significance.reason})")
-                return 1
-            _err(f"diff: {stage} is {d.change * 100:.1f}% slower per call, more than the {a.fail_if_slower:g}% "
-                 f"allowed, but not beyond noise ({d.significance.reason}); not failing")
-    return 0
+    summary = dict(d.to_dict(), headline=table.headline(d))
+    failed = False
+    if a.fail_on_regression is not None:
+        pct = a.fail_on_regression / 100
+        found = d.regressions(pct)
+        failed = bool(found)
+        summary["gate"] = {"fail_on_regression_pct": a.fail_on_regression, "failed": failed,
+                           "regressions": [{"path": list(r.path), "figure": k, "estimate": t.estimate,
+                                            "interval": t.interval_list()} for r, k, t in found]}
+        if found:
+            _err(f"diff: {len(found)} regression{'s' if len(found) != 1 else ''} beyond noise and over "
+                 f"{a.fail_on_regression:g}%: " + "; ".join(_regression_text(r, k, t) for r, k, t in found))
+        else:
+            near = [(r, k, t) for r in d.rows for k, t in r.tests.items()
+                    if k in REGRESSIONS and t.estimate is not None and t.estimate > pct and not
+                    (t.significant and k not in r.not_evidence)]
+            if near:
+                _err(f"diff: not failing: over {a.fail_on_regression:g}% but not judged beyond noise: "
+                     + "; ".join(_regression_text(r, k, t) for r, k, t in near[:5])
+                     + (f" (and {len(near) - 5} more)" if len(near) > 5 else ""))
+    if a.summary:
+        _write(a.summary, json.dumps(summary, indent=2, allow_nan=False))
+    return 1 if failed else 0
 
 
 # -------------------------------------------------------------------- merge
@@ -483,9 +500,13 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("before", metavar="BEFORE")
     d.add_argument("after", metavar="AFTER")
     d.add_argument("--format", choices=table.FORMATS, default="table")
-    d.add_argument("--fail-if-slower", type=_percent, metavar="PCT",
-                   help="exit 1 when the headline stage got more than PCT percent slower per call and the "
-                   "slowdown is beyond noise")
+    d.add_argument("--basis", choices=BASES, help="what the tests compare: windows taken in turns, windows, or "
+                   "runs (default: the strongest both snapshots allow; the output says which and why)")
+    d.add_argument("--fail-on-regression", type=_percent, metavar="PCT",
+                   help="exit 1 when any stage's CPU time, wall time (where the machine does not explain it), "
+                   "instructions or page faults per call grew beyond noise and by more than PCT percent")
+    d.add_argument("--summary", metavar="FILE", help="write the judgement as JSON: basis, machine line, and per "
+                   "stage and figure its estimate, interval and `significant` (`-`: stdout)")
     d.add_argument("--alpha", type=_option("diff_alpha"), metavar="A",
                    help="chance of calling noise a change (default: the diff_alpha option, 0.01)")
     d.add_argument("--min-change", type=_percent, metavar="PCT",
