@@ -206,13 +206,13 @@ def _cmd_diff(a) -> int:
             _err(f"diff: {len(found)} regression{'s' if len(found) != 1 else ''} beyond noise and over "
                  f"{a.fail_on_regression:g}%: " + "; ".join(_regression_text(r, k, t) for r, k, t in found))
         else:
-            near = [(r, k, t) for r in d.rows for k, t in r.tests.items()
-                    if k in REGRESSIONS and t.estimate is not None and t.estimate > pct and not
-                    (t.significant and k not in r.not_evidence)]
+            near = [f"{_regression_text(r, k, t)}: " + (f"not evidence ({r.not_evidence[k]})" if k in r.not_evidence
+                                                         else "within noise")
+                    for r in d.rows for k, t in r.tests.items() if k in REGRESSIONS and t.estimate is not None
+                    and t.estimate > pct and not (t.significant and k not in r.not_evidence)]
             if near:
-                _err(f"diff: not failing: over {a.fail_on_regression:g}% but not judged beyond noise: "
-                     + "; ".join(_regression_text(r, k, t) for r, k, t in near[:5])
-                     + (f" (and {len(near) - 5} more)" if len(near) > 5 else ""))
+                _err(f"diff: not failing: over {a.fail_on_regression:g}% but not a regression beyond noise: "
+                     + "; ".join(near[:3]) + (f" (and {len(near) - 3} more)" if len(near) > 3 else ""))
     if a.summary:
         _write(a.summary, json.dumps(summary, indent=2, allow_nan=False))
     return 1 if failed else 0

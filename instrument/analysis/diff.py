@@ -197,30 +197,36 @@ def _join(ws: Sequence[Mapping[str, Any]]) -> Dict[str, Any]:
             "end_time": max(e for _, e in spans) if all(spans) else None}
 
 
-def runs_of(windows: Sequence[Mapping[str, Any]]) -> List[Dict[str, Any]]:
-    """Windows in time order, those that overlap in time (processes recorded together: one run) joined."""
-    timed = sorted((w for w in windows if _span(w)), key=lambda w: _span(w))
+def _groups(windows: Sequence[Mapping[str, Any]]) -> List[List[Mapping[str, Any]]]:
+    """Windows in time order, grouped where they overlap in time (processes recorded together: one run)."""
     out: List[List[Mapping[str, Any]]] = []
-    for w in timed:
+    for w in sorted((w for w in windows if _span(w)), key=lambda w: _span(w)):
         if out and _span(w)[0] < max(_span(x)[1] for x in out[-1]):
             out[-1].append(w)
         else:
             out.append([w])
-    return [_join(g) if len(g) > 1 else dict(g[0]) for g in out] + [dict(w) for w in windows if not _span(w)]
+    return out + [[w] for w in windows if not _span(w)]
 
 
-def _sources(snap: Snapshot) -> List[Dict[str, Any]]:
+def runs_of(windows: Sequence[Mapping[str, Any]]) -> List[Dict[str, Any]]:
+    """A stage's windows as runs: in time order, those recorded together joined."""
+    return [_join(g) if len(g) > 1 else dict(g[0]) for g in _groups(windows)]
+
+
+def _runs(snap: Snapshot) -> List[Optional[float]]:
+    """The start time of each run a snapshot holds (its sources, those recorded together as one)."""
     meta = snap.meta
-    return [dict(s) for s in (meta.get("merged_from") or [meta]) if isinstance(s, Mapping)]
+    sources = [s for s in (meta.get("merged_from") or [meta]) if isinstance(s, Mapping)]
+    return [min(_span(w)[0] for w in g) if _span(g[0]) else None for g in _groups(sources)]
 
 
 def choose_basis(before: Snapshot, after: Snapshot, requested: Optional[str] = None) -> Tuple[str, str, List[str]]:
     """(basis, why, warnings): the basis asked for where it holds, else the strongest the snapshots allow."""
     if requested is not None and requested not in BASES:
         raise ValueError(f"basis must be one of {', '.join(BASES)}, got {requested!r}")
-    rb, ra = runs_of(_sources(before)), runs_of(_sources(after))
+    rb, ra = _runs(before), _runs(after)
     kb, ka = len(rb), len(ra)
-    pairs = _sig.turns([(r.get("start_time"), r) for r in rb], [(r.get("start_time"), r) for r in ra])
+    pairs = _sig.turns([(t, t) for t in rb], [(t, t) for t in ra])
     holds = {"turns": pairs is not None, "windows": min(kb, ka) >= _sig.MIN_WINDOWS, "runs": True}
     why = {
         "turns": f"the {kb} and {ka} windows of the two sides alternate in time: each is compared with its neighbour "
@@ -254,7 +260,7 @@ def _per_call(get: Callable[[Mapping[str, Any]], Any], count: bool) -> Callable[
         v, calls = get(w), w.get("calls")
         if v is None or not calls:
             return None
-        return (v + 0.5) / calls if count else (v / calls if v > 0 else None)
+        return (v if v > 0 else 0.5) / calls if count else (v / calls if v > 0 else None)
     return figure
 
 
@@ -278,20 +284,30 @@ def spread(s: StageStats) -> float:
 
 def run_variance(s: StageStats, metric: str, seconds: Optional[float]) -> float:
     """The variance of the log of one run's figure per call: the calls' spread over their number, the estimate's
-    own variance where it was sampled, and for time (CPU, wall) how far the machine's speed strays over a run of
-    that many seconds (significance.MACHINE_SPREAD); counts (counters, items) add their Poisson variance."""
+    own variance where it was sampled, and for time how far the machine's speed strays over a run of that many
+    seconds (significance.MACHINE_SPREAD; for wall time, its share on a CPU); counts (counters, items) add their
+    Poisson variance."""
     n = max(s.calls, 1)
     calls = spread(s) ** 2 / n
     if metric in ("cpu", "wall"):
         drift = _sig.MACHINE_SPREAD ** 2 * min(1.0, _sig.MACHINE_MEMORY_S / seconds if seconds else 1.0)
-        if metric == "wall":
-            return drift + calls * math.pi / 2          # a median's variance, as a mean's
+        if metric == "wall":   # the machine's speed moves the part of a typical call on a CPU (sleep keeps its length)
+            share = on_cpu_share(s)
+            return drift * share ** 2 + calls * math.pi / 2          # a median's variance, as a mean's
         return drift + calls + (s.cpu_var / s.cpu_total ** 2 if s.cpu_total else 0.0)
     if metric.startswith("item:"):
         return calls + 1 / ((s.item_total(metric[5:]) or 0) + 0.5)
     c = s.counters.get(metric) or {}
     total = (c.get("total") or 0) + 0.5
     return calls + (c.get("var") or 0) / total ** 2 + 1 / total
+
+
+def on_cpu_share(s: StageStats) -> float:
+    """The share of the stage's running time not spent waiting for a CPU that it spent on one (1 where unknown)."""
+    if s.cpu_total is None or not s.covered_run:
+        return 1.0
+    ready = s.covered_run - (s.runqueue["total"] if s.runqueue is not None else 0)
+    return min(1.0, s.cpu_total / ready) if ready > 0 else 1.0
 
 
 def _seconds(snap: Snapshot) -> Optional[float]:
@@ -315,6 +331,8 @@ def _test(basis: str, metric: str, b: StageStats, a: StageStats, sides: Tuple[Op
           alpha: float, floor: float) -> Significance:
     figure = figure_of(metric)
     rb, ra = runs_of(b.all_windows()), runs_of(a.all_windows())
+    if metric not in ("cpu", "wall") and len({figure(w) for w in rb + ra}) == 1:   # counted work that never moved
+        return _sig.untested(f"{metric_text(metric)} the same in every window of both sides", alpha, floor)
     if basis == "turns":
         pairs = _sig.turns([(w.get("start_time"), w) for w in rb], [(w.get("start_time"), w) for w in ra])
         if pairs is None:
@@ -329,14 +347,40 @@ def _test(basis: str, metric: str, b: StageStats, a: StageStats, sides: Tuple[Op
     return _sig.runs_test([(figure(w), 0.0) for w in rb], [(figure(w), 0.0) for w in ra], alpha, floor)
 
 
+def _mean(total: Optional[float], calls: int) -> Optional[float]:
+    return None if total is None or not calls else total / calls
+
+
 def _not_evidence(b: StageStats, a: StageStats, machine: _machine.Comparison) -> Optional[str]:
-    """Why the stage's wall time is no evidence of its own change, or None where it is."""
-    if machine.differed:
-        return "the machines differed"
+    """Why the stage's wall time is no evidence of its own change, or None where it is.  Where the machines (or
+    this stage's wait for a CPU) differed, only the wall time of a stage off the CPU most of its time (sleeping,
+    waiting for I/O, a lock, a device: what CPU time does not see) is evidence, and only where the machine explains
+    less than half of its change per call: the change of its time waiting for a CPU, and the machine's change of
+    speed on its CPU time."""
     wb, wa = _machine.waiting(b), _machine.waiting(a)
-    if wb is not None and wa is not None and abs(wa - wb) > _machine.WAITING_POINTS:
-        return f"it waited for a CPU {100 * wb:.0f} % → {100 * wa:.0f} % of its running time"
-    return None
+    own = wb is not None and wa is not None and abs(wa - wb) > _machine.WAITING_POINTS
+    if not machine.differed and not own:
+        return None
+    why = "the machines differed" if machine.differed else \
+        f"it waited for a CPU {100 * wb:.0f} % → {100 * wa:.0f} % of its running time"
+    if b.runqueue is None or a.runqueue is None:
+        return why                         # the machine's part cannot be told: none of the change is evidence
+    busy = max(((s.cpu_total or 0) + s.runqueue["total"]) / s.covered_run if s.covered_run else 1.0 for s in (b, a))
+    if busy > 0.5:
+        return f"{why}; on a CPU or waiting for one {100 * min(busy, 1):.0f} % of its time: CPU time judges it"
+    change = a.wall_mean - b.wall_mean
+    waiting = _mean(a.runqueue["total"], a.cpu_calls) - _mean(b.runqueue["total"], b.cpu_calls)
+    speed = (machine.speed_change or 0.0) * (_mean(b.cpu_total, b.cpu_calls) or 0.0)
+    explained = waiting + speed
+    if abs(change - explained) > abs(explained):
+        return None
+    return f"{why}; waiting for a CPU {_signed_us(waiting)} and the machine's speed {_signed_us(speed)} of its " \
+           f"{_signed_us(change)} per call"
+
+
+def _signed_us(ns: float) -> str:
+    x = abs(ns)
+    return ("+" if ns >= 0 else "−") + (f"{x / 1e6:.3g} ms" if x >= 1e6 else f"{x / 1e3:.3g} µs")
 
 
 def _values(s: Optional[StageStats]) -> Dict[str, Optional[float]]:
