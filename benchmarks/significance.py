@@ -15,9 +15,12 @@ with versions whose `model` does 10 % and 30 % more iterations, on each design a
                                       [--cases plain,plain-hog,turns,windows] [--slowdowns 1.0,1.1,1.3]
                                       [--keep DIR]
 
-Prints per case and slowdown: the trials in which `model` was judged slower and in which any
-other stage was judged changed (false alarms), the basis, the median estimate and 99 % interval
-width of model's CPU time per call, and the load average.  (Both sides' iteration counts are made
+Every call is read (overhead_budget none, as docs/cli.md's CI recipe records).  Each pair is judged
+twice: as it is, and with `tokenize` (unchanged) as the reference stage whose change of time is
+taken as the machine's (`--reference`).  Prints per case and slowdown: the trials in which `model`
+was judged slower and in which any other stage was judged changed (false alarms), the basis, the
+median estimate and interval width of model's CPU time per call, the tests (m of Bonferroni), the
+trials whose machines differed, and the load average.  (Both sides' iteration counts are made
 the same way, `int(base * factor)`: a loop bound that is a literal constant ran 2-3 % slower here
 than one computed by int(), a real difference the turns found.)
 """
@@ -63,6 +66,7 @@ def service(slower: float, calls: int = 0, seconds: float = 0.0) -> None:
 
 
 def worker(out: str, slower: float, seconds: float) -> None:
+    instrument.configure(overhead_budget=None)   # every call read: CPU time exact, as the CI recipe records
     service(slower, seconds=seconds)
     instrument.snapshot().save(out)
 
@@ -108,6 +112,35 @@ CASES = {"plain": lambda s, t, a: plain(s, t, a), "plain-hog": lambda s, t, a: p
          "turns": lambda s, t, a: chunks(s, t, a, True), "windows": lambda s, t, a: chunks(s, t, a, False)}
 
 
+class Cell:
+    """Counts over the trials of one case, slowdown and way of judging."""
+
+    def __init__(self) -> None:
+        self.slow = self.others = self.differed = 0
+        self.est, self.width, self.bases, self.tests = [], [], set(), []
+
+    def add(self, d, slower: float) -> None:
+        row = d.row("request/model")
+        self.slow += row.judgement == "slower"
+        changed = {("request",), ("request", "model")} if slower != 1.0 else set()   # model and its parent
+        self.others += any(r.significant for r in d.rows if r.path not in changed)
+        self.differed += d.machine.differed
+        self.bases.add(d.basis)
+        self.tests.append(d.tests)
+        cpu = row.tests.get("cpu")
+        if cpu is not None and cpu.estimate is not None:
+            self.est.append(cpu.estimate)
+            self.width.append(cpu.interval[1] - cpu.interval[0])
+
+    def line(self, case: str, slower: float, trials: int, load0: float, seconds: float) -> str:
+        label = "identical" if slower == 1.0 else f"{slower - 1:.0%} slower"
+        return (f"{case:<15} {label:<12} {self.slow:>6}/{trials:<5} {self.others:>7} {','.join(sorted(self.bases)):>8} "
+                f"{statistics.median(self.est) if self.est else float('nan'):>+11.1%} "
+                f"{statistics.median(self.width) if self.width else float('nan'):>7.0%} "
+                f"{statistics.median(self.tests):>6.0f} {self.differed:>10}/{trials:<6} "
+                f"{load0:>4.1f}-{os.getloadavg()[0]:<4.1f} {seconds:>8.1f}")
+
+
 def main() -> None:
     if sys.argv[1:2] == ["--worker"]:
         worker(sys.argv[2], float(sys.argv[3]), float(sys.argv[4]))
@@ -123,41 +156,28 @@ def main() -> None:
     a = p.parse_args()
     if a.keep:
         os.makedirs(a.keep, exist_ok=True)
+    instrument.configure(overhead_budget=None)
     service(1.0, calls=2000)   # warm
     print(f"{a.trials} trials per cell; plain runs of {a.seconds:g} s; turns and windows: {a.turns} chunks x "
-          f"{a.calls} requests a side; alpha 0.01 over all tests, min_change 3 %; load {os.getloadavg()[0]:.1f}")
-    print(f"{'case':<10} {'model':<12} {'model slower':>12} {'others':>7} {'basis':>8} {'CPU/call est':>12} "
+          f"{a.calls} requests a side; every call read (overhead_budget none); alpha 0.01 over all tests, "
+          f"min_change 3 %; load {os.getloadavg()[0]:.1f}")
+    print(f"{'case':<15} {'model':<12} {'model slower':>12} {'others':>7} {'basis':>8} {'CPU/call est':>12} "
           f"{'width':>8} {'tests':>6} {'machines differed':>17} {'load':>10} {'s/trial':>8}", flush=True)
     for case in a.cases.split(","):
         a.hog = case == "plain-hog"
         for slower in (float(x) for x in a.slowdowns.split(",")):
-            slow = others = differed = 0
-            est, width, bases, tests = [], [], set(), []
+            plain_cell, ref_cell = Cell(), Cell()
             load0, t0 = os.getloadavg()[0], time.perf_counter()
             for trial in range(a.trials):
                 sides = CASES[case](slower, trial, a)
                 if a.keep:
                     for side, snap in zip(("before", "after"), sides):
                         snap.save(os.path.join(a.keep, f"{case}-{slower}-{trial}-{side}.json"))
-                d = diff(*sides)
-                row = d.row("request/model")
-                slow += row.judgement == "slower"
-                changed = {("request",), ("request", "model")} if slower != 1.0 else set()   # model and its parent
-                others += any(r.significant for r in d.rows if r.path not in changed)
-                differed += d.machine.differed
-                bases.add(d.basis)
-                tests.append(d.tests)
-                cpu = row.tests.get("cpu")
-                if cpu is not None and cpu.estimate is not None:
-                    est.append(cpu.estimate)
-                    lo, hi = cpu.interval
-                    width.append(hi - lo)
-            label = "identical" if slower == 1.0 else f"{slower - 1:.0%} slower"
-            print(f"{case:<10} {label:<12} {slow:>6}/{a.trials:<5} {others:>7} {','.join(sorted(bases)):>8} "
-                  f"{statistics.median(est) if est else float('nan'):>+11.1%} "
-                  f"{statistics.median(width) if width else float('nan'):>7.0%} {statistics.median(tests):>6.0f} "
-                  f"{differed:>10}/{a.trials:<6} {load0:>4.1f}-{os.getloadavg()[0]:<4.1f} "
-                  f"{(time.perf_counter() - t0) / a.trials:>8.1f}", flush=True)
+                plain_cell.add(diff(*sides), slower)
+                ref_cell.add(diff(*sides, reference="request/tokenize"), slower)
+            seconds = (time.perf_counter() - t0) / a.trials
+            print(plain_cell.line(case, slower, a.trials, load0, seconds), flush=True)
+            print(ref_cell.line(f"{case} +ref", slower, a.trials, load0, seconds), flush=True)
 
 
 if __name__ == "__main__":

@@ -3,7 +3,8 @@
     instrument run [-o run.json] [--trace-events N] [--no-report] [--keep-parts] -- python serve.py ...
     instrument report FILE... [--sort total|self|calls|p99|cpu|...] [--depth N] [--fold] [--format ...] [--ops]
     instrument report --tail [--quantile Q] [--json] FILE...  |  report --since EARLIER LATER [...]
-    instrument diff BEFORE AFTER [--basis turns|windows|runs] [--fail-on-regression PCT] [--summary FILE] [--format ...]
+    instrument diff BEFORE AFTER [--basis turns|windows|runs] [--reference STAGE] [--fail-on-regression PCT]
+                  [--summary FILE] [--format ...]
     instrument merge FILE... -o all.json
     instrument export --chrome|--hatchet|--html|--prometheus OUT FILE... [--diff] [--title T] [--openmetrics]
     instrument top URL [--interval S] [--sort KEY] [--once] [--json]
@@ -185,7 +186,8 @@ def _regression_text(r, figure: str, t) -> str:
 
 def _cmd_diff(a) -> int:
     try:
-        d = diff(Snapshot.load(a.before), Snapshot.load(a.after), basis=a.basis, **_diff_options(a))
+        d = diff(Snapshot.load(a.before), Snapshot.load(a.after), basis=a.basis, reference=a.reference,
+                 **_diff_options(a))
     except ValueError as e:
         if isinstance(e, SnapshotError):
             raise
@@ -502,6 +504,9 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--format", choices=table.FORMATS, default="table")
     d.add_argument("--basis", choices=BASES, help="what the tests compare: windows taken in turns, windows, or "
                    "runs (default: the strongest both snapshots allow; the output says which and why)")
+    d.add_argument("--reference", metavar="STAGE", help="a stage whose code did not change, run in the same calls "
+                   "as the others: its change of time is taken as the machine's, and every other stage's time is "
+                   "judged relative to it")
     d.add_argument("--fail-on-regression", type=_percent, metavar="PCT",
                    help="exit 1 when any stage's CPU time, wall time (where the machine does not explain it), "
                    "instructions or page faults per call grew beyond noise and by more than PCT percent")

@@ -142,6 +142,7 @@ class Diff:
     tests: int = 0                     # m: each test ran at alpha / m
     requested_basis: Optional[str] = None
     warnings: Tuple[str, ...] = ()
+    reference: Optional[Tuple[str, ...]] = None   # the stage whose change of time is taken as the machine's
 
     def row(self, path) -> Optional[DiffRow]:
         key = as_path(path)
@@ -167,6 +168,7 @@ class Diff:
         sig = self.significance
         return {"stage": list(self.stage) if self.stage else None, "change": self.change, "change_of": self.change_of,
                 "basis": self.basis, "basis_reason": self.basis_reason, "requested_basis": self.requested_basis,
+                "reference": list(self.reference) if self.reference else None,
                 "warnings": list(self.warnings), "machine": self.machine.to_dict(),
                 "significant": sig.significant, "interval": sig.interval_list(), "significance": sig.to_dict(),
                 "alpha": self.alpha, "tests": self.tests, "level": 1 - self.alpha / max(self.tests, 1),
@@ -235,7 +237,8 @@ def choose_basis(before: Snapshot, after: Snapshot, requested: Optional[str] = N
                    "on the windows, each side's drift between its halves standing in for the drift between the sides",
         "runs": ("one run a side (two plain runs): each figure per call with its spread over its run; the spread "
                  "between runs is not measured: for time, how far a machine's speed strays over a run of T seconds "
-                 f"stands in for it ({_sig.MACHINE_SPREAD:g} × √({_sig.MACHINE_MEMORY_S:g} s / T) on the log scale)"
+                 f"and between runs stands in for it ({_sig.MACHINE_SPREAD:g} × √({_sig.MACHINE_MEMORY_S:g} s / T) "
+                 f"and {_sig.MACHINE_DRIFT:g} on the log scale), or a reference stage takes the machine out"
                  if kb == ka == 1 else
                  f"{kb} run{'s' if kb != 1 else ''} before, {ka} after: the spread between runs measured from them"),
     }
@@ -282,19 +285,16 @@ def spread(s: StageStats) -> float:
     return math.log(q3 / q1) / 1.349 if q1 and q3 and q3 > q1 else 0.0
 
 
-def run_variance(s: StageStats, metric: str, seconds: Optional[float]) -> float:
+def run_variance(s: StageStats, metric: str, machine: float) -> float:
     """The variance of the log of one run's figure per call: the calls' spread over their number, the estimate's
-    own variance where it was sampled, and for time how far the machine's speed strays over a run of that many
-    seconds (significance.MACHINE_SPREAD; for wall time, its share on a CPU); counts (counters, items) add their
-    Poisson variance."""
+    own variance where it was sampled, and for time the machine's part, `machine` (for wall time, on its share on a
+    CPU); counts (counters, items) add their Poisson variance."""
     n = max(s.calls, 1)
     calls = spread(s) ** 2 / n
-    if metric in ("cpu", "wall"):
-        drift = _sig.MACHINE_SPREAD ** 2 * min(1.0, _sig.MACHINE_MEMORY_S / seconds if seconds else 1.0)
-        if metric == "wall":   # the machine's speed moves the part of a typical call on a CPU (sleep keeps its length)
-            share = on_cpu_share(s)
-            return drift * share ** 2 + calls * math.pi / 2          # a median's variance, as a mean's
-        return drift + calls + (s.cpu_var / s.cpu_total ** 2 if s.cpu_total else 0.0)
+    if metric == "wall":   # the machine's speed moves the part of a typical call on a CPU (sleep keeps its length)
+        return machine * on_cpu_share(s) ** 2 + calls * math.pi / 2          # a median's variance, as a mean's
+    if metric == "cpu":
+        return machine + calls + (s.cpu_var / s.cpu_total ** 2 if s.cpu_total else 0.0)
     if metric.startswith("item:"):
         return calls + 1 / ((s.item_total(metric[5:]) or 0) + 0.5)
     c = s.counters.get(metric) or {}
@@ -327,24 +327,53 @@ def _figures(b: StageStats, a: StageStats) -> List[str]:
     return out + ["wall"]
 
 
-def _test(basis: str, metric: str, b: StageStats, a: StageStats, sides: Tuple[Optional[float], Optional[float]],
-          alpha: float, floor: float) -> Significance:
+@dataclass(frozen=True)
+class _Plan:
+    """How the tests of one comparison run: its basis, the seconds each side's run lasted, the reference stage
+    (before, after) whose time figures stand for the machine's, the floor of time figures."""
+    basis: str
+    seconds: Tuple[Optional[float], Optional[float]]
+    reference: Optional[Tuple[StageStats, StageStats]]
+    time_floor: float
+
+
+def _relative(figure: Callable[[Mapping[str, Any]], Optional[float]], ref: StageStats):
+    """A window's figure over the reference stage's in the same window (matched by start time)."""
+    by_start = {w.get("start_time"): w for w in runs_of(ref.all_windows())}
+
+    def rel(w: Mapping[str, Any]) -> Optional[float]:
+        x, r = figure(w), by_start.get(w.get("start_time"))
+        y = figure(r) if r is not None else None
+        return x / y if x and y else None
+    return rel
+
+
+def _test(plan: _Plan, metric: str, b: StageStats, a: StageStats, alpha: float, min_change: float) -> Significance:
     figure = figure_of(metric)
+    time = metric in ("cpu", "wall")
+    floor = max(min_change, plan.time_floor) if time else min_change
     rb, ra = runs_of(b.all_windows()), runs_of(a.all_windows())
-    if metric not in ("cpu", "wall") and len({figure(w) for w in rb + ra}) == 1:   # counted work that never moved
+    if not time and len({figure(w) for w in rb + ra}) == 1:   # counted work that never moved
         return _sig.untested(f"{metric_text(metric)} the same in every window of both sides", alpha, floor)
-    if basis == "turns":
+    relative = time and plan.reference is not None and b.path != plan.reference[0].path
+    fb, fa = (_relative(figure, plan.reference[0]), _relative(figure, plan.reference[1])) if relative else (figure,) * 2
+    if plan.basis == "turns":
         pairs = _sig.turns([(w.get("start_time"), w) for w in rb], [(w.get("start_time"), w) for w in ra])
         if pairs is None:
             return _sig.untested(f"this stage's windows do not take turns ({len(rb)} and {len(ra)})", alpha, floor)
-        logs = [math.log(y / x) for x, y in ((figure(p), figure(q)) for p, q in pairs) if x and y]
+        logs = [math.log(y / x) for x, y in ((fb(p), fa(q)) for p, q in pairs) if x and y]
         return _sig.paired_test(logs, alpha, floor)
-    if basis == "windows":
-        return _sig.log_window_test([figure(w) for w in rb], [figure(w) for w in ra], alpha, floor)
+    if plan.basis == "windows":
+        return _sig.log_window_test([fb(w) for w in rb], [fa(w) for w in ra], alpha, floor)
     if len(rb) == len(ra) == 1:
-        return _sig.runs_test([(figure(rb[0]), run_variance(b, metric, sides[0]))],
-                              [(figure(ra[0]), run_variance(a, metric, sides[1]))], alpha, floor)
-    return _sig.runs_test([(figure(w), 0.0) for w in rb], [(figure(w), 0.0) for w in ra], alpha, floor)
+        if relative:   # the reference shares the machine: what is left is how differently the two respond to it
+            vb = run_variance(b, metric, _sig.RELATIVE_SPREAD ** 2) + run_variance(plan.reference[0], metric, 0.0)
+            va = run_variance(a, metric, _sig.RELATIVE_SPREAD ** 2) + run_variance(plan.reference[1], metric, 0.0)
+        else:
+            vb = run_variance(b, metric, _sig.machine_variance(plan.seconds[0]) if time else 0.0)
+            va = run_variance(a, metric, _sig.machine_variance(plan.seconds[1]) if time else 0.0)
+        return _sig.runs_test([(fb(rb[0]), vb)], [(fa(ra[0]), va)], alpha, floor)
+    return _sig.runs_test([(fb(w), 0.0) for w in rb], [(fa(w), 0.0) for w in ra], alpha, floor)
 
 
 def _mean(total: Optional[float], calls: int) -> Optional[float]:
@@ -426,42 +455,54 @@ def check_min_change(x: Any) -> float:
     return float(x)
 
 
+def _reference(before: Snapshot, after: Snapshot, path: Any) -> Tuple[StageStats, StageStats]:
+    key = as_path(path)
+    sides = before.get(key), after.get(key)
+    if any(s is None or not s.calls or not s.cpu_total for s in sides):
+        raise ValueError(f"reference stage {'/'.join(key)!r} needs calls and CPU time in both snapshots; a stage "
+                         "whose code did not change, recorded in the same calls as the others")
+    return sides[0], sides[1]
+
+
 def diff(before: Snapshot, after: Snapshot, alpha: float = _sig.ALPHA, min_change: float = _sig.MIN_CHANGE,
-         basis: Optional[str] = None) -> Diff:
+         basis: Optional[str] = None, reference: Optional[Any] = None) -> Diff:
     """Per stage path of either snapshot: before, after, delta and ratio of calls, total, mean, p50, p99, CPU and
     each counter's total, and each figure per call tested against noise on `basis` (None: the strongest the
-    snapshots allow); rows sorted by the absolute change of total wall time."""
+    snapshots allow); rows sorted by the absolute change of total wall time.  `reference`: a stage whose code did
+    not change, recorded in the same calls as the others: its change of time is taken as the machine's, and every
+    other stage's time is judged relative to it."""
     alpha, min_change = check_alpha(alpha), check_min_change(min_change)
     requested = basis
     basis, why, warnings = choose_basis(before, after, requested)
-    machine = _machine.compare(before, after)
-    sides = (_seconds(before), _seconds(after))
     before, after = with_verdicts(before), with_verdicts(after)
-    paths = list(dict.fromkeys([*(s.path for s in before), *(s.path for s in after)]))
+    ref = _reference(before, after, reference) if reference is not None else None
+    machine = _machine.compare(before, after, ref)
     # on the runs basis a time figure's change within the machine's own change of speed is not claimed
-    speed = abs(machine.speed_change or 0.0) if basis == "runs" else 0.0
-
-    def floor(metric: str) -> float:
-        return max(min_change, speed) if metric in ("cpu", "wall") else min_change
-
+    speed = abs(machine.speed_change or 0.0) if basis == "runs" and ref is None else 0.0
+    plan = _Plan(basis, (_seconds(before), _seconds(after)), ref, speed)
+    paths = list(dict.fromkeys([*(s.path for s in before), *(s.path for s in after)]))
     plans: Dict[Tuple[str, ...], Tuple[List[str], Dict[str, str]]] = {}
     for p in paths:
         b, a = before.get(p), after.get(p)
         if b is not None and a is not None and b.calls and a.calls:
-            wall = _not_evidence(b, a, machine)
-            plans[p] = _figures(b, a), ({"wall": wall} if wall else {})
+            if ref is not None and p == ref[0].path:
+                out = dict.fromkeys(("cpu", "wall"), "the reference: its change is taken as the machine's")
+            else:
+                wall = _not_evidence(b, a, machine)
+                out = {"wall": wall} if wall else {}
+            plans[p] = _figures(b, a), out
     m = sum(1 for p, (figures, out) in plans.items() for k in figures
-            if k not in out and _test(basis, k, before[p], after[p], sides, alpha, floor(k)).basis != "none")
+            if k not in out and _test(plan, k, before[p], after[p], alpha, min_change).basis != "none")
     level = alpha / max(m, 1)
     rows = {}
     for p in paths:
         b, a = before.get(p), after.get(p)
         figures, out = plans.get(p, ((), {}))
-        rows[p] = _row(p, b, a, {k: _test(basis, k, b, a, sides, level, floor(k)) for k in figures}, out)
+        rows[p] = _row(p, b, a, {k: _test(plan, k, b, a, level, min_change) for k in figures}, out)
     stage, change, change_of = _headline(rows)
 
     def key(r: DiffRow):
         t = r.metrics["total"]
         return -abs((t.after or 0) - (t.before or 0)), r.path
     return Diff(tuple(sorted(rows.values(), key=key)), stage, change, change_of, basis, why, machine, alpha,
-                min_change, m, requested, tuple(warnings))
+                min_change, m, requested, tuple(warnings), ref[0].path if ref else None)

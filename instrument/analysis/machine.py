@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Dict, List, Mapping, Optional, Tuple
 
-from ..snapshot import Snapshot, StageStats
+from ..snapshot import Snapshot, StageStats, path_text
 
 WAITING_POINTS = 0.05     # shares of running time spent waiting for a CPU further apart than this: machines differed
 SPEED_CHANGE = 0.10       # reference loops further apart than this (relative): machines of different speed
@@ -83,10 +83,12 @@ def _pct(x: float) -> str:
     return f"{100 * x:.0f} %" if x >= 0.01 or x == 0 else f"{100 * x:.1g} %"
 
 
-def compare(before: Snapshot, after: Snapshot) -> Comparison:
+def compare(before: Snapshot, after: Snapshot,
+            reference: Optional[Tuple[StageStats, StageStats]] = None) -> Comparison:
     """Whether the two snapshots' machines differed, and the line that says so with the figures, e.g.
     "the machines differed: after spent 38 % of its running time waiting for a CPU, before 2 %: wall-time
-    changes are not evidence"."""
+    changes are not evidence".  `reference`: a stage (before, after) whose code did not change: its change of
+    CPU time per call is the machine's change of speed, in place of the reference loop's."""
     b, a = machine(before), machine(after)
     facts: List[Tuple[bool, str]] = []
     if b.waiting is not None and a.waiting is not None:
@@ -98,7 +100,13 @@ def compare(before: Snapshot, after: Snapshot) -> Comparison:
                       f"after was preempted {a.switches_per_s:.0f} times per second of running time, before "
                       f"{b.switches_per_s:.0f}"))
     speed = None
-    if b.reference_ns and a.reference_ns:
+    if reference is not None:
+        rb, ra = (s.cpu_total / s.cpu_calls for s in reference)
+        speed = ra / rb - 1
+        facts.append((abs(speed) > SPEED_CHANGE,
+                      f"the reference stage {path_text(reference[0].path)} took {'+' if speed >= 0 else '−'}"
+                      f"{abs(100 * speed):.0f} % CPU time per call, taken as the machine's change of speed"))
+    elif b.reference_ns and a.reference_ns:
         speed = a.reference_ns / b.reference_ns - 1
         facts.append((abs(speed) > SPEED_CHANGE,
                       f"its reference loop took {a.reference_ns:.1f} ns per iteration, before {b.reference_ns:.1f} "

@@ -15,7 +15,7 @@ after / before), on one of three bases:
   with the variance of its log.  Where a side holds two or more runs the spread between
   runs is measured (a pooled t-test); with one run a side it is not, and each run's own
   variance stands in for it (the diff builds it from the calls' spread and, for time,
-  from how far a machine's speed strays over a run: `MACHINE_SPREAD`, `MACHINE_MEMORY_S`).
+  from how far a machine's speed strays over a run and between runs: `machine_variance`).
 
 A change is *significant* when p < alpha and its (1 - alpha) interval lies wholly beyond
 ±`min_change`: unlikely under no change, and no smaller than the smallest change the
@@ -32,12 +32,15 @@ from .. import config
 
 MIN_WINDOWS = 3
 MIN_TURNS = 8          # pairs of windows that make turns
-# A machine's speed changes while a run goes on (another tenant of the host, the clock): calls close in time
-# share it.  Measured on a shared 2-core VM (benchmarks/RESULTS.md): the log of a fixed loop's CPU time per
-# iteration spreads with a standard deviation of 0.27 and stays correlated for about 0.4 s, so the mean of a
-# run of T seconds strays from the machine's long-run mean by about MACHINE_SPREAD * sqrt(MACHINE_MEMORY_S / T).
+# A machine's speed changes while a run goes on (another tenant of the host, the clock) and from one run to the
+# next.  Measured on a shared 2-core VM (benchmarks/RESULTS.md): the log of a fixed loop's CPU time per iteration
+# spreads with a standard deviation of 0.27 and stays correlated for about 0.4 s, and the mean of a 30 s run
+# still moves by 0.07 from one run to the next, minutes apart (machine_variance).  Two stages of the same calls
+# share the machine's speed: their ratio moves from run to run by RELATIVE_SPREAD (what a reference stage leaves).
 MACHINE_SPREAD = 0.27
 MACHINE_MEMORY_S = 0.4
+MACHINE_DRIFT = 0.07
+RELATIVE_SPREAD = 0.03
 ALPHA = config.BY_NAME["diff_alpha"].default
 MIN_CHANGE = config.BY_NAME["diff_min_change"].default
 
@@ -77,6 +80,13 @@ class Significance:
 def untested(reason: str, alpha: float = ALPHA, min_change: float = MIN_CHANGE,
              n: Tuple[int, int] = (0, 0)) -> Significance:
     return Significance(False, "none", None, None, None, 1 - alpha, min_change, n, reason)
+
+
+def machine_variance(seconds: Optional[float]) -> float:
+    """The variance of the log of the machine's mean speed over a run of this many seconds (None: unknown), about
+    its long-run mean: its wandering averaged over the run, and its drift from run to run."""
+    fast = MACHINE_SPREAD ** 2 * min(1.0, MACHINE_MEMORY_S / seconds if seconds else 1.0)
+    return fast + MACHINE_DRIFT ** 2
 
 
 def _decide(basis: str, d: float, half: float, p: float, alpha: float, min_change: float,
