@@ -97,8 +97,8 @@ def test_identical_plain_runs_with_a_hog_in_one_pass_the_gate(tmp_path):
         after = plain_run(tmp_path, f"after{k}", 2000, hog=k == 1)
         r = cli("diff", before, after, "--fail-on-regression", 5)
         assert r.returncode in (0, 1), r.stderr
-        failed.append(r.stderr)
-    assert not all(failed), failed
+        failed.append((r.returncode, r.stderr))
+    assert not all(rc for rc, _ in failed), failed
 
 
 def chunked(iterations, turns=16, calls=40):
@@ -130,3 +130,16 @@ def test_turns_in_one_process_are_paired_and_say_so(backend):
     assert runs.basis == "runs" and runs.basis_reason.startswith("runs, as asked: 16 runs before, 16 after")
     assert runs.row("request/model").tests["cpu"].n == (16, 16)
     assert Snapshot.from_dict(json.loads(after.to_json()))["request/model"].windows[0]["items"] == {}
+
+
+def test_a_reference_stage_of_the_same_calls_takes_a_hog_and_a_wandering_machine_out(tmp_path):
+    before = plain_run(tmp_path, "before", 2000)
+    after = plain_run(tmp_path, "after", 3200, hog=True)       # model does 1.6x the work, beside a hog per core
+    r = cli("diff", before, after, "--reference", "request/tokenize", "--format", "json")
+    assert r.returncode == 0, r.stderr
+    d = json.loads(r.stdout)
+    rows = {tuple(x["path"]): x for x in d["rows"]}
+    assert rows[("request", "model")]["judgement"] == "slower"
+    assert rows[("request", "model")]["tests"]["cpu"]["interval"][0] > 0.2     # relative to tokenize: the 60 % left
+    assert rows[("request", "tokenize")]["judgement"] == "untested"
+    assert "the reference stage request/tokenize took" in d["machine"]["line"]
