@@ -76,14 +76,18 @@ int counters_ready(ThreadState *ts) {
  * A stage's first calls on a thread are read, so that a stage with few calls has its figures from several.
  * The chance is the budget's share of the stage's mean CPU time per call so far (of its running wall time where
  * no CPU time is measured) over what one call's reads cost: the reads are judged against what the stage spends on
- * a CPU, so a stage that mostly awaits or is preempted is not read more for it. */
+ * a CPU, so a stage that mostly awaits or is preempted is not read more for it.  Calls entered before any of the
+ * first ones finished (many tasks in the same stage at once) are read with a chance of FIRST_READS / the calls
+ * entered so far: a few dozen reads of 10,000 concurrent calls, until finished calls tell their CPU time. */
 static inline int budget_read(ThreadState *ts, int32_t node, double *w) {
     *w = 1.0;
     if (g_budget <= 0 || g_read_cost <= 0) return 1;
     NodeStats *s = stats_get(&ts->stats, node);
-    if (s && !s->cpu0_set) stats_mark_start(s, 0);   /* the CPU clock before the node's first call here */
-    if (!s || s->covered < FIRST_READS || !s->est) return 1;
-    double p = g_budget * stats_mean_cpu(s) / g_read_cost;   /* the long calls of a stage count, read or not */
+    if (!s) return 1;
+    if (!s->cpu0_set) stats_mark_start(s, 0);   /* the CPU clock before the node's first call here */
+    if (++s->entered <= FIRST_READS) return 1;
+    double p = s->covered < FIRST_READS || !s->est ? (double)FIRST_READS / (double)s->entered
+                                                   : g_budget * stats_mean_cpu(s) / g_read_cost;
     if (p >= 1.0) return 1;                               /* long enough for a read on every call */
     if (p < MIN_READ_CHANCE) p = MIN_READ_CHANCE;
     if (ts_uniform(ts) >= p) return 0;

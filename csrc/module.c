@@ -188,8 +188,10 @@ static void forget_counters(StatsArray *a) {
         memset(&s->est[Q_CTR], 0, PERF_MAX_EVENTS * sizeof(Estimate));
         for (int k = 0; k < PERF_MAX_EVENTS; k++) {   /* the calls left unread so far are none of the new events' */
             Estimate *e = &s->est[Q_CTR + k];
-            for (int b = 0; b < STRATA; b++) e->un[b] = -s->un[b], e->uw[b] = -s->uw[b];
-            e->suw = -s->uws;
+            for (int b = 0; b < STRATA; b++) {
+                e->tot[b].un = e->own[b].un = -s->un[b];
+                e->tot[b].uw = -s->uw[b], e->own[b].uw = -s->uws[b];
+            }
         }
     }
 }

@@ -293,12 +293,12 @@ void perf_set_close(perf_set *s)
 
 int perf_set_uses_rdpmc(const perf_set *s) { return s->rdpmc; }
 
-int perf_clock_open(perf_clock *c)
+/* One software event of the calling thread, enabled, with its mmap page: 0, or -1 with nothing kept open. */
+static int page_open(perf_clock *c, uint64_t config)
 {
     c->fd = -1;
     c->page = NULL;
-#if HAVE_RDPMC
-    perf_event_desc d = {PERF_TYPE_SOFTWARE, PERF_COUNT_SW_TASK_CLOCK};
+    perf_event_desc d = {PERF_TYPE_SOFTWARE, config};
     int fd = sys_open(&d, -1, 0);
     if (fd < 0)
         fd = sys_open(&d, -1, 1);
@@ -314,6 +314,16 @@ int perf_clock_open(perf_clock *c)
     }
     c->fd = fd;
     c->page = p;
+    return 0;
+}
+
+int perf_clock_open(perf_clock *c)
+{
+    c->fd = -1;
+    c->page = NULL;
+#if HAVE_RDPMC
+    if (page_open(c, PERF_COUNT_SW_TASK_CLOCK) < 0)
+        return -1;
     uint64_t ns;
     if (perf_mmap_time_self(c->page, hw_rdtsc(), &ns) < 0) {
         perf_clock_close(c);
@@ -327,25 +337,7 @@ int perf_clock_open(perf_clock *c)
 
 int perf_switch_open(perf_clock *c)
 {
-    c->fd = -1;
-    c->page = NULL;
-    perf_event_desc d = {PERF_TYPE_SOFTWARE, PERF_COUNT_SW_CONTEXT_SWITCHES};
-    int fd = sys_open(&d, -1, 0);
-    if (fd < 0)
-        fd = sys_open(&d, -1, 1);
-    if (fd < 0)
-        return -1;
-    long pagesz = sysconf(_SC_PAGESIZE);
-    void *p = mmap(NULL, (size_t)pagesz, PROT_READ, MAP_SHARED, fd, 0);
-    if (p == MAP_FAILED || ioctl(fd, PERF_EVENT_IOC_ENABLE, 0) < 0) {   /* opened disabled, as a leader */
-        if (p != MAP_FAILED)
-            munmap(p, (size_t)pagesz);
-        close(fd);
-        return -1;
-    }
-    c->fd = fd;
-    c->page = p;
-    return 0;
+    return page_open(c, PERF_COUNT_SW_CONTEXT_SWITCHES);
 }
 
 int64_t perf_clock_read(perf_clock *c)

@@ -47,6 +47,11 @@ static void correct(CallMeasure *m) {
 }
 
 /* The call's part of each estimate of its node (and, in e, each quantity's per-call estimate for the parent). */
+static inline void cell_add(Cell *c, double x, double w, double W) {
+    c->n += 1, c->x += x, c->w += w, c->xx += x * x, c->xw += x * w, c->ww += w * w;
+    c->Wn += W, c->Wx += W * x, c->Ww += W * w;
+}
+
 static void estimate_call(NodeStats *s, const Frame *f, const CallMeasure *m, double *e) {
     double run = (double)(m->wall - m->susp), child = (double)(f->child_wall - f->child_susp);
     s->covered++;
@@ -64,7 +69,7 @@ static void estimate_call(NodeStats *s, const Frame *f, const CallMeasure *m, do
     if (!m->read) {
         s->un[b] += 1;
         s->uw[b] += run;
-        s->uws += run_self;
+        s->uws[b] += run_self;
         for (int q = 0; e && s->est && q < nq; q++) e[q] = stats_predict(&s->est[q], run, m->switched);
         return;
     }
@@ -73,21 +78,18 @@ static void estimate_call(NodeStats *s, const Frame *f, const CallMeasure *m, do
     for (int q = 0; q < nq; q++) {
         Estimate *t = &s->est[q];
         if (isnan(m->x[q])) {   /* not measured on this call: it counts as unread for this quantity */
-            t->un[b] += 1, t->uw[b] += run, t->suw += run_self;
+            t->tot[b].un += 1, t->tot[b].uw += run, t->own[b].un += 1, t->own[b].uw += run_self;
             if (e) e[q] = stats_predict(t, run, m->switched);
             continue;
         }
-        double x = m->x[q], xs = x - f->child[q];
-        t->n[b] += 1, t->x[b] += x, t->w[b] += run, t->xx[b] += x * x, t->xw[b] += x * run, t->ww[b] += run * run;
-        t->Wn[b] += W, t->Wx[b] += W * x, t->Ww[b] += W * run;
-        t->sn += 1, t->sx += xs, t->sw += run_self, t->sxx += xs * xs, t->sxw += xs * run_self;
-        t->sww += run_self * run_self, t->sWn += W, t->sWx += W * xs, t->sWw += W * run_self;
+        cell_add(&t->tot[b], m->x[q], run, W);
+        cell_add(&t->own[b], m->x[q] - f->child[q], run_self, W);
         t->reads++;
-        if (e) e[q] = x;
+        if (e) e[q] = m->x[q];
     }
-    const Estimate *c = &s->est[Q_CPU];
-    if (!isnan(m->x[Q_CPU]) && c->w[b] > 0) {   /* the stratum's share on a CPU, kept for the budget (O(1) a call) */
-        double off = 1 - fmin(fmax(c->x[b] / c->w[b], 0), 1);
+    const Cell *c = &s->est[Q_CPU].tot[b];
+    if (!isnan(m->x[Q_CPU]) && c->w > 0) {   /* the stratum's share on a CPU, kept for the budget (O(1) a call) */
+        double off = 1 - fmin(fmax(c->x / c->w, 0), 1);
         s->cpu_pred += (s->off_cpu[b] - off) * s->run_b[b];
         s->off_cpu[b] = off;
     }

@@ -35,15 +35,14 @@ NodeStats *stats_slot_new(StatsArray *a, int32_t node) {
 
 int stats_quantities(void) { return Q_CTR + g_ctr_n; }
 
-/* The read calls' sums of stratum b, of all strata (b = -1), or of self (b = -2). */
+/* The sums of stratum b of cells c, or of all strata (b = -1). */
 typedef struct { double n, x, w, xx, xw, ww, Wn, Wx, Ww; } Sums;
 
-static Sums sums(const Estimate *e, int b) {
-    if (b == -2) return (Sums){e->sn, e->sx, e->sw, e->sxx, e->sxw, e->sww, e->sWn, e->sWx, e->sWw};
+static Sums sums(const Cell *c, int b) {
     Sums m = {0, 0, 0, 0, 0, 0, 0, 0, 0};
     for (int k = b < 0 ? 0 : b; k < (b < 0 ? STRATA : b + 1); k++) {
-        m.n += e->n[k], m.x += e->x[k], m.w += e->w[k], m.xx += e->xx[k], m.xw += e->xw[k], m.ww += e->ww[k];
-        m.Wn += e->Wn[k], m.Wx += e->Wx[k], m.Ww += e->Ww[k];
+        m.n += c[k].n, m.x += c[k].x, m.w += c[k].w, m.xx += c[k].xx, m.xw += c[k].xw, m.ww += c[k].ww;
+        m.Wn += c[k].Wn, m.Wx += c[k].Wx, m.Ww += c[k].Ww;
     }
     return m;
 }
@@ -63,19 +62,19 @@ static Fit fit(const Sums *m) {
 }
 
 /* The fit a call of stratum b is predicted by: its stratum's, or all strata's where its stratum has no read. */
-static Fit fit_for(const Estimate *e, int b) {
-    Sums m = sums(e, e->n[b] ? b : -1);
+static Fit fit_for(const Cell *c, int b) {
+    Sums m = sums(c, c[b].n ? b : -1);
     return fit(&m);
 }
 
 double stats_predict(const Estimate *e, double run, int switched) {
     if (!e->reads) return 0.0;
-    Fit f = fit_for(e, stratum(run, switched));
+    Fit f = fit_for(e->tot, stratum(run, switched));
     return f.a + f.r * run;
 }
 
-double stats_read_sum(const Estimate *e) { return sums(e, -1).x; }
-double stats_read_run(const Estimate *e) { return sums(e, -1).w; }
+double stats_read_sum(const Estimate *e) { return sums(e->tot, -1).x; }
+double stats_read_run(const Estimate *e) { return sums(e->tot, -1).w; }
 
 static int bounded(int q) { return q == Q_CPU || q == Q_SYS || q == Q_RQ; }   /* by a call's running time */
 
@@ -106,37 +105,41 @@ static void predict_unread(const Sums *m, double nb, int q, int switched, double
     *var = n * g + g * (!nb ? n * n : f.r ? w * w / m->ww : n * n / m->n);
 }
 
-/* The estimate, separate ratio (or mean) estimators by stratum: the read calls' values, and the unread calls
- * predicted by the fit to the read calls of their stratum.  Over the calls a read stands for, the fit is unbiased
- * to the order of 1 / reads (the weights by 1 / p keep it so when the chance changes along the run); its variance
- * is the unread calls' prediction errors'.  Self: one pooled fit over running self time.  Every call read: exact. */
-void stats_estimate(const NodeStats *s, int q, double *total, double *self, double *var, double *var_self) {
-    const Estimate *e = &s->est[q];
-    double rel = 0, n_all = 0, pred, v;
+/* The largest mean squared error per running ns squared of the strata of c with two reads or more. */
+static double worst_relative_error(const Cell *c) {
+    double rel = 0;
     for (int b = 0; b < STRATA; b++) {
-        Sums m = sums(e, b);
+        Sums m = sums(c, b);
         Fit f = fit(&m);
         if (f.mse >= 0 && m.w > 0) rel = fmax(rel, f.mse / (m.w / m.n * m.w / m.n));
     }
-    *total = *var = 0;
+    return rel;
+}
+
+/* One side of the estimate (the totals, or self): the read calls' values, and the unread calls of each stratum
+ * (un, uw: the node's, plus the calls that did not measure this quantity) predicted from its read calls. */
+static void estimate_side(const Cell *c, const double *un, const double *uw, int q, double *sum, double *var) {
+    double rel = worst_relative_error(c), pred, v;
+    *sum = *var = 0;
     for (int b = 0; b < STRATA; b++) {
-        double n = s->un[b] + e->un[b], w = s->uw[b] + e->uw[b];
-        *total += e->x[b];
-        n_all += n;
+        double n = un[b] + c[b].un, w = uw[b] + c[b].uw;
+        *sum += c[b].x;
         if (!n) continue;
-        Sums m = sums(e, e->n[b] ? b : -1);
-        predict_unread(&m, e->n[b], q, b >= STRATA_RUN, n, w, rel, &pred, &v);
-        *total += pred;
+        Sums m = sums(c, c[b].n ? b : -1);
+        predict_unread(&m, c[b].n, q, b >= STRATA_RUN, n, w, rel, &pred, &v);
+        *sum += pred;
         *var += v;
     }
-    Sums m = sums(e, -2);
-    *self = e->sx;
-    *var_self = 0;
-    if (n_all) {
-        predict_unread(&m, m.n, q, 0, n_all, s->uws + e->suw, rel, &pred, &v);
-        *self += pred;
-        *var_self = v;
-    }
+}
+
+/* The estimate, separate ratio (or mean) estimators by stratum: the read calls' values, and the unread calls
+ * predicted by the fit to the read calls of their stratum.  Over the calls a read stands for, the fit is unbiased
+ * to the order of 1 / reads (the weights by 1 / p keep it so when the chance changes along a run); its variance
+ * is the unread calls' prediction errors'.  Self likewise, over running self time.  Every call read: exact. */
+void stats_estimate(const NodeStats *s, int q, double *total, double *self, double *var, double *var_self) {
+    const Estimate *e = &s->est[q];
+    estimate_side(e->tot, s->un, s->uw, q, total, var);
+    estimate_side(e->own, s->un, s->uws, q, self, var_self);
 }
 
 void stats_mark_start(NodeStats *s, int64_t back) {
@@ -202,9 +205,9 @@ static int stats_merge(NodeStats *d, const NodeStats *s, int64_t cpu_now) {
     d->loop_self += s->loop_self;
     d->covered += s->covered;
     for (int k = 0; k < STRATA; k++)
-        d->run_b[k] += s->run_b[k], d->calls_b[k] += s->calls_b[k], d->un[k] += s->un[k], d->uw[k] += s->uw[k];
+        d->run_b[k] += s->run_b[k], d->calls_b[k] += s->calls_b[k], d->un[k] += s->un[k], d->uw[k] += s->uw[k],
+        d->uws[k] += s->uws[k];
     d->cpu_pred += s->cpu_pred;
-    d->uws += s->uws;
     d->cov_run += s->cov_run;
     d->cpu_bound += cpu_now < 0 ? s->cpu_bound : s->cpu0_set ? (double)(cpu_now - s->cpu0) : INFINITY;
     d->cov_run_self += s->cov_run_self;

@@ -41,16 +41,20 @@ static inline int stratum(double run, int switched) {
     return (b < STRATA_RUN ? b : STRATA_RUN - 1) + (switched ? STRATA_RUN : 0);
 }
 
-/* The read calls' sums a quantity's estimate over a node's covered calls comes from (stats_estimate): by stratum,
- * plain and weighted by 1 / p (p a call's chance of being read), and of self (the quantity less the children's,
- * over the running self wall), pooled. */
+/* One stratum's sums for a quantity: of its read calls, plain and weighted by 1 / p (p a call's chance of being
+ * read), with the quantity x over the running time w; and of its calls that were read but did not measure the
+ * quantity (they count as unread for it). */
 typedef struct {
-    double n[STRATA], x[STRATA], w[STRATA];      /* read calls: number, sums of the quantity x, running time w, */
-    double xx[STRATA], xw[STRATA], ww[STRATA];   /* of x^2, x * w, w^2 */
-    double Wn[STRATA], Wx[STRATA], Ww[STRATA];   /* sums of 1 / p, x / p, w / p */
-    double un[STRATA], uw[STRATA];   /* calls read that did not measure it (they count as unread): number, time */
-    double sn, sx, sw, sxx, sxw, sww, sWn, sWx, sWw, suw;   /* the same of self, pooled (suw: unmeasured calls) */
-    uint64_t reads;                  /* read calls that measured it */
+    double n, x, w, xx, xw, ww;    /* read calls: number, sums of x, w, x^2, x * w, w^2 */
+    double Wn, Wx, Ww;             /* sums of 1 / p, x / p, w / p */
+    double un, uw;                 /* calls read that did not measure it: number, running time */
+} Cell;
+
+/* The sums a quantity's estimate over a node's covered calls comes from (stats_estimate), by stratum: of the
+ * calls' totals over their running time, and of self (the quantity less the children's, over running self time). */
+typedef struct {
+    Cell tot[STRATA], own[STRATA];
+    uint64_t reads;                /* read calls that measured it */
 } Estimate;
 
 typedef struct CounterStat {
@@ -71,9 +75,10 @@ typedef struct {
     int64_t susp_total, susp_self;    /* wall time the call's task was suspended (awaiting or ready) */
     int64_t loop_total, loop_self;    /* of it, ready but waiting for the event loop to run it */
     uint64_t covered;                 /* calls the estimates stand for: read, and left unread by the budget */
+    uint64_t entered;                 /* calls entered under the overhead budget (budget_read) */
     int64_t cov_run, cov_run_self;    /* their running wall time (wall less suspended), total and self */
-    double un[STRATA], uw[STRATA];    /* covered calls left unread, by stratum: number, running time; */
-    double uws;                       /* their running self time */
+    double un[STRATA], uw[STRATA], uws[STRATA];   /* covered calls left unread, by stratum: number, running time,
+                                                   * running self time */
     double run_b[STRATA], calls_b[STRATA];   /* covered calls by stratum: running time, number */
     double off_cpu[STRATA];           /* by stratum: the read calls' share of running time off a CPU (none read: 0) */
     double cpu_pred;                  /* sum over strata of (1 - off_cpu) * run_b: the covered calls' CPU, predicted */

@@ -30,10 +30,12 @@ from ._version import __version__
 from .analysis.advice import advise
 from .analysis.diff import BASES, REGRESSIONS, diff, metric_text
 from .analysis.metrics import sort_keys
+from .analysis.ranks import rank_view
 from .analysis.tail import tail
 from .analysis.verdict import with_verdicts
-from .exporters import formats, table
-from .snapshot import Snapshot, SnapshotError, atomic_write, load_many, merge_all, path_text
+from .exporters import formats, ranks, table
+from .serve import multiproc
+from .snapshot import RANK_KEY, Snapshot, SnapshotError, atomic_write, load_many, merge_all, path_text, rank_of
 
 
 class CLIError(Exception):
@@ -117,10 +119,90 @@ class _Progress:
         sys.stderr.flush()
 
 
+def _files(paths: Sequence[str]) -> List[str]:
+    """The paths, each folder replaced by the snapshot files in it (.snap files of the snapshot writer, .json)."""
+    out: List[str] = []
+    for p in paths:
+        if not os.path.isdir(p):
+            out.append(p)
+            continue
+        found = multiproc.files(p)
+        if not found:
+            raise CLIError(f"{p}: a folder with no snapshot files (instrument-*.snap, *.json) in it")
+        out += found
+    return out
+
+
+def _read(path: str) -> Snapshot:
+    """A snapshot file, or the newest whole snapshot of a process's .snap file (the snapshot writer's)."""
+    if not path.endswith(".snap"):
+        return Snapshot.load(path)
+    snap = multiproc.read(path)
+    if snap is None:
+        raise CLIError(f"{path}: its process had written no snapshot into it yet")
+    return snap
+
+
 def _load_all(paths: Sequence[str], progress: bool = False) -> Snapshot:
+    paths = _files(paths)
     _check_versions(paths)
     p = _Progress(len(paths), progress and len(paths) >= 10)
-    return merge_all((Snapshot.load(f) for f in paths), p)
+    return merge_all((_read(f) for f in paths), p)
+
+
+def by_rank(paths: Sequence[str], cmd: str) -> Tuple[Snapshot, List[str]]:
+    """The per-rank merge of snapshot files of one job's ranks, checked: every file names its rank (or merges
+    ranks, and maybe the launcher's process) and all are of one world size.  Of several snapshots of one
+    process (its snapshot writer's file and its exit-time part) the latest is kept: a process's snapshots
+    only grow.  Files left out are returned: those earlier snapshots, and files that name no rank and hold
+    no calls (the launcher's own process)."""
+    paths = _files(paths)
+    _check_versions(paths)
+    singles: Dict[tuple, Tuple[str, Snapshot]] = {}   # process -> its latest snapshot
+    merges: List[Tuple[str, Snapshot, List[tuple]]] = []
+    left: List[str] = []
+    worlds: Dict[int, str] = {}
+    for p in paths:
+        snap = _read(p)
+        m = snap.meta
+        procs = m.get("merged_from") or [dict(m.get(RANK_KEY) or {}, rank=rank_of(m), pid=m.get("pid"),
+                                              host=m.get("host"), start_time=m.get("start_time"))]
+        if all(x.get("rank") is None for x in procs) if m.get("merged_from") else procs[0]["rank"] is None:
+            if not any(s.calls for s in snap.stages):
+                left.append(p)
+                continue
+            raise CLIError(f"{cmd}: {p} names no rank (not recorded by a rank of a torch.distributed job or under "
+                           "torchrun); leave it out, or merge without --by-rank")
+        for x in procs:
+            if isinstance(x.get("world_size"), int):
+                worlds.setdefault(x["world_size"], p)
+        keys = [(x.get("pid"), x.get("host"), x.get("start_time")) for x in procs]
+        if m.get("merged_from"):
+            merges.append((p, snap, keys))
+            continue
+        prev = singles.get(keys[0])
+        if prev is not None and (m.get("duration_ns") or 0) <= (prev[1].meta.get("duration_ns") or 0):
+            left.append(p)
+            continue
+        if prev is not None:
+            left.append(prev[0])
+        singles[keys[0]] = (p, snap)
+    owner = {k: p for k, (p, _) in singles.items()}
+    for p, _, keys in merges:
+        for k in keys:
+            if k in owner:
+                raise CLIError(f"{cmd}: {p} merges process {k[0]}, which {owner[k]} holds too: give the merge or its "
+                               "parts, not both")
+            owner[k] = p
+    if len(worlds) > 1:
+        (wa, pa), (wb, pb) = sorted(worlds.items())[:2]
+        raise CLIError(f"{cmd}: {pa} is of a world of {wa} ranks but {pb} of {wb}: files of different jobs")
+    kept = [snap for _, snap in singles.values()] + [snap for _, snap, _ in merges]
+    if not kept:
+        raise CLIError(f"{cmd}: none of the files names a rank (record under torchrun, or with torch.distributed "
+                       "initialised)")
+    return merge_all(kept), left
+
 
 
 def _rest(cmd: List[str]) -> List[str]:
@@ -147,6 +229,8 @@ def _cmd_report(a) -> int:
         raise CLIError("report: no snapshot file given; usage: instrument report FILE... or --since EARLIER LATER")
     if a.quantile is not None and not a.tail:
         raise CLIError("report: --quantile goes with --tail")
+    if a.ranks:
+        return _report_ranks(a)
     snap = with_verdicts(_window(*a.since) if a.since else load_many(a.files))
     fmt = "json" if a.json else a.format
     if a.tail:
@@ -164,6 +248,22 @@ def _cmd_report(a) -> int:
         print()
         about = f"{a.since[1]} since {a.since[0]}" if a.since else ", ".join(a.files)
         print(table.render_advice(advise(snap), about=about))
+    return 0
+
+
+def _report_ranks(a) -> int:
+    if a.since or a.tail or a.ops:
+        raise CLIError("report: --ranks reads FILE... (a merge of ranks, or each rank's files); it does not go with "
+                       "--since, --tail or --ops")
+    fmt = "json" if a.json else a.format
+    if fmt not in ranks.FORMATS:
+        raise CLIError(f"report --ranks: --format {fmt} is not available; use table or json (--json)")
+    snap = by_rank(a.files, "report --ranks")[0]
+    try:
+        view = rank_view(snap)
+    except ValueError as e:
+        raise CLIError(f"report --ranks: {', '.join(a.files)}: {e}") from None
+    print(ranks.render(view, format=fmt))
     return 0
 
 
@@ -222,11 +322,25 @@ def _cmd_diff(a) -> int:
 
 # -------------------------------------------------------------------- merge
 def _cmd_merge(a) -> int:
+    if a.by_rank:
+        return _merge_by_rank(a)
     snap = _load_all(a.files, progress=True)
     _save(snap, a.output)
     if a.output != "-":
         _err(f"merge: {len(a.files)} files ({len(snap.meta.get('merged_from') or [0])} processes, "
              f"{len(snap)} stages) into {a.output}")
+    return 0
+
+
+def _merge_by_rank(a) -> int:
+    snap, skipped = by_rank(a.files, "merge --by-rank")
+    _save(snap, a.output)
+    if a.output != "-":
+        view = rank_view(snap)
+        _err(f"merge --by-rank: {len(snap.meta['merged_from'])} processes into {a.output}: "
+             f"{' '.join(ranks.summary(view)[:3])}"
+             + (f" Left out (no rank and no calls, or an earlier snapshot of a process given again): "
+                f"{', '.join(skipped)}" if skipped else ""))
     return 0
 
 
@@ -316,6 +430,16 @@ def _process_files(output: str) -> Dict[str, Tuple[int, int]]:
     return found
 
 
+def rank_output(output: str) -> str:
+    """`output` of `instrument run`, named for the rank when a launcher (torchrun) started it as one rank of a
+    job: run.json -> run.rank2.json (each rank writes its own; `instrument merge --by-rank` joins them)."""
+    who = config.launcher_rank()
+    if who is None:
+        return output
+    stem, ext = (output[:-5], ".json") if output.endswith(".json") else (output, "")
+    return f"{stem}.rank{who['rank']}{ext}"
+
+
 def _cmd_run(a) -> int:
     cmd = _rest(a.command)
     if not cmd:
@@ -323,6 +447,7 @@ def _cmd_run(a) -> int:
     out = a.output
     if out == "-":
         raise CLIError("run: -o - is not supported (stdout is the program's); give a file name")
+    out = rank_output(out)
     if not os.path.isdir(os.path.dirname(os.path.abspath(out))):
         raise CLIError(f"run: {out}: the folder does not exist")
     try:
@@ -380,6 +505,8 @@ def _cmd_run(a) -> int:
     _save(merged, out)
     if not a.no_report:
         print(table.render(with_verdicts(merged)), file=sys.stderr)
+        if any(st.ranks for st in merged.stages):
+            print("\n" + ranks.render(rank_view(merged)), file=sys.stderr)
     names = f"{', '.join(os.path.basename(p) for p in produced[:8])}{' …' if len(produced) > 8 else ''}"
     if a.keep_parts:
         where = f"; parts kept in {folder}"
@@ -496,6 +623,8 @@ def build_parser() -> argparse.ArgumentParser:
     rp.add_argument("--fold", action="store_true", help="one row per stage name wherever it nested")
     rp.add_argument("--format", choices=table.FORMATS, default="table")
     rp.add_argument("--ops", action="store_true", help="show the torch operators under each stage")
+    rp.add_argument("--ranks", action="store_true", help="the ranks of a torch.distributed job side by side: each "
+                    "stage's spread over ranks per step, the straggler, the wait it caused, missing ranks")
     rp.set_defaults(func=_cmd_report)
 
     d = sub.add_parser("diff", help="compare two snapshots stage by stage")
@@ -521,6 +650,8 @@ def build_parser() -> argparse.ArgumentParser:
     m = sub.add_parser("merge", help="merge snapshot files exactly")
     m.add_argument("files", nargs="+", metavar="FILE")
     m.add_argument("-o", "--output", default="-", help="merged snapshot (default: stdout)")
+    m.add_argument("--by-rank", action="store_true", help="the files are the ranks of one torch.distributed job "
+                   "(parts of `instrument run`, snapshot writer files or folders): checked, merged per rank")
     m.set_defaults(func=_cmd_merge)
 
     e = sub.add_parser("export", help="write snapshots in another format")

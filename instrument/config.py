@@ -204,6 +204,9 @@ OPTIONS: Tuple[Option, ...] = (
            "time stages on the GPU with CUDA events (auto: when torch has initialised CUDA)"),
     Option("gpu_events", "INSTRUMENT_GPU_EVENTS", 4096, integer(2, 1_000_000),
            "bound of the pool of unresolved CUDA event pairs; samples beyond it are counted as dropped"),
+    Option("collectives", "INSTRUMENT_COLLECTIVES", True, _bool,
+           "time torch.distributed collectives and send/recv (all_reduce, barrier, ...) as child stages of their "
+           "caller, named dist.<function>, once torch is imported; off: torch.distributed is left as it is"),
     Option("capture", "INSTRUMENT_CAPTURE", "steady", _text,
            "name of the NVTX capture range that instrument.capture()/capture_every() open (nsys -p NAME@domain)"),
     Option("warmup", "INSTRUMENT_WARMUP", None, _optional_int(0),
@@ -359,6 +362,20 @@ def to_env(**options: Any) -> Dict[str, str]:
 def unset_in_env(option: str, environ: Optional[Dict[str, str]] = None) -> None:
     """Remove an option's variable (the command line does not measure itself)."""
     (os.environ if environ is None else environ).pop(env_name(option), None)
+
+
+LAUNCHER_VARIABLES = ("RANK", "WORLD_SIZE", "LOCAL_RANK")   # what torchrun (and torch.distributed.launch) set
+
+
+def launcher_rank(environ: Optional[Mapping[str, str]] = None) -> Optional[Dict[str, Optional[int]]]:
+    """{"rank", "world_size", "local_rank"} a launcher such as torchrun gave this process in RANK, WORLD_SIZE
+    and LOCAL_RANK; None outside one (RANK unset or not an integer >= 0; the others None when not integers)."""
+    env = os.environ if environ is None else environ
+    values = {}
+    for key, var in zip(("rank", "world_size", "local_rank"), LAUNCHER_VARIABLES):
+        text = env.get(var, "").strip()
+        values[key] = int(text) if text.isdigit() else None
+    return values if values["rank"] is not None else None
 
 
 def pure_python_requested(environ: Optional[Mapping[str, str]] = None) -> bool:

@@ -169,6 +169,9 @@ class StageStats:
     covered_run_self: int = 0
     # the stages that ran on the loop while this one was ready to run: {path text: ns}
     loop_blockers: Mapping[str, int] = field(default_factory=dict)
+    # per rank of a torch.distributed job, {rank: {"calls", "errors", "wall_ns", "self_ns", "cpu_ns", "gpu_ns"}}: by
+    # merge() of snapshots that name their rank (meta.distributed.rank); None for one process's snapshot
+    ranks: Optional[Mapping[int, Mapping[str, Any]]] = None
 
     @classmethod
     def empty(cls, path: Tuple[str, ...]) -> "StageStats":
@@ -382,6 +385,8 @@ class StageStats:
                             for w in self.windows]
         if self.items:
             d["items"] = {k: {"total": _num(v["total"]), "calls": v["calls"]} for k, v in self.items.items()}
+        if self.ranks is not None:
+            d["ranks"] = [{"rank": r, **self.ranks[r]} for r in sorted(self.ranks)]
         return d
 
     def window(self, start_time: Optional[float] = None, end_time: Optional[float] = None) -> Dict[str, Any]:
@@ -428,7 +433,8 @@ class StageStats:
                        abandoned_calls=int(d.get("abandoned_calls", 0)),
                        suspended_total=int((d.get("suspended_ns") or {}).get("total", 0)),
                        suspended_self=int((d.get("suspended_ns") or {}).get("self", 0)),
-                       items=_items_from(path, d.get("items")), **_split_from(path, d, c))
+                       items=_items_from(path, d.get("items")), **_split_from(path, d, c),
+                       ranks=_ranks_from(path, d.get("ranks")))
         except SnapshotError:
             raise
         except (KeyError, TypeError, ValueError, AttributeError) as e:
@@ -626,7 +632,8 @@ def merge_stage(a: StageStats, b: StageStats, windows: bool = False) -> StageSta
                    suspended_total=a.suspended_total + b.suspended_total,
                    suspended_self=a.suspended_self + b.suspended_self,
                    windows=join_windows(a.all_windows() + b.all_windows()) if windows else None,
-                   items=merge_items(a.items, b.items), **_combined_split(a, b, +1))
+                   items=merge_items(a.items, b.items), **_combined_split(a, b, +1),
+                   ranks=merge_ranks(a.ranks, b.ranks))
 
 
 def gpu_fields(total: int, samples: int, dropped: int, errors: int, lo: Optional[int], hi: Optional[int],
@@ -776,7 +783,7 @@ def since_stage(a: StageStats, b: StageStats) -> StageStats:
                    abandoned_calls=a.abandoned_calls - b.abandoned_calls,
                    suspended_total=a.suspended_total - b.suspended_total,
                    suspended_self=a.suspended_self - b.suspended_self, items=_since_items(a.path, a.items, b.items),
-                   **_combined_split(a, b, -1))
+                   ranks=since_ranks(a.path, a.ranks, b.ranks), **_combined_split(a, b, -1))
 
 
 # ------------------------------------------------------------------ exemplars
@@ -839,6 +846,86 @@ def merge_exemplars(groups: Sequence[Tuple[Sequence[Mapping[str, Any]], Mapping[
         out.extend(keep.values())
     return out
 
+
+# ---------------------------------------------------------------------- ranks
+# A process of a torch.distributed job names itself in meta["distributed"] ({"rank", "world_size", "local_rank",
+# "host", ...}); merge() keeps each stage's figures per rank (StageStats.ranks) and each source's rank in
+# meta.merged_from.  Collectives timed by the SDK are stages named COLLECTIVE_PREFIX + the torch.distributed function.
+
+RANK_KEY = "distributed"
+RANK_FIELDS = ("calls", "errors", "wall_ns", "self_ns", "cpu_ns", "gpu_ns")
+COLLECTIVE_PREFIX = "dist."
+COLLECTIVES = ("all_reduce", "all_gather", "all_gather_single", "all_gather_into_tensor", "reduce_scatter",
+               "reduce_scatter_single", "reduce_scatter_tensor", "all_to_all", "all_to_all_single", "broadcast",
+               "reduce", "barrier", "send", "recv")
+
+
+def is_collective(name: str) -> bool:
+    """Whether a stage name is that of a torch.distributed collective (or send/recv) the SDK timed."""
+    return name.startswith(COLLECTIVE_PREFIX) and name[len(COLLECTIVE_PREFIX):] in COLLECTIVES
+
+
+def rank_of(meta: Mapping[str, Any]) -> Optional[int]:
+    """The rank of the one process a snapshot recorded; None when it names none (or merges several)."""
+    d = meta.get(RANK_KEY)
+    r = d.get("rank") if isinstance(d, Mapping) and not meta.get("merged_from") else None
+    return r if isinstance(r, int) and not isinstance(r, bool) and r >= 0 else None
+
+
+def rank_figures(s: StageStats) -> Dict[str, Any]:
+    """A stage's figures as one rank's entry of StageStats.ranks."""
+    return {"calls": s.calls, "errors": s.errors, "wall_ns": s.wall_total, "self_ns": s.wall_self,
+            "cpu_ns": s.cpu_total, "gpu_ns": (s.gpu or {}).get("total_ns")}
+
+
+def merge_ranks(a: Optional[Mapping[int, Mapping[str, Any]]],
+                b: Optional[Mapping[int, Mapping[str, Any]]]) -> Optional[Dict[int, Dict[str, Any]]]:
+    """Per-rank figures of two stages as one: a rank's figures added (a rank recorded twice: a restart)."""
+    if a is None or b is None:
+        return None if a is None and b is None else {r: dict(f) for r, f in (a if b is None else b).items()}
+    out = {r: dict(f) for r, f in a.items()}
+    for r, f in b.items():
+        out[r] = {k: _add(out[r].get(k), f.get(k)) for k in RANK_FIELDS} if r in out else dict(f)
+    return out
+
+
+def since_ranks(path: Tuple[str, ...], a: Optional[Mapping[int, Mapping[str, Any]]],
+                b: Optional[Mapping[int, Mapping[str, Any]]]) -> Optional[Dict[int, Dict[str, Any]]]:
+    """Per-rank figures recorded after `b`, an earlier state of `a`; ranks without calls in the window left out."""
+    if b is None:
+        return None if a is None else {r: dict(f) for r, f in a.items()}
+    for r, f in b.items():
+        if a is None or r not in a or a[r]["calls"] < f["calls"]:
+            raise SnapshotError(f"stage {path_text(path)}: rank {r} has {f['calls']} calls before and "
+                                f"{(a or {}).get(r, {}).get('calls', 0)} after: not an earlier state of the same stage")
+    out = {}
+    for r, f in (a or {}).items():
+        e = b.get(r)
+        w = dict(f) if e is None else {k: _since(f.get(k), e.get(k)) for k in RANK_FIELDS}
+        if w["calls"]:
+            out[r] = w
+    return out
+
+
+def _ranks_from(path: Tuple[str, ...], raw: Any) -> Optional[Dict[int, Dict[str, Any]]]:
+    if raw is None:
+        return None
+    if not isinstance(raw, list) or not all(isinstance(x, Mapping) for x in raw):
+        raise SnapshotError(f"stage {path_text(path)}: ranks must be a list of objects, got {str(raw)[:80]}")
+    out: Dict[int, Dict[str, Any]] = {}
+    for x in raw:
+        counts = [x.get(k) for k in ("rank", "calls", "errors")]
+        numbers = [x.get(k) for k in RANK_FIELDS[2:]]
+        if (not all(isinstance(n, int) and not isinstance(n, bool) and n >= 0 for n in counts) or counts[0] in out
+                or x.get("wall_ns") is None or x.get("self_ns") is None
+                or not all(v is None or (isinstance(v, (int, float)) and not isinstance(v, bool) and v >= 0)
+                           for v in numbers)):
+            raise SnapshotError(f"stage {path_text(path)}: a ranks entry needs a rank (once), calls and errors "
+                                f"(integers >= 0), wall_ns and self_ns >= 0, cpu_ns and gpu_ns >= 0 or null; got "
+                                f"{str(dict(x))[:80]}")
+        r = counts[0]
+        out[r] = {k: x.get(k) for k in RANK_FIELDS}
+    return out
 
 
 def _tree_order(stages: Iterable[StageStats]) -> List[StageStats]:
@@ -984,39 +1071,48 @@ class Snapshot:
                 meta.setdefault("exits", {})
                 meta["exits"][k] = meta["exits"].get(k, 0) + v
         meta["merged_from"] = sources
+        meta.pop(RANK_KEY, None)   # the first process's rank; each source keeps its own
         exemplars = merge_exemplars([g for g in xgroups if g[0]]) if any(g[0] for g in xgroups) else []
         return Snapshot(stages.values(), meta, events, exemplars)
 
     def since(self, earlier: "Snapshot") -> "Snapshot":
-        """What happened between `earlier` and this snapshot, both of the same process:
-        calls, sums, counters and histograms subtracted exactly (percentiles within the
-        histogram's 0.78 %).  Stages without calls in the window are left out."""
+        """What happened between `earlier` and this snapshot, both of the same process, or both merges
+        in which every process of `earlier` is still there (workers, ranks): calls, sums, counters,
+        per-rank figures and histograms subtracted exactly (percentiles within the histogram's 0.78 %).
+        Stages without calls in the window are left out; a window of merges keeps no per-source
+        windows, events or exemplars, and its duration is unknown (processes have their own clocks)."""
         if not isinstance(earlier, Snapshot):
             raise TypeError(f"Snapshot.since takes a Snapshot, not {type(earlier).__name__}")
         a, b = self._meta, earlier._meta
-        if a.get("merged_from") or b.get("merged_from"):
-            raise SnapshotError("since: merged snapshots have no single process to take a window of; take the "
-                                "window of each process, then merge")
-        if (a.get("pid"), a.get("host")) != (b.get("pid"), b.get("host")):
+        merged = bool(a.get("merged_from") or b.get("merged_from"))
+        if merged:
+            now = set(_processes(a))
+            gone = [p for p in _processes(b) if p not in now]
+            if gone:
+                raise SnapshotError(f"since: process {gone[0][0]} on {gone[0][1]} of the earlier snapshot left the "
+                                    "merge (restarted, reset or its file removed): a new window starts")
+        elif (a.get("pid"), a.get("host")) != (b.get("pid"), b.get("host")):
             raise SnapshotError(f"since: the snapshots are of different processes (pid {b.get('pid')} on "
                                 f"{b.get('host')} and pid {a.get('pid')} on {a.get('host')})")
-        if a.get("start_time") != b.get("start_time"):
+        elif a.get("start_time") != b.get("start_time"):
             raise SnapshotError("since: the process was reset between the two snapshots (their start times differ)")
-        if (a.get("duration_ns") or 0) < (b.get("duration_ns") or 0):
+        elif (a.get("duration_ns") or 0) < (b.get("duration_ns") or 0):
             raise SnapshotError("since: the earlier snapshot was taken after this one; call later.since(earlier)")
         stages = []
         for s in self._stages:
             old = earlier._index.get(s.path)
             w = since_stage(s, old) if old is not None else s
             if w.calls or w.wall_total or w.items:
-                stages.append(w)
+                stages.append(replace(w, windows=None) if merged else w)
         for path in earlier._index:
             if path not in self._index and earlier._index[path].calls:
                 raise SnapshotError(f"since: stage {path_text(path)} is in the earlier snapshot only: not an earlier "
                                     "state of this one")
         meta = dict(a)
         meta["window"] = {"start_time": b.get("end_time"), "end_time": a.get("end_time"),
-                          "duration_ns": (a.get("duration_ns") or 0) - (b.get("duration_ns") or 0)}
+                          "duration_ns": None if merged else (a.get("duration_ns") or 0) - (b.get("duration_ns") or 0)}
+        if merged:
+            return Snapshot(stages, meta)
         events = [e for e in self._events if (e.get("ts_ns") or 0) >= (b.get("duration_ns") or 0)]
         # the calls kept now that started in the window (the store keeps the slowest since the start, so a
         # window's slowest calls are there unless slower ones came before them)
@@ -1131,17 +1227,31 @@ def atomic_write(path: str, data: bytes) -> str:
 
 
 def _stamped(s: StageStats, meta: Mapping[str, Any]) -> StageStats:
-    """A stage of a snapshot being merged, as one window with its snapshot's times."""
-    if s.windows is not None or not s.calls:
+    """A stage of a snapshot being merged, as one window with its snapshot's times, and as its rank's figures
+    where the snapshot names its rank."""
+    if not s.calls:
         return s
-    return replace(s, windows=(s.window(meta.get("start_time"), meta.get("end_time")),))
+    fields: Dict[str, Any] = {}
+    if s.windows is None:
+        fields["windows"] = (s.window(meta.get("start_time"), meta.get("end_time")),)
+    rank = rank_of(meta)
+    if rank is not None and s.ranks is None:
+        fields["ranks"] = {rank: rank_figures(s)}
+    return replace(s, **fields) if fields else s
+
+
+def _processes(meta: Mapping[str, Any]) -> List[Tuple[Any, Any, Any]]:
+    """(pid, host, start_time) of every process a snapshot holds (one recording each)."""
+    return [(x.get("pid"), x.get("host"), x.get("start_time")) for x in (meta.get("merged_from") or [meta])]
 
 
 def _source(meta: Mapping[str, Any]) -> Dict[str, Any]:
-    """What a merged snapshot keeps of each source: its process, its times and its machine (meta.machine)."""
+    """What a merged snapshot keeps of each source: its process, its times, its machine (meta.machine), its rank."""
     src = {k: meta.get(k) for k in ("pid", "host", "start_time", "end_time")}
     if "machine" in meta:
         src["machine"] = meta["machine"]
+    if rank_of(meta) is not None:
+        src.update({k: meta[RANK_KEY].get(k) for k in ("rank", "local_rank", "world_size")})
     return src
 
 
@@ -1151,7 +1261,8 @@ def load(path) -> Snapshot:
 
 def merge_all(snaps: Iterable[Snapshot], progress: Optional[Callable[[int], None]] = None) -> Snapshot:
     """The exact merge of snapshots (Snapshot.merge), one at a time; timeline events and exemplars keep
-    their process (`pid`) and are put on the merged snapshot's time base.  progress(k) after the k-th."""
+    their process (`pid`) and are put on the merged snapshot's time base; a snapshot that names its rank
+    is a merge of one (its figures per rank).  progress(k) after the k-th."""
     acc: Optional[Snapshot] = None
     events: List[Dict[str, Any]] = []
     for k, s in enumerate(snaps, 1):
@@ -1160,7 +1271,7 @@ def merge_all(snaps: Iterable[Snapshot], progress: Optional[Callable[[int], None
         events += [dict(e, pid=e.get("pid", m.get("pid")), ts_ns=e["ts_ns"] + base) for e in s.events]
         bare = Snapshot(s.stages, m, None, [dict(e, pid=e.get("pid", m.get("pid")), start_ns=e["start_ns"] + base)
                                             for e in s.exemplars])
-        acc = bare if acc is None else acc.merge(bare)
+        acc = (bare.merge() if rank_of(m) is not None else bare) if acc is None else acc.merge(bare)
         if progress:
             progress(k)
     if acc is None:

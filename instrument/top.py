@@ -23,14 +23,14 @@ import time
 import urllib.error
 import urllib.parse
 import urllib.request
-from typing import Any, Callable, List, NamedTuple, Optional, Tuple
+from typing import Any, Callable, List, NamedTuple, Optional
 
 from . import config
 from .analysis.metrics import METRICS, Metric, ordered
 from .analysis.verdict import with_verdicts
 from .exporters.format import cell
 from .exporters.table import label
-from .snapshot import Snapshot, SnapshotError, since_stage
+from .snapshot import Snapshot, SnapshotError
 
 MAX_BODY = 80 << 20           # above what /snapshot ever sends (64 MiB)
 KEYS = {"t": "total", "c": "calls", "m": "p50", "p": "p99", "u": "cpu_per_wall", "n": "name", "r": "tree"}
@@ -105,31 +105,11 @@ def fetch(url: str, timeout: float = 10.0) -> Snapshot:
 
 
 # -------------------------------------------------------------------- window
-def _sources(s: Snapshot) -> List[Tuple[Any, Any, Any]]:
-    m = s.meta
-    return [(x.get("pid"), x.get("host"), x.get("start_time")) for x in (m.get("merged_from") or [m])]
-
-
 def window(later: Snapshot, earlier: Snapshot) -> Snapshot:
-    """What happened between two snapshots of one service.  One process: `later.since(earlier)`.
-    A merge of workers (PROMETHEUS_MULTIPROC_DIR): per stage the same exact subtraction, provided
-    every process of `earlier` is still in `later` (files only grow).  SnapshotError otherwise
+    """What happened between two snapshots of one service (`later.since(earlier)`: one process, or a
+    merge of workers in which every process of `earlier` is still there).  SnapshotError otherwise
     (a restart or reset: start a new window)."""
-    if not later.meta.get("merged_from") and not earlier.meta.get("merged_from"):
-        return later.since(earlier)
-    missing = set(_sources(earlier)) - set(_sources(later))
-    if missing:
-        raise SnapshotError(f"process {sorted(missing, key=str)[0][0]} left the merge: a new window starts")
-    stages = []
-    for s in later:
-        old = earlier.get(s.path)
-        w = since_stage(s, old) if old is not None else s
-        if w.calls or w.wall_total:
-            stages.append(w)
-    meta = later.meta
-    meta["window"] = {"start_time": earlier.meta.get("end_time"), "end_time": meta.get("end_time"),
-                      "duration_ns": None}
-    return Snapshot(stages, meta)
+    return later.since(earlier)
 
 
 def seconds(win: Snapshot, measured: float) -> float:

@@ -4,6 +4,7 @@ import os
 import re
 
 import pytest
+from test_import_graph import cycles   # one circle finder for imports and C calls
 
 CSRC = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "csrc")
 MAX_LINES = 80
@@ -77,32 +78,7 @@ def test_the_units_are_found():
 
 
 def test_no_call_circle_among_the_units():
-    g = call_graph()
-    index, low, stack, on, circles = {}, {}, [], set(), []
-
-    def visit(v):
-        index[v] = low[v] = len(index)
-        stack.append(v)
-        on.add(v)
-        for w in g[v]:
-            if w not in index:
-                visit(w)
-                low[v] = min(low[v], low[w])
-            elif w in on:
-                low[v] = min(low[v], index[w])
-        if low[v] == index[v]:
-            comp = []
-            while True:
-                w = stack.pop()
-                on.discard(w)
-                comp.append(w)
-                if w == v:
-                    break
-            if len(comp) > 1:
-                circles.append(sorted(comp))
-    for v in g:
-        if v not in index:
-            visit(v)
+    circles = cycles(call_graph())
     assert not circles, f"C units that call each other in a circle: {circles}"
 
 

@@ -12,7 +12,7 @@ given to `register()`; the command line builds `instrument export`'s flags from
 it.  Formats read Snapshots only (and `analysis` where they need verdicts or a
 diff); a bad input is a ValueError with one line, a missing optional package an
 ImportError saying what to install.  The text forms of `instrument report`
-(table.py) and the shared formatting (format.py) are not formats.
+(table.py, ranks.py) and the shared formatting (format.py) are not formats.
 """
 from __future__ import annotations
 

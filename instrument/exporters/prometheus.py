@@ -15,6 +15,8 @@ values are escaped by prometheus_client; their number is bounded by the stage ca
 metric of instrument.analysis.metrics in PromQL.
 
 Items added with `instrument.add` are `instrument_stage_items_total{item=...}`.
+A rank of a torch.distributed job (and a merge of ranks) also has its figures per rank,
+`instrument_stage_rank_*{rank=...}`.
 Exemplars: in the OpenMetrics exposition (`render(snaps, openmetrics=True)`, or a
 scrape that asks for it, as Prometheus does with `--enable-feature=exemplar-storage`),
 the duration buckets of a top-level stage carry its slowest calls, one per bucket:
@@ -27,10 +29,10 @@ imported when metrics are made, not with this module.
 from __future__ import annotations
 
 import importlib
-from typing import Any, Callable, Iterator, List, Sequence
+from typing import Any, Callable, Dict, Iterator, List, Sequence
 
 from .. import histogram as _hist
-from ..snapshot import SPLIT, Z99, Snapshot, StageStats, path_text
+from ..snapshot import SPLIT, Z99, Snapshot, StageStats, path_text, rank_figures, rank_of
 from . import Option, merged
 
 NAME = "prometheus"
@@ -65,6 +67,11 @@ METRICS = {
                                             "perf_event software clocks of a stage (task-clock, cpu-clock)"),
     "instrument_stage_items": ("counter", ["item"], "items",
                                "Items added to a stage with instrument.add (tokens, samples, bytes, ...)"),
+    "instrument_stage_rank_seconds": ("counter", ["rank"], "seconds",
+                                      "Wall time of a stage on each rank of a torch.distributed job"),
+    "instrument_stage_rank_self_seconds": ("counter", ["rank"], "seconds",
+                                           "Wall time of a stage outside its child stages on each rank"),
+    "instrument_stage_rank_calls": ("counter", ["rank"], "calls", "Completed calls of a stage on each rank"),
     "instrument_processes": ("gauge", None, "processes", "Processes whose snapshots are merged into these metrics"),
 }
 
@@ -124,8 +131,13 @@ def _family(name: str) -> Any:
 
 def families(snap: Snapshot) -> List[Any]:
     fam = {name: _family(name) for name in METRICS}
+    rank = rank_of(snap.meta)   # a rank's own process: its figures under its rank
     for s in snap:
         lab = [s.name, path_text(s.path)]
+        for r, f in sorted((s.ranks or ({rank: rank_figures(s)} if rank is not None and s.calls else {})).items()):
+            fam["instrument_stage_rank_seconds"].add_metric(lab + [str(r)], f["wall_ns"] / 1e9)
+            fam["instrument_stage_rank_self_seconds"].add_metric(lab + [str(r)], f["self_ns"] / 1e9)
+            fam["instrument_stage_rank_calls"].add_metric(lab + [str(r)], f["calls"])
         fam["instrument_stage_duration_seconds"].add_metric(lab, with_exemplars(s, snap, buckets(s)), s.wall_total / 1e9)
         for item, it in s.items.items():
             fam["instrument_stage_items"].add_metric(lab + [item], it["total"])
@@ -158,7 +170,12 @@ def families(snap: Snapshot) -> List[Any]:
 
 
 class InstrumentCollector:
-    """A prometheus_client collector: `source()` gives the Snapshot to expose at each scrape."""
+    """A prometheus_client collector: `source()` gives the Snapshot to expose at each scrape.
+
+    Its counters never go down from one scrape to the next: an estimate (and a part of the wall-time split derived
+    from estimates) can move down a little as reads come in, and a counter that goes down reads as a reset.  Each
+    counter series keeps its highest value while its stage's call count does not go down (a reset of the
+    recording, where it does, starts it again)."""
 
     def __init__(self, source: Callable[[], Snapshot]) -> None:
         client()
@@ -166,12 +183,27 @@ class InstrumentCollector:
             raise TypeError(f"source must be a function returning a Snapshot (such as instrument.snapshot), "
                             f"got {type(source).__name__}")
         self.source = source
+        self._held: Dict[tuple, tuple] = {}   # (sample name, labels) -> (highest value, the stage's calls then)
 
     def describe(self) -> List[Any]:
         return []   # no samples taken at registration time
 
     def collect(self) -> Iterator[Any]:
-        yield from families(self.source())
+        snap = self.source()
+        calls = {(s.name, path_text(s.path)): s.calls for s in snap}
+        for fam in families(snap):
+            if fam.type == "counter":
+                fam.samples = [self._monotone(smp, calls) for smp in fam.samples]
+            yield fam
+
+    def _monotone(self, smp: Any, calls: Dict[tuple, int]) -> Any:
+        key = (smp.name, tuple(sorted(smp.labels.items())))
+        n = calls.get((smp.labels.get("stage"), smp.labels.get("path")), 0)
+        held = self._held.get(key)
+        if held is not None and held[1] <= n and smp.value < held[0]:
+            smp = smp._replace(value=held[0])
+        self._held[key] = (smp.value, n)
+        return smp
 
 
 def _registry(snap: Snapshot) -> Any:

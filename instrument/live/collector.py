@@ -5,6 +5,7 @@ from __future__ import annotations
 import atexit
 import functools
 import inspect
+import math
 import os
 import platform
 import socket
@@ -421,8 +422,32 @@ def _hold(stages: List[StageStats]) -> List[StageStats]:
                 h["ctr"][name] = prev if name in ctr else total
             if ctr:
                 fields["counters"] = dict(st.counters, **ctr)
+            _hold_split(h, st, fields)
             out.append(replace(st, **fields) if fields else st)
     return out
+
+
+def _hold_split(h: Dict[str, Any], st: StageStats, fields: Dict[str, Any]) -> None:
+    """The estimated parts of the stage's own running time (on a CPU, run queue, blocked: the rest) never go down
+    either: each kept at least at its last value, the growth of the covered time shared among those that grew."""
+    rq = st.runqueue
+    if st.cpu_self is None or rq is None:
+        return
+    cov = max(st.covered_run_self, 0)
+    parts = [max(fields.get("cpu_self", st.cpu_self), 0), max(rq["self"], 0)]
+    if sum(parts) > cov:
+        parts = [p * cov / sum(parts) for p in parts]
+    parts.append(cov - sum(parts))
+    floors = h.get("split")
+    if floors is not None:
+        parts = [max(p, f) for p, f in zip(parts, floors)]
+        over, room = sum(parts) - cov, sum(p - f for p, f in zip(parts, floors))
+        if over > 0 and room > 0:
+            parts = [p - (p - f) * min(over / room, 1) for p, f in zip(parts, floors)]
+    cpu, queued = math.floor(parts[0]), math.floor(parts[1])   # whole ns, never below their last (whole) values
+    h["split"] = [cpu, queued, cov - cpu - queued]             # blocked gets what they leave: at least its own
+    fields["cpu_self"] = cpu
+    fields["runqueue"] = dict(rq, self=queued)
 
 
 def _forget_held() -> None:

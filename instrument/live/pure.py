@@ -191,49 +191,75 @@ def _predict_unread(m: Tuple[float, ...], nb: float, q: int, switched: bool, n: 
     return pred, n * g + g * (n * n if not nb else w * w / m[5] if r else n * n / m[0])
 
 
+UN, UW = 9, 10   # a cell's calls read that did not measure the quantity: number, running time
+
+
+def _cell_sums(cells: List[list], b: int) -> Tuple[float, ...]:
+    """The first nine sums (as _ST) of stratum b, or of all strata (b = -1)."""
+    if b >= 0:
+        return tuple(cells[b][:UN])
+    return tuple(sum(c[k] for c in cells) for k in range(UN))
+
+
 class _Est:
-    """The read calls' sums a quantity's estimate comes from (csrc/stats.h Estimate): by stratum, and of self."""
-    __slots__ = _ST + ("un", "uw", "s", "suw", "reads")
+    """The sums a quantity's estimate comes from (csrc/stats.h Estimate): by stratum, a cell of the calls' totals
+    over their running time and one of self over running self time; each cell _ST then UN, UW."""
+    __slots__ = ("tot", "own", "reads")
 
     def __init__(self) -> None:
-        for k in _ST + ("un", "uw"):
-            setattr(self, k, [0.0] * STRATA)
-        self.s = [0.0] * len(_ST)   # self, pooled
-        self.suw = 0.0
+        self.tot = [[0.0] * (UW + 1) for _ in range(STRATA)]
+        self.own = [[0.0] * (UW + 1) for _ in range(STRATA)]
         self.reads = 0
-
-    def sums(self, b: int) -> Tuple[float, ...]:
-        if b >= 0:
-            return tuple(getattr(self, k)[b] for k in _ST)
-        return tuple(sum(getattr(self, k)) for k in _ST)
 
     def predict(self, run: float, switched: bool) -> float:
         if not self.reads:
             return 0.0
         b = _stratum(run, switched)
-        a, r, _ = _fit(self.sums(b if self.n[b] else -1))
+        a, r, _ = _fit(_cell_sums(self.tot, b if self.tot[b][0] else -1))
         return a + r * run
 
     def add(self, b: int, x: float, run: float, W: float, xs: float, run_self: float) -> None:
-        for k, v in zip(_ST, (1.0, x, run, x * x, x * run, run * run, W, W * x, W * run)):
-            getattr(self, k)[b] += v
-        for i, v in enumerate((1.0, xs, run_self, xs * xs, xs * run_self, run_self * run_self, W, W * xs,
-                               W * run_self)):
-            self.s[i] += v
+        for cell, v, w in ((self.tot[b], x, run), (self.own[b], xs, run_self)):
+            for k, d in enumerate((1.0, v, w, v * v, v * w, w * w, W, W * v, W * w)):
+                cell[k] += d
         self.reads += 1
 
+    def unmeasured(self, b: int, run: float, run_self: float) -> None:
+        self.tot[b][UN] += 1
+        self.tot[b][UW] += run
+        self.own[b][UN] += 1
+        self.own[b][UW] += run_self
+
     def merge(self, o: "_Est") -> None:
-        for k in _ST + ("un", "uw"):
-            mine = getattr(self, k)
-            for b, v in enumerate(getattr(o, k)):
-                mine[b] += v
-        self.s = [a + b for a, b in zip(self.s, o.s)]
-        self.suw += o.suw
+        for mine, theirs in ((self.tot, o.tot), (self.own, o.own)):
+            for a, b in zip(mine, theirs):
+                for k in range(UW + 1):
+                    a[k] += b[k]
         self.reads += o.reads
 
 
+def _estimate_side(cells: List[list], un: List[float], uw: List[float], q: int) -> Tuple[float, float]:
+    """csrc/stats.c estimate_side(): (sum, variance) over the totals' or self's cells."""
+    rel = 0.0
+    for b in range(STRATA):
+        m = _cell_sums(cells, b)
+        mse = _fit(m)[2]
+        if mse >= 0 and m[2] > 0:
+            rel = max(rel, mse / (m[2] / m[0]) ** 2)
+    total = var = 0.0
+    for b in range(STRATA):
+        n, w = un[b] + cells[b][UN], uw[b] + cells[b][UW]
+        total += cells[b][1]
+        if n:
+            pred, v = _predict_unread(_cell_sums(cells, b if cells[b][0] else -1), cells[b][0], q, b >= STRATA_RUN,
+                                      n, w, rel)
+            total += pred
+            var += v
+    return total, var
+
+
 class _Slot:
-    __slots__ = _SUMS + ("wall_min", "wall_max", "hist", "un", "uw", "uws", "run_b", "calls_b", "cpu0", "cpu_bound",
+    __slots__ = _SUMS + ("wall_min", "wall_max", "hist", "un", "uw", "uws", "run_b", "calls_b", "cpu0", "entered", "cpu_bound",
                          "est", "mux", "blockers", "items")
 
     def __init__(self) -> None:
@@ -241,10 +267,11 @@ class _Slot:
             setattr(self, k, 0)
         self.wall_min, self.wall_max = sys.maxsize, 0
         self.hist: Dict[int, int] = {}
-        self.un, self.uw = [0.0] * STRATA, [0.0] * STRATA   # covered calls left unread, by stratum: number, time
-        self.uws = 0.0                                       # their running self time
+        # covered calls left unread, by stratum: number, running time, running self time
+        self.un, self.uw, self.uws = [0.0] * STRATA, [0.0] * STRATA, [0.0] * STRATA
         self.run_b, self.calls_b = [0.0] * STRATA, [0.0] * STRATA   # covered calls by stratum: running time, number
         self.cpu0: Optional[int] = None   # a thread's slot: the thread's CPU clock before its first call
+        self.entered = 0                  # calls entered under the overhead budget
         self.cpu_bound = 0.0              # merged slots: what their calls' CPU time cannot exceed
         self.est: Optional[List[_Est]] = None   # per quantity, made on the first read call
         self.mux: Optional[List[list]] = None   # per counter: [enabled, running, scaled] of the read calls
@@ -254,25 +281,8 @@ class _Slot:
     def estimate(self, q: int) -> Tuple[float, float, float, float]:
         """csrc/stats.c stats_estimate(): (total, self, var, var_self) of quantity q."""
         e = self.est[q]
-        rel = 0.0
-        for b in range(STRATA):
-            m = e.sums(b)
-            mse = _fit(m)[2]
-            if mse >= 0 and m[2] > 0:
-                rel = max(rel, mse / (m[2] / m[0]) ** 2)
-        total = var = n_all = 0.0
-        for b in range(STRATA):
-            n, w = self.un[b] + e.un[b], self.uw[b] + e.uw[b]
-            total += e.x[b]
-            n_all += n
-            if n:
-                pred, v = _predict_unread(e.sums(b if e.n[b] else -1), e.n[b], q, b >= STRATA_RUN, n, w, rel)
-                total += pred
-                var += v
-        own, var_self = e.s[1], 0.0
-        if n_all:
-            pred, var_self = _predict_unread(tuple(e.s), e.s[0], q, False, n_all, self.uws + e.suw, rel)
-            own += pred
+        total, var = _estimate_side(e.tot, self.un, self.uw, q)
+        own, var_self = _estimate_side(e.own, self.un, self.uws, q)
         return total, own, var, var_self
 
     def mark_start(self, back: int) -> None:
@@ -282,7 +292,7 @@ class _Slot:
         """csrc/stats.c stats_mean_cpu(): a stratum none of whose calls was read counts as on a CPU throughout."""
         e, cpu = self.est[Q_CPU], 0.0
         for b in range(STRATA):
-            share = e.x[b] / e.w[b] if e.w[b] > 0 else 1.0
+            share = e.tot[b][1] / e.tot[b][2] if e.tot[b][2] > 0 else 1.0
             cpu += min(max(share, 0.0), 1.0) * self.run_b[b]
         return cpu / self.covered
 
@@ -318,7 +328,7 @@ def _merge_slot(d: _Slot, s: _Slot, cpu_now: float) -> None:
         d.calls_b[b] += s.calls_b[b]
         d.un[b] += s.un[b]
         d.uw[b] += s.uw[b]
-    d.uws += s.uws
+        d.uws[b] += s.uws[b]
     d.cpu_bound += s.cpu_bound if cpu_now < 0 else cpu_now - s.cpu0 if s.cpu0 is not None else math.inf
     if s.est is not None:
         if d.est is None:
@@ -822,9 +832,11 @@ def _budget_read(slots: "_ThreadSlots", node: int) -> float:
         s = slots.stats[node] = _Slot()
     if s.cpu0 is None:
         s.mark_start(0)                # the CPU clock before the node's first call here
-    if s.covered < FIRST_READS or s.est is None:
+    s.entered += 1
+    if s.entered <= FIRST_READS:
         return 1.0                     # a stage's first calls on a thread are read
-    p = _budget * s.mean_cpu() / _read_cost   # the long calls of a stage count, read or not
+    # calls entered before the first ones finished (many tasks at once): FIRST_READS / entered, as csrc/enter_exit.c
+    p = FIRST_READS / s.entered if s.covered < FIRST_READS or s.est is None else _budget * s.mean_cpu() / _read_cost
     if p >= 1.0:
         return 1.0                     # long enough for a read on every call
     p = max(p, MIN_READ_CHANCE)
@@ -892,7 +904,7 @@ def _estimate_call(s: _Slot, f: _Frame, m: _Measure, want: bool) -> Optional[lis
     if not m.read:
         s.un[b] += 1
         s.uw[b] += run
-        s.uws += run_self
+        s.uws[b] += run_self
         return [e.predict(run, m.switched) for e in s.est[:nq]] if want and s.est is not None else None
     if s.est is None or len(s.est) < nq:
         s.est = (s.est or []) + [_Est() for _ in range(nq - len(s.est or []))]
@@ -901,9 +913,7 @@ def _estimate_call(s: _Slot, f: _Frame, m: _Measure, want: bool) -> Optional[lis
         t = s.est[q]
         x = m.x[q] if m.x is not None and q < len(m.x) else None
         if x is None:   # not measured on this call: it counts as unread for this quantity
-            t.un[b] += 1
-            t.uw[b] += run
-            t.suw += run_self
+            t.unmeasured(b, run, run_self)
             out[q] = t.predict(run, m.switched)
             continue
         t.add(b, x, run, f.w, x - f.child[q], run_self)
@@ -965,7 +975,7 @@ def _record(slots: Optional["_ThreadSlots"], f: _Frame, p: Optional[_Frame], m: 
                 s.mux[k][1] += dr
                 s.mux[k][2] += dr != de
     if _ring and not m.abandoned:
-        cpu = m.x[Q_CPU] if m.read and m.x is not None and m.x[Q_CPU] is not None else -1
+        cpu = max(m.x[Q_CPU], 0) if m.read and m.x is not None and m.x[Q_CPU] is not None else -1   # as csrc/record.c
         _ring[_ring_next] = (f.node, slots.native_id, f.r0.t, m.wall, f.r0.q[Q_CPU] if cpu >= 0 else -1, int(cpu))
         _ring_next = (_ring_next + 1) % len(_ring)
         _ring_total += 1
@@ -1716,8 +1726,8 @@ def _measure_biases(cal: "Stage", slots: "_ThreadSlots", n: int) -> Optional[tup
         for sl in slots.stats.values():
             walls.append(sl.wall_total)
             if sl.est is not None and sl.est[Q_CPU].reads:
-                cpus.append(sum(sl.est[Q_CPU].x))
-                inner.append(sum(sl.est[Q_CPU].w))
+                cpus.append(sum(c[1] for c in sl.est[Q_CPU].tot))
+                inner.append(sum(c[2] for c in sl.est[Q_CPU].tot))
     if len(walls) < 5:
         return None
     return ((max(_trimmed_mean(cpus), 0) if cpus else 0), max(_trimmed_mean(walls), 0),
@@ -1809,7 +1819,9 @@ def set_counters(events, exclude_kernel, taskclock_index) -> None:
                     del slot.est[Q_CTR:]
                     for _ in events:   # the calls left unread so far are none of the new events'
                         e = _Est()
-                        e.un, e.uw, e.suw = [-v for v in slot.un], [-v for v in slot.uw], -slot.uws
+                        for b in range(STRATA):
+                            e.tot[b][UN] = e.own[b][UN] = -slot.un[b]
+                            e.tot[b][UW], e.own[b][UW] = -slot.uw[b], -slot.uws[b]
                         slot.est.append(e)
     _ctr_events, _ctr_excl = events, bool(exclude_kernel)
     _ctr_taskclock = taskclock_index if taskclock_index < len(events) else -1

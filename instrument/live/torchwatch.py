@@ -1,16 +1,16 @@
-"""Installs the torch integrations (profiler ranges, GPU timing) once torch is
-imported, and never imports torch itself.
+"""Installs the torch integrations (profiler ranges, GPU timing, torch.distributed
+collectives) once torch is imported, and never imports torch itself.
 
 When instrument is imported or configured, or `instrument.profile()` is called,
 with torch already in sys.modules, they are installed at once; otherwise right
-after `import torch` has run (importwatch).  With both `torch` and `gpu` options
-off nothing is installed.
+after `import torch` has run (importwatch).  With the `torch`, `gpu` and
+`collectives` options off nothing is installed.
 """
 from __future__ import annotations
 
 import sys
 
-from . import gpu, hooks, importwatch, integrations, torch_profiler
+from . import distributed, gpu, hooks, importwatch, integrations, torch_profiler
 
 _ready = False
 _cfg = None   # the configuration in force, as the collector last applied it
@@ -32,7 +32,7 @@ def configure(cfg) -> None:
     if _ready:
         _apply(cfg)
         return
-    if cfg.torch == "off" and cfg.gpu == "off":
+    if cfg.torch == "off" and cfg.gpu == "off" and not cfg.collectives:
         return
     if "on" in (cfg.torch, cfg.gpu):
         _register()   # so meta says why it is not working yet
@@ -58,6 +58,7 @@ def _apply(cfg) -> None:
         torch_profiler.install()
     torch_profiler.apply(cfg)
     gpu.apply(cfg)
+    distributed.apply(cfg)
 
 
 def _on_torch(cfg) -> None:

@@ -60,6 +60,12 @@ def test_blocked_on_a_lock_is_waiting_with_context_switches(backend):
     assert v["evidence"]["context_switches_per_call"] >= 1 and "context switches" in v["reason"]
 
 
+def starved(v):
+    """A cpu-starved verdict whose own evidence shows the run-queue share that makes it so."""
+    return v["verdict"] == "cpu-starved" and \
+        v["evidence"]["split"]["runqueue"] >= instrument.current_config().verdict_runqueue_share
+
+
 def test_random_stride_vs_streaming_is_honest_about_missing_counters(backend):
     a = np.arange(1 << 23, dtype=np.int64)           # 64 MiB: larger than the caches
     idx = np.random.default_rng(0).permutation(a.size)
@@ -76,7 +82,9 @@ def test_random_stride_vs_streaming_is_honest_about_missing_counters(backend):
         for v in (s, r):
             assert v["limited_by"] == list(verdict.HARDWARE)
             assert "memory" not in v["verdict"]        # no counters: no memory claim
-            assert "no hardware counters" in v["reason"] or v["verdict"] in ("mixed", "waiting", "kernel-bound")
+            # (on a loaded machine, a stage that waited for a CPU long enough is cpu-starved: said with its share)
+            assert "no hardware counters" in v["reason"] or v["verdict"] in ("mixed", "waiting", "kernel-bound") \
+                or starved(v)
     # the gather allocates 64 MiB of fresh pages: its faults may make it kernel-bound, said with the numbers
     if r["verdict"] == "kernel-bound":
         assert r["evidence"]["sys_share"] >= 0.5 and r["evidence"]["page_faults_per_call"] > 100   # 16,384 4 KiB pages, or 544 with huge pages
@@ -116,7 +124,8 @@ def test_advice_names_the_right_next_step(backend):
     snap = instrument.snapshot()
     adv = advice.advise(snap)
     top = adv[0]
-    assert top["path"] == ["request", "tokenize"] and top["verdict"] in verdicts_for(share), (top, share)
+    assert top["path"] == ["request", "tokenize"], top
+    assert top["verdict"] in verdicts_for(share) or starved(top), (top, share)   # a loaded machine: cpu-starved
     assert top["next"] == advice.NEXT_STEP[top["verdict"]].format(name="tokenize")
     if top["verdict"] == "compute-bound":
         assert "instrument.profile()" in top["next"]

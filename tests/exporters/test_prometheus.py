@@ -100,7 +100,8 @@ def rich_snapshot():
     gpu = {"total_ns": 3_000_000, "samples": 5, "dropped": 0, "errors": 0, "hist": {"scheme": "log2-64", "buckets": []}}
     stages.append(StageStats(**{**st("request/forward", 5, 1_000_000).__dict__, "gpu": gpu}))
     stages += [st(f"request/{w}", 1, 1000) for w in WEIRD]
-    return snap(*stages)
+    s = snap(*stages)
+    return type(s)(s.stages, dict(s.meta, distributed={"rank": 3, "world_size": 4}))   # one rank of a job
 
 
 def promtool_check(text):

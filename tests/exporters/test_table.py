@@ -115,8 +115,11 @@ def test_render_tail_text_and_json():
     text = table.render_tail(tail(s))
     lines = text.splitlines()
     assert lines[0].startswith("Tail of request: 100 calls") and "10.0 ms more" in lines[0]
-    assert lines[2].split() == ["stage", "slow", "ms", "typical", "ms", "excess", "ms", "share%"]
-    assert lines[4].split()[0] == "request/pre" and lines[4].split()[-1] == "98.0"
+    assert lines[1].startswith("Slow calls of request (≥ p99) are 10 ms slower than a typical one; 98% of that is "
+                               "request/pre"), lines[1]
+    assert lines[3].split() == ["stage", "slow", "ms", "typical", "ms", "excess", "ms", "share%", "grew", "most"]
+    row = lines[5].split()
+    assert row[0] == "request/pre" and row[4] == "98.0" and row[5] == "unknown", row   # no split kept: unknown
     obj = __import__("json").loads(table.render_tail(tail(s), format="json"))
     assert obj["stage"] == ["request"] and obj["excess"][0]["path"] == ["request", "pre"]
     two = __import__("json").loads(table.render_tail(tail(s) * 2, format="json"))

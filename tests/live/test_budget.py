@@ -158,6 +158,7 @@ def test_no_budget_reads_every_call(backend):
     s = instrument.snapshot()["tiny"]
     assert s.cpu_reads == s.cpu_calls == 2_000 and s.cpu_read_calls is None
     assert s.counters["task-clock"]["read_calls"] == s.counters["task-clock"]["counted_calls"] == 2_000
+    assert not s.cpu_estimated and s.cpu_var == 0 and "ci99" not in s.cpu_ns   # exact: no interval
 
 
 @pytest.mark.parametrize("bad", [-0.1, 0, 1.5, "abc", True, float("nan")])

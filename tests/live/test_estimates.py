@@ -7,29 +7,19 @@ by the test itself in the same window (the thread's own minor-fault count, the C
 each busy-wait measured of itself), lies inside the interval in at least 95 % of
 runs, and the CPU estimate never exceeds the thread's CPU over the whole loop."""
 import math
-import mmap
 import random
-import resource
 import time
 
 import pytest
 
 import instrument
 from instrument.snapshot import ci99
-
-PAGE = mmap.PAGESIZE
-
-
-def minor_faults():
-    return resource.getrusage(resource.RUSAGE_THREAD).ru_minflt
+from test_budget import minor_faults, touch_pages
 
 
 def touch(pages):
     if pages:
-        m = mmap.mmap(-1, pages * PAGE)
-        for k in range(0, pages * PAGE, PAGE):
-            m[k] = 1
-        m.close()
+        touch_pages(pages)
 
 
 def busy_ns(ns):
@@ -137,13 +127,3 @@ def test_estimates_carry_their_interval_in_the_snapshot(backend, tmp_path):
     snap.save(path)
     back = instrument.Snapshot.load(path)["tiny"]
     assert back.cpu_ci99 == pytest.approx(s.cpu_ci99, rel=1e-6)
-
-
-def test_every_call_read_is_exact_without_an_interval(backend):
-    instrument.configure(overhead_budget=None)
-    st = instrument.stage("tiny")
-    for _ in range(2000):
-        with st:
-            pass
-    s = instrument.snapshot()["tiny"]
-    assert not s.cpu_estimated and s.cpu_var == 0 and "ci99" not in s.cpu_ns

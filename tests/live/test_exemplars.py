@@ -123,7 +123,11 @@ def test_the_tail_report_finds_the_slow_path_the_mean_hides(backend, tmp_path):
     assert d["excess"][0]["path"] == ["request", "pre"] and d["excess"][0]["share"] >= 0.8
     assert set(d["excess"][0]) >= {"path", "ns", "share"}
     r = cli("report", "--tail", tmp_path / "run.json")
-    assert r.returncode == 0 and "request/pre" in r.stdout.splitlines()[4], r.stdout
+    lines = r.stdout.splitlines()
+    first = lines[next(i for i, ln in enumerate(lines) if ln.startswith("---")) + 1]
+    assert r.returncode == 0 and first.startswith("request/pre"), r.stdout
+    # the sleep: off the CPU by its own doing (blocked), or, in slow calls left unread, off it part of the time
+    assert d["excess"][0]["component"] in ("blocked", "unknown"), d["excess"][0]
 
 
 def test_the_slowest_kept_are_the_slowest_recorded(backend):

@@ -2,7 +2,9 @@
 total wall time (hover for the numbers, click to zoom), the breakdown table
 under it (with each stage's share of the p99 excess and its items' per-item
 cost and rate), the tail view (which stage the slow calls of each top-level
-stage lost their time in), and with `diff=True` a comparison of two snapshots.
+stage lost their time in), for a snapshot with per-rank figures a heat map of
+time per step (stage x rank) with the straggler, and with `diff=True` a
+comparison of two snapshots.
 The table's columns are the metrics of instrument.analysis.metrics, as the
 breakdown table shows them.
 
@@ -23,11 +25,13 @@ from typing import Any, Dict, List, Optional, Sequence
 from ...analysis import metrics as _metrics
 from ...analysis.diff import diff as _diff
 from ...analysis.metrics import Bar, Metric
+from ...analysis.ranks import rank_view
 from ...analysis.tail import tail
 from ...analysis.verdict import with_verdicts
 from ...snapshot import Snapshot, StageStats
 from .. import Option, merged, snapshots
 from ..format import cell, unit
+from ..ranks import summary
 from ..table import headline, legend
 
 NAME = "html"
@@ -111,6 +115,12 @@ def render(snaps: Sequence[Snapshot], diff: bool = False, title: Optional[str] =
     data: Dict[str, Any] = {"after": _side(after, "after" if diff else "snapshot", shown),
                             "metrics": [{"name": m.name, "header": m.header, "doc": m.doc} for m in shown],
                             "generated": time.strftime("%Y-%m-%d %H:%M:%S")}
+    if any(s.ranks for s in after):
+        view = rank_view(after)
+        d = view.to_dict()
+        for row, x in zip(d["stages"], view.stages):
+            row["path"] = list(x.path)
+        data["ranks"] = dict(d, summary=summary(view))
     if before is not None:
         data["before"] = _side(before, "before", shown)
         opts = {k: v for k, v in (("alpha", alpha), ("min_change", min_change)) if v is not None}

@@ -259,5 +259,40 @@
       t.appendChild(tb); box.appendChild(t);
     });
   })();
+
+  // ----- ranks: time per step of each stage on each rank, as a heat map per row
+  (function ranks() {
+    var R = D.ranks;
+    if (!R) return;
+    document.getElementById("ranks-card").hidden = false;
+    var box = document.getElementById("ranks-summary");
+    R.summary.forEach(function (line) { box.appendChild(el("p", null, line)); });
+    var cols = R.ranks.concat(R.missing).sort(function (a, b) { return a - b; });
+    var t = document.getElementById("ranks"), hr = el("tr");
+    hr.appendChild(el("th", null, "stage"));
+    cols.forEach(function (r) {
+      var missing = R.missing.indexOf(r) >= 0, stopped = R.stopped.indexOf(r) >= 0;
+      hr.appendChild(el("th", missing ? "missing" : null, "rank " + r + (missing ? " (missing)" : stopped ? " (stopped)" : "")));
+    });
+    var th = el("thead"); th.appendChild(hr); t.appendChild(th);
+    var tb = el("tbody");
+    R.stages.forEach(function (x) {
+      var tr = el("tr"), name = el("td", "name");
+      name.appendChild(document.createTextNode("\u00a0".repeat(2 * (x.path.length - 1)) +
+        nameText(x.path[x.path.length - 1]) + (x.device ? " (device)" : "")));
+      tr.appendChild(name);
+      var lo = x.min_ns, span = Math.max(x.max_ns - lo, x.median_ns / 2);   // a spread of a few % stays pale
+      cols.forEach(function (r) {
+        var v = x.ns_per_step[String(r)];
+        if (v === undefined) { tr.appendChild(el("td", "na", "\u2014")); return; }
+        var f = span > 0 ? (v - lo) / span : 0, c = el("td", "heat" + (r === x.slowest_rank && f > 0.5 ? " slowest" : ""), ms(v));
+        c.style.background = "rgba(224,49,49," + (0.08 + 0.6 * f).toFixed(3) + ")";
+        if (x.wait_ns_per_step) c.title = "waited " + ms(x.wait_ns_per_step[String(r)]) + " ms per step";
+        tr.appendChild(c);
+      });
+      tb.appendChild(tr);
+    });
+    t.appendChild(tb);
+  })();
   document.documentElement.setAttribute("data-rendered", "1");
 })();
