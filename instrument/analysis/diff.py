@@ -311,11 +311,12 @@ def on_cpu_share(s: StageStats) -> float:
 
 
 def _seconds(snap: Snapshot) -> Optional[float]:
+    """How long the snapshot's recording lasted (a merge: from its first source's start to its last one's end)."""
     m = snap.meta
-    if isinstance(m.get("duration_ns"), (int, float)):
-        return m["duration_ns"] / 1e9
     s = _span(m)
-    return s[1] - s[0] if s else None
+    if m.get("merged_from") or not isinstance(m.get("duration_ns"), (int, float)):
+        return s[1] - s[0] if s else None
+    return m["duration_ns"] / 1e9
 
 
 def _figures(b: StageStats, a: StageStats) -> List[str]:
