@@ -35,7 +35,6 @@ METRICS = ("calls", "total", "mean", "p50", "p99", "cpu")     # the values each 
 BASES = ("turns", "windows", "runs")
 WORK_COUNTERS = ("instructions", "page-faults", "minor-faults", "major-faults")   # counted work: load moves none
 REGRESSIONS = ("cpu", "wall") + WORK_COUNTERS                # more of these per call is a regression (items: other work)
-JUDGEMENTS = ("slower", "faster", "mixed", "within noise", "untested")
 
 
 def metric_text(metric: str) -> str:

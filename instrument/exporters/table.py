@@ -318,13 +318,6 @@ def relative(x: Optional[float]) -> str:
     return signed_percent(1 + x)
 
 
-def verdict_of(sig: Significance) -> str:
-    """slower, faster, within noise, or untested."""
-    if sig.basis == "none":
-        return "untested"
-    return {1: "slower", -1: "faster"}.get(sig.direction, "within noise")
-
-
 def _level(x: float) -> str:
     return f"{100 * x:.2f}".rstrip("0").rstrip(".") + "%"
 
@@ -445,11 +438,11 @@ def _row_lines(r: DiffRow) -> List[str]:
 
 
 def legend(d: Diff) -> List[str]:
-    level = 1 - d.alpha / max(d.tests, 1)
+    tests = (f"each of the {d.tests} tests at {_level(1 - d.alpha / d.tests)}, so that all hold together at {_level(1 - d.alpha)} "
+             "(Bonferroni)" if d.tests else "no figure of any stage could be tested")
     return [f"basis: {d.basis_reason}", f"machine: {d.machine.line}",
             f"judged on CPU time, instructions, page faults and items per call first, wall time where the machine "
-            f"does not explain it; each of the {d.tests} tests at {_level(level)}, so that all hold together at "
-            f"{_level(1 - d.alpha)} (Bonferroni)",
+            f"does not explain it; {tests}",
             f"{NOISE} not shown beyond noise: the interval of the change includes no change or reaches within "
             f"±{d.min_change:.0%}, the smallest change claimed"] + [f"warning: {w}" for w in d.warnings]
 

@@ -89,6 +89,7 @@ def test_render_formats():
 def test_headline_when_the_top_stage_is_on_one_side():
     d = D.diff(snap(st("old", 3, 10 * MS)), snap(st("new", 1, MS)))
     assert table.headline(d) == "old: only before (30.0 ms total)" and d.change is None
+    assert d.tests == 0 and table.legend(d)[2].endswith("; no figure of any stage could be tested")
 
 
 # ------------------------------------------------------------------------ the basis
