@@ -42,14 +42,15 @@ def sleep_cycles(ms):
     return int(ms / (e0.elapsed_time(e1) / 10_000_000))
 
 
-def test_gpu_time_matches_cuda_events():
+def matmuls_beside_events(n):
+    """n calls of stage `matmul` (4 products of 4096²) with CUDA events of their own inside: the truth."""
     a, b = torch.randn(4096, 4096, device="cuda"), torch.randn(4096, 4096, device="cuda")
     for _ in range(3):
         a @ b
     torch.cuda.synchronize()
     instrument.reset()
     st, ref = instrument.stage("matmul"), []
-    for _ in range(20):
+    for _ in range(n):
         e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         with st:
             e0.record()
@@ -57,6 +58,11 @@ def test_gpu_time_matches_cuda_events():
                 a @ b
             e1.record()
         ref.append((e0, e1))
+    return ref
+
+
+def test_gpu_time_matches_cuda_events():
+    ref = matmuls_beside_events(20)
     g = instrument.snapshot()["matmul"].gpu
     torch.cuda.synchronize()
     ref_ms = sorted(e0.elapsed_time(e1) for e0, e1 in ref)
@@ -93,6 +99,8 @@ def test_stage_does_not_wait_for_the_gpu():
 def test_pool_overflow_is_counted():
     instrument.configure(gpu_events=4)
     x = torch.ones(16, device="cuda")
+    x.add_(1)                 # the first launch of a kernel loads it (CUDA lazy loading), and that waits for the device
+    torch.cuda.synchronize()
     torch.cuda._sleep(sleep_cycles(300))   # the stream is busy: no pair can resolve
     for _ in range(100):
         with instrument.stage("tiny"):
@@ -150,19 +158,7 @@ def test_gpu_time_shows_in_every_output():
     from instrument import top
     from instrument.exporters import html, table
     from instrument.exporters.format import ms
-    a, b = torch.randn(4096, 4096, device="cuda"), torch.randn(4096, 4096, device="cuda")
-    a @ b
-    torch.cuda.synchronize()
-    instrument.reset()
-    st, ref = instrument.stage("matmul"), []
-    for _ in range(10):
-        e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        with st:
-            e0.record()
-            for _ in range(4):
-                a @ b
-            e1.record()
-        ref.append((e0, e1))
+    ref = matmuls_beside_events(10)
     torch.cuda.synchronize()
     snap = instrument.snapshot()
     truth = sum(e0.elapsed_time(e1) for e0, e1 in ref) * 1e6
