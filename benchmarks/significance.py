@@ -1,108 +1,183 @@
-"""How often does `instrument diff` call noise a change, and how often does it see a real one?
+"""How often does `instrument diff` call identical code changed, and how often does it see a real change?
 
-(Both sides' iteration counts are made the same way, `int(base * factor)`: a loop bound
-that is the literal constant ran 2-3 % slower here than one computed by int(), a real
-difference the paired test found when the "identical" sides were made differently.)
+A small service (`request` holding `tokenize`: a pure-Python loop with 8 tokens added per call,
+`model`: a pure-Python loop, `alloc`: 16 fresh pages touched per call) is compared with itself and
+with versions whose `model` does 10 % and 30 % more iterations, on each design a user can record:
 
-Repeated trials of a real workload (a pure-Python loop of ~20 µs per call in a stage),
-compared with itself and with versions doing 10 % and 30 % more iterations:
+- plain:     two plain runs, one process after the other, each a snapshot of SECONDS of calls;
+- plain-hog: the same, with a CPU hog per core running through one of the two runs (before in
+             even trials, after in odd ones): the machines differ;
+- turns:     one process, the two versions taking turns in chunks (each chunk a snapshot, merged
+             per side), the first of each turn alternating, as `instrument demo` runs its variants;
+- windows:   the same chunks, all of one side before all of the other.
 
-- turns:   both sides take turns in chunks (each chunk a snapshot, merged per side), the
-           first of each turn alternating, as `instrument demo` runs its variants: the
-           paired-windows test;
-- windows: the same chunks, but all of one side before all of the other: Welch on windows;
-- calls:   one window a side, the two alternating every 50 calls in one recording:
-           the rank test on the histograms;
-- runs:    one window a side, one side after the other (two plain runs): the rank test.
+    python benchmarks/significance.py [--trials 20] [--seconds 30] [--turns 20] [--calls 20]
+                                      [--cases plain,plain-hog,turns,windows] [--slowdowns 1.0,1.1,1.3]
+                                      [--keep DIR]
 
-    python benchmarks/significance.py [--trials 40] [--turns 40] [--calls 200]
-
-Prints, per design and slowdown, the share of trials flagged beyond noise (and in
-which direction), the median estimate and the median interval width.
+Every call is read (overhead_budget none, as docs/cli.md's CI recipe records).  Each pair is judged
+twice: as it is, and with `tokenize` (unchanged) as the reference stage whose change of time is
+taken as the machine's (`--reference`).  Prints per case and slowdown: the trials in which `model`
+was judged slower and in which any other stage was judged changed (false alarms), the basis, the
+median estimate and interval width of model's CPU time per call, the tests (m of Bonferroni), the
+trials whose machines differed, and the load average.  (Both sides' iteration counts are made
+the same way, `int(base * factor)`: a loop bound that is a literal constant ran 2-3 % slower here
+than one computed by int(), a real difference the turns found.)
 """
 import argparse
+import mmap
 import os
 import statistics
+import subprocess
 import sys
+import tempfile
 import time
-from dataclasses import replace
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import instrument  # noqa: E402
 from instrument.analysis.diff import diff  # noqa: E402
 
-
-def work(stage, calls, iterations):
-    for _ in range(calls):
-        with stage:
-            x = 0
-            for i in range(iterations):
-                x += i * i
+PAGE = mmap.PAGESIZE
 
 
-def chunks(slower, turns, calls, interleave, base=400):
-    spin = instrument.stage("spin")
-    order = [(k, side) for k in range(turns) for side in ((0, 1) if k % 2 == 0 else (1, 0))]   # ABBA: no side
-    # always goes first
+def service(slower: float, calls: int = 0, seconds: float = 0.0) -> None:
+    """`calls` requests, or as many as fit in `seconds`."""
+    req, tok, model, alloc = (instrument.stage(n) for n in ("request", "tokenize", "model", "alloc"))
+    tok_it, model_it = int(300 * 1.0), int(2000 * slower)
+    end = time.perf_counter() + seconds
+    k = 0
+    while (k < calls) if calls else (time.perf_counter() < end):
+        k += 1
+        with req:
+            with tok:
+                x = 0
+                for i in range(tok_it):
+                    x += i * i
+                instrument.add("tokens", 8)
+            with model:
+                x = 0
+                for i in range(model_it):
+                    x += i * i
+            with alloc:
+                buf = mmap.mmap(-1, 16 * PAGE)
+                for j in range(0, 16 * PAGE, PAGE):
+                    buf[j] = 1
+                buf.close()
+
+
+def worker(out: str, slower: float, seconds: float) -> None:
+    instrument.configure(overhead_budget=None)   # every call read: CPU time exact, as the CI recipe records
+    service(slower, seconds=seconds)
+    instrument.snapshot().save(out)
+
+
+def hogs() -> list:
+    cores = sorted(os.sched_getaffinity(0))
+    code = "import os, sys; os.sched_setaffinity(0, {int(sys.argv[1])})\nwhile True: pass"
+    return [subprocess.Popen([sys.executable, "-c", code, str(c)]) for c in cores]
+
+
+def plain_run(path: str, slower: float, seconds: float, hog: bool) -> instrument.Snapshot:
+    started = hogs() if hog else []
+    try:
+        subprocess.run([sys.executable, os.path.abspath(__file__), "--worker", path, str(slower), str(seconds)],
+                       check=True)
+    finally:
+        for h in started:
+            h.kill()
+            h.wait()
+    return instrument.Snapshot.load(path)
+
+
+def plain(slower: float, trial: int, a) -> tuple:
+    with tempfile.TemporaryDirectory() as d:
+        hog = (trial % 2 == 0, trial % 2 == 1) if a.hog else (False, False)
+        return (plain_run(os.path.join(d, "before.json"), 1.0, a.seconds, hog[0]),
+                plain_run(os.path.join(d, "after.json"), slower, a.seconds, hog[1]))
+
+
+def chunks(slower: float, trial: int, a, interleave: bool) -> tuple:
+    order = [side for k in range(a.turns) for side in ((0, 1) if k % 2 == 0 else (1, 0))]   # ABBA
     if not interleave:
-        order.sort(key=lambda x: x[1])
+        order.sort()
     parts = ([], [])
-    for _, side in order:
+    for side in order:
         instrument.reset()
-        work(spin, calls, int(base * (1.0, slower)[side]))   # both sides' counts made alike
+        service((1.0, slower)[side], calls=a.calls)
         parts[side].append(instrument.snapshot())
     return parts[0][0].merge(*parts[0][1:]), parts[1][0].merge(*parts[1][1:])
 
 
-def one_window(slower, turns, calls, interleave, base=400):
-    a, b = instrument.stage("side_a"), instrument.stage("side_b")
-    instrument.reset()
-    total = turns * calls
-    if interleave:
-        for k in range(total // 50):
-            for st_, it in ((a, int(base * 1.0)), (b, int(base * slower)))[:: 1 if k % 2 == 0 else -1]:
-                work(st_, 50, it)
-    else:
-        work(a, total, int(base * 1.0))
-        work(b, total, int(base * slower))
-    s = instrument.snapshot()
-    return tuple(instrument.Snapshot([replace(s[n], path=("spin",))], s.meta) for n in ("side_a", "side_b"))
+CASES = {"plain": lambda s, t, a: plain(s, t, a), "plain-hog": lambda s, t, a: plain(s, t, a),
+         "turns": lambda s, t, a: chunks(s, t, a, True), "windows": lambda s, t, a: chunks(s, t, a, False)}
 
 
-DESIGNS = {"turns": (chunks, True), "windows": (chunks, False), "calls": (one_window, True),
-           "runs": (one_window, False)}
+class Cell:
+    """Counts over the trials of one case, slowdown and way of judging."""
+
+    def __init__(self) -> None:
+        self.slow = self.others = self.differed = 0
+        self.est, self.width, self.bases, self.tests = [], [], set(), []
+
+    def add(self, d, slower: float) -> None:
+        row = d.row("request/model")
+        self.slow += row.judgement == "slower"
+        changed = {("request",), ("request", "model")} if slower != 1.0 else set()   # model and its parent
+        self.others += any(r.significant for r in d.rows if r.path not in changed)
+        self.differed += d.machine.differed
+        self.bases.add(d.basis)
+        self.tests.append(d.tests)
+        cpu = row.tests.get("cpu")
+        if cpu is not None and cpu.estimate is not None:
+            self.est.append(cpu.estimate)
+            self.width.append(cpu.interval[1] - cpu.interval[0])
+
+    def line(self, case: str, slower: float, trials: int, load0: float, seconds: float) -> str:
+        label = "identical" if slower == 1.0 else f"{slower - 1:.0%} slower"
+        return (f"{case:<15} {label:<12} {self.slow:>6}/{trials:<5} {self.others:>7} {','.join(sorted(self.bases)):>8} "
+                f"{statistics.median(self.est) if self.est else float('nan'):>+11.1%} "
+                f"{statistics.median(self.width) if self.width else float('nan'):>7.0%} "
+                f"{statistics.median(self.tests):>6.0f} {self.differed:>10}/{trials:<6} "
+                f"{load0:>4.1f}-{os.getloadavg()[0]:<4.1f} {seconds:>8.1f}")
 
 
-def main():
+def main() -> None:
+    if sys.argv[1:2] == ["--worker"]:
+        worker(sys.argv[2], float(sys.argv[3]), float(sys.argv[4]))
+        return
     p = argparse.ArgumentParser()
-    p.add_argument("--trials", type=int, default=40)
-    p.add_argument("--turns", type=int, default=40)
-    p.add_argument("--calls", type=int, default=200)
-    p.add_argument("--designs", default=",".join(DESIGNS))
+    p.add_argument("--trials", type=int, default=20)
+    p.add_argument("--seconds", type=float, default=30.0, help="length of each plain run")
+    p.add_argument("--turns", type=int, default=20, help="chunks a side for turns and windows")
+    p.add_argument("--calls", type=int, default=20, help="requests per chunk")
+    p.add_argument("--cases", default=",".join(CASES))
+    p.add_argument("--slowdowns", default="1.0,1.1,1.3")
+    p.add_argument("--keep", metavar="DIR", help="save each trial's two snapshots there")
     a = p.parse_args()
-    work(instrument.stage("spin"), 2000, 400)
-    print(f"{a.trials} trials per cell, {a.turns} chunks x {a.calls} calls a side, alpha 0.01, min_change 3 %")
-    print(f"{'design':<8} {'workload':<12} {'flagged':>8} {'slower':>7} {'faster':>7} {'median est':>11} "
-          f"{'median width':>13} {'basis':>8} {'s/trial':>8}")
-    for name in a.designs.split(","):
-        make, inter = DESIGNS[name]
-        for slower in (1.0, 1.1, 1.3):
-            flags, up, down, est, width, basis = 0, 0, 0, [], [], set()
-            t0 = time.perf_counter()
-            for _ in range(a.trials):
-                t = diff(*make(slower, a.turns, a.calls, inter)).row("spin").significance
-                basis.add(t.basis)
-                flags += t.significant
-                up += t.direction > 0
-                down += t.direction < 0
-                est.append(t.estimate)
-                lo, hi = t.interval
-                width.append(hi - lo)
-            dt = (time.perf_counter() - t0) / a.trials
-            label = "identical" if slower == 1.0 else f"{slower - 1:.0%} slower"
-            print(f"{name:<8} {label:<12} {flags:>4}/{a.trials:<3} {up:>7} {down:>7} "
-                  f"{statistics.median(est):>+10.1%} {statistics.median(width):>12.1%} "
-                  f"{','.join(sorted(basis)):>8} {dt:>8.2f}", flush=True)
+    if a.keep:
+        os.makedirs(a.keep, exist_ok=True)
+    instrument.configure(overhead_budget=None)
+    service(1.0, calls=2000)   # warm
+    print(f"{a.trials} trials per cell; plain runs of {a.seconds:g} s; turns and windows: {a.turns} chunks x "
+          f"{a.calls} requests a side; every call read (overhead_budget none); alpha 0.01 over all tests, "
+          f"min_change 3 %; load {os.getloadavg()[0]:.1f}")
+    print(f"{'case':<15} {'model':<12} {'model slower':>12} {'others':>7} {'basis':>8} {'CPU/call est':>12} "
+          f"{'width':>8} {'tests':>6} {'machines differed':>17} {'load':>10} {'s/trial':>8}", flush=True)
+    for case in a.cases.split(","):
+        a.hog = case == "plain-hog"
+        for slower in (float(x) for x in a.slowdowns.split(",")):
+            plain_cell, ref_cell = Cell(), Cell()
+            load0, t0 = os.getloadavg()[0], time.perf_counter()
+            for trial in range(a.trials):
+                sides = CASES[case](slower, trial, a)
+                if a.keep:
+                    for side, snap in zip(("before", "after"), sides):
+                        snap.save(os.path.join(a.keep, f"{case}-{slower}-{trial}-{side}.json"))
+                plain_cell.add(diff(*sides), slower)
+                ref_cell.add(diff(*sides, reference="request/tokenize"), slower)
+            seconds = (time.perf_counter() - t0) / a.trials
+            print(plain_cell.line(case, slower, a.trials, load0, seconds), flush=True)
+            print(ref_cell.line(f"{case} +ref", slower, a.trials, load0, seconds), flush=True)
 
 
 if __name__ == "__main__":

@@ -64,13 +64,15 @@ def report(snap: Optional[Snapshot] = None, file=None, **options: Any) -> str:
 
 
 def diff(before: Snapshot, after: Snapshot, alpha: Optional[float] = None,
-         min_change: Optional[float] = None) -> Diff:
+         min_change: Optional[float] = None, basis: Optional[str] = None, reference=None) -> Diff:
     """Stage-by-stage comparison of two snapshots, each change tested against noise
-    (instrument.analysis.diff); alpha and min_change default to the diff_alpha and
-    diff_min_change options in force."""
+    (instrument.analysis.diff) on `basis` ("turns", "windows", "runs"; None: the strongest
+    the snapshots allow), time judged relative to the `reference` stage where one is named;
+    alpha and min_change default to the diff_alpha and diff_min_change options in force."""
     cfg = current_config()
     return _diff(before, after, alpha=cfg.diff_alpha if alpha is None else alpha,
-                 min_change=cfg.diff_min_change if min_change is None else min_change)
+                 min_change=cfg.diff_min_change if min_change is None else min_change, basis=basis,
+                 reference=reference)
 
 
 def profile(schedule=None, record_shapes=False, activities=None, **kwargs):

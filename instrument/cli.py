@@ -3,7 +3,8 @@
     instrument run [-o run.json] [--trace-events N] [--no-report] [--keep-parts] -- python serve.py ...
     instrument report FILE... [--sort total|self|calls|p99|cpu|...] [--depth N] [--fold] [--format ...] [--ops]
     instrument report --tail [--quantile Q] [--json] FILE...  |  report --since EARLIER LATER [...]
-    instrument diff BEFORE AFTER [--fail-if-slower PCT] [--format ...]
+    instrument diff BEFORE AFTER [--basis turns|windows|runs] [--reference STAGE] [--fail-on-regression PCT]
+                  [--summary FILE] [--format ...]
     instrument merge FILE... -o all.json
     instrument export --chrome|--hatchet|--html|--prometheus OUT FILE... [--diff] [--title T] [--openmetrics]
     instrument top URL [--interval S] [--sort KEY] [--once] [--json]
@@ -27,7 +28,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 from . import config
 from ._version import __version__
 from .analysis.advice import advise
-from .analysis.diff import diff
+from .analysis.diff import BASES, REGRESSIONS, diff, metric_text
 from .analysis.metrics import sort_keys
 from .analysis.ranks import rank_view
 from .analysis.tail import tail
@@ -279,26 +280,44 @@ def _diff_options(a) -> Dict[str, float]:
     return opts
 
 
+def _regression_text(r, figure: str, t) -> str:
+    return f"{path_text(r.path)} {table.significance_text(t, metric_text(figure))}"
+
+
 def _cmd_diff(a) -> int:
     try:
-        d = diff(Snapshot.load(a.before), Snapshot.load(a.after), **_diff_options(a))
+        d = diff(Snapshot.load(a.before), Snapshot.load(a.after), basis=a.basis, reference=a.reference,
+                 **_diff_options(a))
     except ValueError as e:
         if isinstance(e, SnapshotError):
             raise
         raise CLIError(f"diff: {e}") from None
+    for w in d.warnings:
+        _err(f"diff: {w}")
     print(table.render_diff(d, format=a.format))
-    if a.fail_if_slower is not None:
-        if d.change is None:
-            raise CLIError(f"diff: --fail-if-slower cannot judge: {table.headline(d)}")
-        stage = path_text(d.stage or ())
-        if round(d.change * 100, 9) > a.fail_if_slower:   # 27.5/25 is 10.000000000000009 % in floats
-            if d.significance.direction > 0:
-                _err(f"diff: {stage} is {d.change * 100:.1f}% slower per call, more than the {a.fail_if_slower:g}% "
-                     f"allowed, and beyond noise ({d.significance.reason})")
-                return 1
-            _err(f"diff: {stage} is {d.change * 100:.1f}% slower per call, more than the {a.fail_if_slower:g}% "
-                 f"allowed, but not beyond noise ({d.significance.reason}); not failing")
-    return 0
+    summary = dict(d.to_dict(), headline=table.headline(d))
+    failed = False
+    if a.fail_on_regression is not None:
+        pct = a.fail_on_regression / 100
+        found = d.regressions(pct)
+        failed = bool(found)
+        summary["gate"] = {"fail_on_regression_pct": a.fail_on_regression, "failed": failed,
+                           "regressions": [{"path": list(r.path), "figure": k, "estimate": t.estimate,
+                                            "interval": t.interval_list()} for r, k, t in found]}
+        if found:
+            _err(f"diff: {len(found)} regression{'s' if len(found) != 1 else ''} beyond noise and over "
+                 f"{a.fail_on_regression:g}%: " + "; ".join(_regression_text(r, k, t) for r, k, t in found))
+        else:
+            near = [f"{_regression_text(r, k, t)}: " + (f"not evidence ({r.not_evidence[k]})" if k in r.not_evidence
+                                                         else "within noise")
+                    for r in d.rows for k, t in r.tests.items() if k in REGRESSIONS and t.estimate is not None
+                    and t.estimate > pct and not (t.significant and k not in r.not_evidence)]
+            if near:
+                _err(f"diff: not failing: over {a.fail_on_regression:g}% but not a regression beyond noise: "
+                     + "; ".join(near[:3]) + (f" (and {len(near) - 3} more)" if len(near) > 3 else ""))
+    if a.summary:
+        _write(a.summary, json.dumps(summary, indent=2, allow_nan=False))
+    return 1 if failed else 0
 
 
 # -------------------------------------------------------------------- merge
@@ -612,9 +631,16 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("before", metavar="BEFORE")
     d.add_argument("after", metavar="AFTER")
     d.add_argument("--format", choices=table.FORMATS, default="table")
-    d.add_argument("--fail-if-slower", type=_percent, metavar="PCT",
-                   help="exit 1 when the headline stage got more than PCT percent slower per call and the "
-                   "slowdown is beyond noise")
+    d.add_argument("--basis", choices=BASES, help="what the tests compare: windows taken in turns, windows, or "
+                   "runs (default: the strongest both snapshots allow; the output says which and why)")
+    d.add_argument("--reference", metavar="STAGE", help="a stage whose code did not change, run in the same calls "
+                   "as the others: its change of time is taken as the machine's, and every other stage's time is "
+                   "judged relative to it")
+    d.add_argument("--fail-on-regression", type=_percent, metavar="PCT",
+                   help="exit 1 when any stage's CPU time, wall time (where the machine does not explain it), "
+                   "instructions or page faults per call grew beyond noise and by more than PCT percent")
+    d.add_argument("--summary", metavar="FILE", help="write the judgement as JSON: basis, machine line, and per "
+                   "stage and figure its estimate, interval and `significant` (`-`: stdout)")
     d.add_argument("--alpha", type=_option("diff_alpha"), metavar="A",
                    help="chance of calling noise a change (default: the diff_alpha option, 0.01)")
     d.add_argument("--min-change", type=_percent, metavar="PCT",

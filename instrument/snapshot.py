@@ -381,7 +381,8 @@ class StageStats:
         if self.verdict is not None:
             d["verdict"] = dict(self.verdict)
         if self.windows is not None:
-            d["windows"] = [dict(w, counters=dict(w.get("counters") or {})) for w in self.windows]
+            d["windows"] = [dict(w, counters=dict(w.get("counters") or {}), items=dict(w.get("items") or {}))
+                            for w in self.windows]
         if self.items:
             d["items"] = {k: {"total": _num(v["total"]), "calls": v["calls"]} for k, v in self.items.items()}
         if self.ranks is not None:
@@ -393,6 +394,7 @@ class StageStats:
         return {"calls": self.calls, "wall_ns": self.wall_total, "p50_ns": _num(self.quantile(0.5)),
                 "cpu_ns": self.cpu_total if self.cpu_calls == self.calls else None,
                 "counters": {k: v.get("total") for k, v in self.counters.items()},
+                "items": {k: v["total"] for k, v in self.items.items()},
                 "start_time": start_time, "end_time": end_time}
 
     def all_windows(self) -> Tuple[Mapping[str, Any], ...]:
@@ -484,11 +486,12 @@ def _windows_from(path: Tuple[str, ...], raw: Any) -> Optional[Tuple[Dict[str, A
         if not isinstance(calls, int) or isinstance(calls, bool) or calls < 0 or not isinstance(wall, (int, float)):
             raise SnapshotError(f"stage {path_text(path)}: a window needs calls (an integer >= 0) and wall_ns "
                                 f"(a number), got {str(dict(w))[:80]}")
-        counters = w.get("counters") or {}
-        if not isinstance(counters, Mapping):
-            raise SnapshotError(f"stage {path_text(path)}: window counters must be an object")
+        counters, items = w.get("counters") or {}, w.get("items") or {}
+        if not isinstance(counters, Mapping) or not isinstance(items, Mapping):
+            raise SnapshotError(f"stage {path_text(path)}: window counters and items must be objects")
         out.append({"calls": calls, "wall_ns": wall, "p50_ns": w.get("p50_ns"), "cpu_ns": w.get("cpu_ns"),
-                    "counters": dict(counters), "start_time": w.get("start_time"), "end_time": w.get("end_time")})
+                    "counters": dict(counters), "items": dict(items), "start_time": w.get("start_time"),
+                    "end_time": w.get("end_time")})
     return tuple(out)
 
 
@@ -505,6 +508,8 @@ def join_windows(windows: Sequence[Mapping[str, Any]]) -> Tuple[Dict[str, Any], 
                 continue
             a, b = out[k], out[k + 1]
             names = set(a.get("counters") or {}) | set(b.get("counters") or {})
+            items = {n: (a.get("items") or {}).get(n, 0) + (b.get("items") or {}).get(n, 0)
+                     for n in set(a.get("items") or {}) | set(b.get("items") or {})}
             big = a if a["calls"] >= b["calls"] else b
             starts = [t for t in (a.get("start_time"), b.get("start_time")) if t is not None]
             ends = [t for t in (a.get("end_time"), b.get("end_time")) if t is not None]
@@ -515,7 +520,8 @@ def join_windows(windows: Sequence[Mapping[str, Any]]) -> Tuple[Dict[str, Any], 
                           else a["cpu_ns"] + b["cpu_ns"],
                           "counters": {n: None if (a.get("counters") or {}).get(n) is None
                                        or (b.get("counters") or {}).get(n) is None
-                                       else a["counters"][n] + b["counters"][n] for n in names}})
+                                       else a["counters"][n] + b["counters"][n] for n in names},
+                          "items": items})
         out = pairs
     return tuple(out)
 
@@ -1248,7 +1254,10 @@ def _processes(meta: Mapping[str, Any]) -> List[Tuple[Any, Any, Any]]:
 
 
 def _source(meta: Mapping[str, Any]) -> Dict[str, Any]:
+    """What a merged snapshot keeps of each source: its process, its times, its machine (meta.machine), its rank."""
     src = {k: meta.get(k) for k in ("pid", "host", "start_time", "end_time")}
+    if "machine" in meta:
+        src["machine"] = meta["machine"]
     if rank_of(meta) is not None:
         src.update({k: meta[RANK_KEY].get(k) for k in ("rank", "local_rank", "world_size")})
     return src

@@ -353,7 +353,7 @@ def test_missing_and_oversized_files(tmp_path, capsys):
 
 @pytest.mark.parametrize("args", [[], ["frobnicate"], ["report"], ["report", "x.json", "--sort", "bogus"],
                                   ["report", "x.json", "--depth", "0"], ["diff", "a.json"],
-                                  ["diff", "a", "b", "--fail-if-slower", "fast"], ["export", "x.json"],
+                                  ["diff", "a", "b", "--fail-on-regression", "fast"], ["diff", "a", "b", "--basis", "calls"], ["export", "x.json"],
                                   ["export", "--html", "o.html", "--chrome", "o.json", "x.json"],
                                   ["export", "--chrome", "o.json", "a", "b", "--diff"], ["run"],
                                   ["run", "--trace-events", "-3", "--", "true"], ["merge"]])

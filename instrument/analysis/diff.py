@@ -2,26 +2,49 @@
 text, markdown, CSV and JSON forms are instrument.exporters.table.render_diff).
 
     d = instrument.diff(Snapshot.load("before.json"), Snapshot.load("after.json"))
-    d.stage, d.change            # ("request",), -0.276: 27.6 % faster per call
-    d.significance.significant   # True: beyond noise (instrument.analysis.significance)
+    d.basis, d.basis_reason      # "runs", "one run a side (two plain runs): ..."
+    d.machine.line               # "the machines differed: after spent 38 % of its running time waiting ..."
+    r = d.row("request/model")
+    r.judgement                  # "slower", "faster", "mixed", "within noise" or "untested"
+    r.tests["cpu"].interval      # CPU time per call: its interval, relative (+0.1 = 10 % more)
+    d.regressions(0.05)          # [(row, "cpu", test)]: slower beyond noise and by more than 5 %
 
-Each row says whether its change of time per call is beyond noise: from the
-spread between windows when both snapshots hold several (merged snapshots),
-else from a rank test on the two histograms of call times.  Counter and CPU
-changes are tested only where windows give them a spread.
+Each stage is judged first on the figures per call that the machine's load does not
+move: CPU time (preemption moves wall and run-queue time, not CPU time), instructions
+and page faults (counted work), and items (instrument.add).  Its typical call time
+(wall) is evidence only where the machines were alike (instrument.analysis.machine)
+and the stage's own wait for a CPU did not change.  The tests run on one basis
+(BASES: turns, windows or runs), the strongest the snapshots allow unless one is asked
+for, and each at alpha / m, m the number of tests of the comparison (Bonferroni): all
+intervals hold together at 1 - alpha, so identical code is called changed anywhere
+with a chance of at most alpha.
 """
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Any, Dict, Mapping, Optional, Tuple
+from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from ..snapshot import Snapshot, StageStats, as_path
+from . import machine as _machine
 from . import significance as _sig
 from .significance import Significance
 from .verdict import with_verdicts
 
-METRICS = ("calls", "total", "mean", "p50", "p99", "cpu")
+METRICS = ("calls", "total", "mean", "p50", "p99", "cpu")     # the values each row shows
+BASES = ("turns", "windows", "runs")
+WORK_COUNTERS = ("instructions", "page-faults", "minor-faults", "major-faults")   # counted work: load moves none
+REGRESSIONS = ("cpu", "wall") + WORK_COUNTERS                # more of these per call is a regression (items: other work)
+
+
+def metric_text(metric: str) -> str:
+    """`cpu` → "CPU per call", `wall` → "typical call", `page-faults` → "page-faults per call", `item:tokens` →
+    "tokens per call"."""
+    if metric == "cpu":
+        return "CPU per call"
+    if metric == "wall":
+        return "typical call"
+    return f"{metric[5:] if metric.startswith('item:') else metric} per call"
 
 
 @dataclass(frozen=True)
@@ -48,32 +71,59 @@ class DiffRow:
     metrics: Mapping[str, Change]     # METRICS, in ns (calls: a count)
     counters: Mapping[str, Change]    # each counter's total
     verdict: Tuple[Optional[str], Optional[str]] = (None, None)   # bottleneck verdict before, after
-    significance: Significance = _sig.untested("not compared")      # of the time per call
-    cpu_significance: Significance = _sig.untested("not compared")  # of CPU time per call (windows only)
-    counter_significance: Mapping[str, Significance] = field(default_factory=dict)   # per call (windows only)
+    tests: Mapping[str, Significance] = field(default_factory=dict)   # per figure: "cpu", "wall", counters, "item:…"
+    not_evidence: Mapping[str, str] = field(default_factory=dict)     # figures that do not judge the stage, and why
 
     @property
     def name(self) -> str:
         return self.path[-1]
 
     @property
+    def judged(self) -> List[Tuple[str, Significance]]:
+        """The tests that judge the stage (evidence), in the order they are read: CPU first, wall last."""
+        return [(k, t) for k, t in self.tests.items() if k not in self.not_evidence and t.basis != "none"]
+
+    @property
+    def judgement(self) -> str:
+        """slower, faster, mixed (some figures more, some less), within noise, or untested."""
+        judged = self.judged
+        if not judged:
+            return "untested"
+        ways = {t.direction for _, t in judged} - {0}
+        return "mixed" if len(ways) == 2 else {1: "slower", -1: "faster"}.get(next(iter(ways), 0), "within noise")
+
+    @property
+    def decision(self) -> Tuple[Optional[str], Significance]:
+        """(figure, test) that decides the stage's judgement: the first significant judged test, else the first
+        judged one, else the typical call's (not evidence), else an untested one."""
+        judged = self.judged
+        first = next(((k, t) for k, t in judged if t.significant), judged[0] if judged else None)
+        if first is not None:
+            return first
+        if "wall" in self.tests:
+            return "wall", self.tests["wall"]
+        return None, _sig.untested(f"{self.status}: nothing to compare" if self.status != "both"
+                                   else "no calls on a side")
+
+    @property
+    def significance(self) -> Significance:
+        return self.decision[1]
+
+    @property
     def significant(self) -> bool:
-        return self.significance.significant
+        return any(t.significant for _, t in self.judged)
 
     def to_dict(self) -> Dict[str, Any]:
         """Times in ns (keys end in _ns), calls a count, intervals relative (+0.1 = 10 % more)."""
-        counters = {}
-        for k, c in self.counters.items():
-            t = self.counter_significance.get(k)
-            counters[k] = dict(c.to_dict(), significant=bool(t and t.significant),
-                               interval=t.interval_list() if t else None)
         return {"path": list(self.path), "status": self.status,
                 **{(k if k == "calls" else f"{k}_ns"): c.to_dict() for k, c in self.metrics.items()},
-                "significant": self.significance.significant,
-                "interval": self.significance.interval_list(),
-                "significance": self.significance.to_dict(),
-                "cpu_significance": self.cpu_significance.to_dict(),
-                "counters": counters,
+                "judgement": self.judgement, "significant": self.significant,
+                "interval": self.significance.interval_list(), "significance": self.significance.to_dict(),
+                "tests": {k: dict(t.to_dict(), figure=metric_text(k), beyond_noise=t.significant,
+                                  significant=t.significant and k not in self.not_evidence,
+                                  evidence=k not in self.not_evidence, not_evidence=self.not_evidence.get(k))
+                          for k, t in self.tests.items()},
+                "counters": {k: c.to_dict() for k, c in self.counters.items()},
                 "verdict": {"before": self.verdict[0], "after": self.verdict[1]}}
 
 
@@ -82,9 +132,16 @@ class Diff:
     rows: Tuple[DiffRow, ...]
     stage: Optional[Tuple[str, ...]]   # the top-level stage the headline is about (the largest)
     change: Optional[float]            # its relative change of mean per call (+0.1 = 10 % slower)
-    basis: Optional[str]               # what `change` compares: "mean" per call, "total", or None
-    alpha: float = _sig.ALPHA
+    change_of: Optional[str]           # what `change` compares: "mean" per call, "total", or None
+    basis: str                         # BASES: what every test compared
+    basis_reason: str                  # why that basis, and what it means
+    machine: _machine.Comparison
+    alpha: float = _sig.ALPHA          # the chance of calling identical code changed anywhere
     min_change: float = _sig.MIN_CHANGE
+    tests: int = 0                     # m: each test ran at alpha / m
+    requested_basis: Optional[str] = None
+    warnings: Tuple[str, ...] = ()
+    reference: Optional[Tuple[str, ...]] = None   # the stage whose change of time is taken as the machine's
 
     def row(self, path) -> Optional[DiffRow]:
         key = as_path(path)
@@ -92,7 +149,7 @@ class Diff:
 
     @property
     def significance(self) -> Significance:
-        """The headline stage's test (untested when it is on one side only)."""
+        """The headline stage's deciding test (untested when it is on one side only)."""
         top = self.row(self.stage) if self.stage else None
         return top.significance if top is not None else _sig.untested("no stage on both sides", self.alpha,
                                                                       self.min_change)
@@ -101,12 +158,258 @@ class Diff:
     def significant(self) -> bool:
         return self.significance.significant
 
+    def regressions(self, pct: float = 0.0) -> List[Tuple[DiffRow, str, Significance]]:
+        """(row, figure, test) of every judged figure per call that grew beyond noise by more than `pct` (0.05: 5 %)."""
+        return [(r, k, t) for r in self.rows for k, t in r.judged
+                if k in REGRESSIONS and t.direction > 0 and t.estimate is not None and round(t.estimate, 12) > pct]
+
     def to_dict(self) -> Dict[str, Any]:
         sig = self.significance
-        return {"stage": list(self.stage) if self.stage else None, "change": self.change, "basis": self.basis,
-                "significant": sig.significant, "interval": sig.interval_list(),
-                "significance": sig.to_dict(), "alpha": self.alpha, "min_change": self.min_change,
-                "rows": [r.to_dict() for r in self.rows]}
+        return {"stage": list(self.stage) if self.stage else None, "change": self.change, "change_of": self.change_of,
+                "basis": self.basis, "basis_reason": self.basis_reason, "requested_basis": self.requested_basis,
+                "reference": list(self.reference) if self.reference else None,
+                "warnings": list(self.warnings), "machine": self.machine.to_dict(),
+                "significant": sig.significant, "interval": sig.interval_list(), "significance": sig.to_dict(),
+                "alpha": self.alpha, "tests": self.tests, "level": 1 - self.alpha / max(self.tests, 1),
+                "min_change": self.min_change, "rows": [r.to_dict() for r in self.rows]}
+
+
+# ------------------------------------------------------------------ runs and their windows
+def _span(w: Mapping[str, Any]) -> Optional[Tuple[float, float]]:
+    s, e = w.get("start_time"), w.get("end_time")
+    return (s, e) if isinstance(s, (int, float)) and isinstance(e, (int, float)) else None
+
+
+def _join(ws: Sequence[Mapping[str, Any]]) -> Dict[str, Any]:
+    """Windows recorded at the same time (processes of one run) as one window: sums added, the median the largest's."""
+    big = max(ws, key=lambda w: w["calls"])
+
+    def total(get: Callable[[Mapping[str, Any]], Any]) -> Any:
+        vals = [get(w) for w in ws]
+        return None if any(v is None for v in vals) else sum(vals)
+    counters = set().union(*(w.get("counters") or {} for w in ws))
+    items = set().union(*(w.get("items") or {} for w in ws))
+    spans = [_span(w) for w in ws]
+    return {"calls": sum(w["calls"] for w in ws), "wall_ns": sum(w["wall_ns"] for w in ws),
+            "p50_ns": big.get("p50_ns"), "cpu_ns": total(lambda w: w.get("cpu_ns")),
+            "counters": {n: total(lambda w: (w.get("counters") or {}).get(n)) for n in counters},
+            "items": {n: sum((w.get("items") or {}).get(n, 0) for w in ws) for n in items},
+            "start_time": min(s for s, _ in spans) if all(spans) else None,
+            "end_time": max(e for _, e in spans) if all(spans) else None}
+
+
+def _groups(windows: Sequence[Mapping[str, Any]]) -> List[List[Mapping[str, Any]]]:
+    """Windows in time order, grouped where they overlap in time (processes recorded together: one run)."""
+    out: List[List[Mapping[str, Any]]] = []
+    for w in sorted((w for w in windows if _span(w)), key=lambda w: _span(w)):
+        if out and _span(w)[0] < max(_span(x)[1] for x in out[-1]):
+            out[-1].append(w)
+        else:
+            out.append([w])
+    return out + [[w] for w in windows if not _span(w)]
+
+
+def runs_of(windows: Sequence[Mapping[str, Any]]) -> List[Dict[str, Any]]:
+    """A stage's windows as runs: in time order, those recorded together joined."""
+    return [_join(g) if len(g) > 1 else dict(g[0]) for g in _groups(windows)]
+
+
+def _runs(snap: Snapshot) -> List[Optional[float]]:
+    """The start time of each run a snapshot holds (its sources, those recorded together as one)."""
+    meta = snap.meta
+    sources = [s for s in (meta.get("merged_from") or [meta]) if isinstance(s, Mapping)]
+    return [min(_span(w)[0] for w in g) if _span(g[0]) else None for g in _groups(sources)]
+
+
+def choose_basis(before: Snapshot, after: Snapshot, requested: Optional[str] = None) -> Tuple[str, str, List[str]]:
+    """(basis, why, warnings): the basis asked for where it holds, else the strongest the snapshots allow."""
+    if requested is not None and requested not in BASES:
+        raise ValueError(f"basis must be one of {', '.join(BASES)}, got {requested!r}")
+    rb, ra = _runs(before), _runs(after)
+    kb, ka = len(rb), len(ra)
+    pairs = _sig.turns([(t, t) for t in rb], [(t, t) for t in ra])
+    holds = {"turns": pairs is not None, "windows": min(kb, ka) >= _sig.MIN_WINDOWS, "runs": True}
+    why = {
+        "turns": f"the {kb} and {ka} windows of the two sides alternate in time: each is compared with its neighbour "
+                 f"of the other side ({len(pairs or ())} pairs), so the machine's drift falls on both and cancels",
+        "windows": f"each side holds {_sig.MIN_WINDOWS}+ windows ({kb} and {ka}) not taken in turns: Welch's test "
+                   "on the windows, each side's drift between its halves standing in for the drift between the sides",
+        "runs": ("one run a side (two plain runs): each figure per call with its spread over its run; the spread "
+                 "between runs is not measured: for time, how far a machine's speed strays over a run of T seconds "
+                 f"and between runs stands in for it ({_sig.MACHINE_SPREAD:g} × √({_sig.MACHINE_MEMORY_S:g} s / T) "
+                 f"and {_sig.MACHINE_DRIFT:g} on the log scale), or a reference stage takes the machine out"
+                 if kb == ka == 1 else
+                 f"{kb} run{'s' if kb != 1 else ''} before, {ka} after: the spread between runs measured from them"),
+    }
+    cannot = {
+        "turns": f"the windows do not alternate in time ({len(pairs or ())} of {max(kb, ka)} make turns; "
+                 f"{_sig.MIN_TURNS}+ pairs taking in 80 % of each side are needed)",
+        "windows": f"a side holds fewer than {_sig.MIN_WINDOWS} windows ({kb} before, {ka} after)",
+    }
+    strongest = next(b for b in BASES if holds[b])
+    if requested is None:
+        return strongest, f"{strongest}, the strongest these snapshots allow: {why[strongest]}", []
+    if holds[requested]:
+        return requested, f"{requested}, as asked: {why[requested]}", []
+    warning = f"basis {requested} cannot hold: {cannot[requested]}; judged on {strongest} instead"
+    return strongest, f"{strongest} (asked for {requested}, which cannot hold): {why[strongest]}", [warning]
+
+
+# ------------------------------------------------------------------ figures per call
+def _per_call(get: Callable[[Mapping[str, Any]], Any], count: bool) -> Callable[[Mapping[str, Any]], Optional[float]]:
+    """A window's figure per call; a count of 0 is taken as half a count, so its log is defined."""
+    def figure(w: Mapping[str, Any]) -> Optional[float]:
+        v, calls = get(w), w.get("calls")
+        if v is None or not calls:
+            return None
+        return (v if v > 0 else 0.5) / calls if count else (v / calls if v > 0 else None)
+    return figure
+
+
+def figure_of(metric: str) -> Callable[[Mapping[str, Any]], Optional[float]]:
+    """The window's value of a figure: its median call (wall), or a sum per call."""
+    if metric == "wall":
+        return lambda w: w.get("p50_ns") or None
+    if metric == "cpu":
+        return _per_call(lambda w: w.get("cpu_ns"), False)
+    if metric.startswith("item:"):
+        return _per_call(lambda w: (w.get("items") or {}).get(metric[5:]), True)
+    return _per_call(lambda w: (w.get("counters") or {}).get(metric), True)
+
+
+def spread(s: StageStats) -> float:
+    """The calls' spread: the standard deviation of log call time a normal distribution has for the stage's
+    quartiles."""
+    q1, q3 = s.quantile(0.25), s.quantile(0.75)
+    return math.log(q3 / q1) / 1.349 if q1 and q3 and q3 > q1 else 0.0
+
+
+def run_variance(s: StageStats, metric: str, machine: float) -> float:
+    """The variance of the log of one run's figure per call: the calls' spread over their number, the estimate's
+    own variance where it was sampled, and for time the machine's part, `machine` (for wall time, on its share on a
+    CPU); counts (counters, items) add their Poisson variance."""
+    n = max(s.calls, 1)
+    calls = spread(s) ** 2 / n
+    if metric == "wall":   # the machine's speed moves the part of a typical call on a CPU (sleep keeps its length)
+        return machine * on_cpu_share(s) ** 2 + calls * math.pi / 2          # a median's variance, as a mean's
+    if metric == "cpu":
+        return machine + calls + (s.cpu_var / s.cpu_total ** 2 if s.cpu_total else 0.0)
+    if metric.startswith("item:"):
+        return calls + 1 / ((s.item_total(metric[5:]) or 0) + 0.5)
+    c = s.counters.get(metric) or {}
+    total = (c.get("total") or 0) + 0.5
+    return calls + (c.get("var") or 0) / total ** 2 + 1 / total
+
+
+def on_cpu_share(s: StageStats) -> float:
+    """The share of the stage's running time not spent waiting for a CPU that it spent on one (1 where unknown)."""
+    if s.cpu_total is None or not s.covered_run:
+        return 1.0
+    ready = s.covered_run - (s.runqueue["total"] if s.runqueue is not None else 0)
+    return min(1.0, s.cpu_total / ready) if ready > 0 else 1.0
+
+
+def _seconds(snap: Snapshot) -> Optional[float]:
+    """How long the snapshot's recording lasted (a merge: from its first source's start to its last one's end)."""
+    m = snap.meta
+    s = _span(m)
+    if m.get("merged_from") or not isinstance(m.get("duration_ns"), (int, float)):
+        return s[1] - s[0] if s else None
+    return m["duration_ns"] / 1e9
+
+
+def _figures(b: StageStats, a: StageStats) -> List[str]:
+    """The figures both sides have: CPU, counted work, items, wall."""
+    out = ["cpu"] if b.cpu_total and a.cpu_total and b.cpu_calls and a.cpu_calls else []
+    out += [n for n in WORK_COUNTERS if b.counter(n) is not None and a.counter(n) is not None
+            and (b.counter(n) or a.counter(n))]
+    out += [f"item:{n}" for n in b.items if n in a.items]
+    return out + ["wall"]
+
+
+@dataclass(frozen=True)
+class _Plan:
+    """How the tests of one comparison run: its basis, the seconds each side's run lasted, the reference stage
+    (before, after) whose time figures stand for the machine's, the floor of time figures."""
+    basis: str
+    seconds: Tuple[Optional[float], Optional[float]]
+    reference: Optional[Tuple[StageStats, StageStats]]
+    time_floor: float
+
+
+def _relative(figure: Callable[[Mapping[str, Any]], Optional[float]], ref: StageStats):
+    """A window's figure over the reference stage's in the same window (matched by start time)."""
+    by_start = {w.get("start_time"): w for w in runs_of(ref.all_windows())}
+
+    def rel(w: Mapping[str, Any]) -> Optional[float]:
+        x, r = figure(w), by_start.get(w.get("start_time"))
+        y = figure(r) if r is not None else None
+        return x / y if x and y else None
+    return rel
+
+
+def _test(plan: _Plan, metric: str, b: StageStats, a: StageStats, alpha: float, min_change: float) -> Significance:
+    figure = figure_of(metric)
+    time = metric in ("cpu", "wall")
+    floor = max(min_change, plan.time_floor) if time else min_change
+    rb, ra = runs_of(b.all_windows()), runs_of(a.all_windows())
+    if not time and len({figure(w) for w in rb + ra}) == 1:   # counted work that never moved
+        return _sig.untested(f"{metric_text(metric)} the same in every window of both sides", alpha, floor)
+    relative = time and plan.reference is not None and b.path != plan.reference[0].path
+    fb, fa = (_relative(figure, plan.reference[0]), _relative(figure, plan.reference[1])) if relative else (figure,) * 2
+    if plan.basis == "turns":
+        pairs = _sig.turns([(w.get("start_time"), w) for w in rb], [(w.get("start_time"), w) for w in ra])
+        if pairs is None:
+            return _sig.untested(f"this stage's windows do not take turns ({len(rb)} and {len(ra)})", alpha, floor)
+        logs = [math.log(y / x) for x, y in ((fb(p), fa(q)) for p, q in pairs) if x and y]
+        return _sig.paired_test(logs, alpha, floor)
+    if plan.basis == "windows":
+        return _sig.log_window_test([fb(w) for w in rb], [fa(w) for w in ra], alpha, floor)
+    if len(rb) == len(ra) == 1:
+        if relative:   # the reference shares the machine: what is left is how differently the two respond to it
+            vb = run_variance(b, metric, _sig.RELATIVE_SPREAD ** 2) + run_variance(plan.reference[0], metric, 0.0)
+            va = run_variance(a, metric, _sig.RELATIVE_SPREAD ** 2) + run_variance(plan.reference[1], metric, 0.0)
+        else:
+            vb = run_variance(b, metric, _sig.machine_variance(plan.seconds[0]) if time else 0.0)
+            va = run_variance(a, metric, _sig.machine_variance(plan.seconds[1]) if time else 0.0)
+        return _sig.runs_test([(fb(rb[0]), vb)], [(fa(ra[0]), va)], alpha, floor)
+    return _sig.runs_test([(fb(w), 0.0) for w in rb], [(fa(w), 0.0) for w in ra], alpha, floor)
+
+
+def _mean(total: Optional[float], calls: int) -> Optional[float]:
+    return None if total is None or not calls else total / calls
+
+
+def _not_evidence(b: StageStats, a: StageStats, machine: _machine.Comparison) -> Optional[str]:
+    """Why the stage's wall time is no evidence of its own change, or None where it is.  Where the machines (or
+    this stage's wait for a CPU) differed, only the wall time of a stage off the CPU most of its time (sleeping,
+    waiting for I/O, a lock, a device: what CPU time does not see) is evidence, and only where the machine explains
+    less than half of its change per call: the change of its time waiting for a CPU, and the machine's change of
+    speed on its CPU time."""
+    wb, wa = _machine.waiting(b), _machine.waiting(a)
+    own = wb is not None and wa is not None and abs(wa - wb) > _machine.WAITING_POINTS
+    if not machine.differed and not own:
+        return None
+    why = "the machines differed" if machine.differed else \
+        f"it waited for a CPU {100 * wb:.0f} % → {100 * wa:.0f} % of its running time"
+    if b.runqueue is None or a.runqueue is None:
+        return why                         # the machine's part cannot be told: none of the change is evidence
+    busy = max(((s.cpu_total or 0) + s.runqueue["total"]) / s.covered_run if s.covered_run else 1.0 for s in (b, a))
+    if busy > 0.5:
+        return f"{why}; on a CPU or waiting for one {100 * min(busy, 1):.0f} % of its time: CPU time judges it"
+    change = a.wall_mean - b.wall_mean
+    waiting = _mean(a.runqueue["total"], a.cpu_calls) - _mean(b.runqueue["total"], b.cpu_calls)
+    speed = (machine.speed_change or 0.0) * (_mean(b.cpu_total, b.cpu_calls) or 0.0)
+    explained = waiting + speed
+    if abs(change - explained) > abs(explained):
+        return None
+    return f"{why}; waiting for a CPU {_signed_us(waiting)} and the machine's speed {_signed_us(speed)} of its " \
+           f"{_signed_us(change)} per call"
+
+
+def _signed_us(ns: float) -> str:
+    x = abs(ns)
+    return ("+" if ns >= 0 else "−") + (f"{x / 1e6:.3g} ms" if x >= 1e6 else f"{x / 1e3:.3g} µs")
 
 
 def _values(s: Optional[StageStats]) -> Dict[str, Optional[float]]:
@@ -116,67 +419,14 @@ def _values(s: Optional[StageStats]) -> Dict[str, Optional[float]]:
             "p99": s.quantile(0.99), "cpu": s.cpu_total}
 
 
-def _windows(s: StageStats) -> list:
-    return [w for w in s.all_windows() if w["calls"]]
-
-
-def _in_time(ws: list) -> list:
-    return sorted(ws, key=lambda w: (w.get("start_time") is None, w.get("start_time") or 0))
-
-
-def _rates(ws: list, value) -> list:
-    return [(w["calls"], value(w)) for w in ws]
-
-
-def time_test(b: StageStats, a: StageStats, alpha: float = _sig.ALPHA,
-              min_change: float = _sig.MIN_CHANGE) -> Significance:
-    """The test of the typical call time: turns, windows or calls (instrument.analysis.significance)."""
-    wb, wa = _windows(b), _windows(a)
-    if len(wb) >= _sig.MIN_WINDOWS and len(wa) >= _sig.MIN_WINDOWS and \
-            all(w.get("p50_ns") for w in wb + wa):
-        pairs = _sig.turns([(w.get("start_time"), w["p50_ns"]) for w in wb],
-                           [(w.get("start_time"), w["p50_ns"]) for w in wa])
-        if pairs is not None:
-            return _sig.paired_test([math.log(y / x) for x, y in pairs], alpha, min_change)
-        return _sig.log_window_test([w["p50_ns"] for w in _in_time(wb)], [w["p50_ns"] for w in _in_time(wa)], alpha,
-                                    min_change)
-    return _sig.rank_test(b.hist, a.hist, alpha, min_change)
-
-
-def _tests(b: StageStats, a: StageStats, alpha: float, min_change: float):
-    """The tests of time, CPU time and each counter per call."""
-    wb, wa = _windows(b), _windows(a)
-    windowed = len(wb) >= _sig.MIN_WINDOWS and len(wa) >= _sig.MIN_WINDOWS
-    time = time_test(b, a, alpha, min_change)
-    none = "a side holds fewer than 3 windows: {} has no spread to test against"
-    if windowed:
-        cpu = _sig.window_test(_rates(wb, lambda w: w.get("cpu_ns")), _rates(wa, lambda w: w.get("cpu_ns")),
-                               alpha, min_change)
-    else:
-        cpu = _sig.untested(none.format("CPU time"), alpha, min_change)
-    counters = {}
-    for n in dict.fromkeys([*b.counters, *a.counters]):
-        if windowed:
-            counters[n] = _sig.window_test(_rates(wb, lambda w: (w.get("counters") or {}).get(n)),
-                                           _rates(wa, lambda w: (w.get("counters") or {}).get(n)), alpha, min_change)
-        else:
-            counters[n] = _sig.untested(none.format("a counter"), alpha, min_change)
-    return time, cpu, counters
-
-
-def _row(path, b: Optional[StageStats], a: Optional[StageStats], alpha: float = _sig.ALPHA,
-         min_change: float = _sig.MIN_CHANGE) -> DiffRow:
+def _row(path, b: Optional[StageStats], a: Optional[StageStats], tests: Mapping[str, Significance],
+         not_evidence: Mapping[str, str]) -> DiffRow:
     vb, va = _values(b), _values(a)
     names = list(dict.fromkeys([*(b.counters if b else ()), *(a.counters if a else ())]))
     counters = {n: Change(b.counter(n) if b else None, a.counter(n) if a else None) for n in names}
     status = "both" if a is not None and b is not None else "only before" if b is not None else "only after"
     verdict = tuple((s.verdict or {}).get("verdict") if s is not None else None for s in (b, a))
-    if a is not None and b is not None:
-        time, cpu, ctests = _tests(b, a, alpha, min_change)
-    else:
-        time = cpu = _sig.untested(f"{status}: nothing to compare", alpha, min_change)
-        ctests = {}
-    return DiffRow(path, status, {k: Change(vb[k], va[k]) for k in METRICS}, counters, verdict, time, cpu, ctests)
+    return DiffRow(path, status, {k: Change(vb[k], va[k]) for k in METRICS}, counters, verdict, tests, not_evidence)
 
 
 def _headline(rows: Dict[Tuple[str, ...], DiffRow]) -> Tuple[Optional[Tuple[str, ...]], Optional[float], Optional[str]]:
@@ -205,18 +455,54 @@ def check_min_change(x: Any) -> float:
     return float(x)
 
 
-def diff(before: Snapshot, after: Snapshot, alpha: float = _sig.ALPHA, min_change: float = _sig.MIN_CHANGE) -> Diff:
-    """Per stage path of either snapshot: before, after, delta and ratio of
-    calls, total, mean, p50, p99, CPU and each counter's total, and whether the
-    change per call is beyond noise (its 1 - alpha interval wholly beyond
-    ±min_change); rows sorted by the absolute change of total wall time."""
+def _reference(before: Snapshot, after: Snapshot, path: Any) -> Tuple[StageStats, StageStats]:
+    key = as_path(path)
+    sides = before.get(key), after.get(key)
+    if any(s is None or not s.calls or not s.cpu_total for s in sides):
+        raise ValueError(f"reference stage {'/'.join(key)!r} needs calls and CPU time in both snapshots; a stage "
+                         "whose code did not change, recorded in the same calls as the others")
+    return sides[0], sides[1]
+
+
+def diff(before: Snapshot, after: Snapshot, alpha: float = _sig.ALPHA, min_change: float = _sig.MIN_CHANGE,
+         basis: Optional[str] = None, reference: Optional[Any] = None) -> Diff:
+    """Per stage path of either snapshot: before, after, delta and ratio of calls, total, mean, p50, p99, CPU and
+    each counter's total, and each figure per call tested against noise on `basis` (None: the strongest the
+    snapshots allow); rows sorted by the absolute change of total wall time.  `reference`: a stage whose code did
+    not change, recorded in the same calls as the others: its change of time is taken as the machine's, and every
+    other stage's time is judged relative to it."""
     alpha, min_change = check_alpha(alpha), check_min_change(min_change)
+    requested = basis
+    basis, why, warnings = choose_basis(before, after, requested)
     before, after = with_verdicts(before), with_verdicts(after)
+    ref = _reference(before, after, reference) if reference is not None else None
+    machine = _machine.compare(before, after, ref)
+    # on the runs basis a time figure's change within the machine's own change of speed is not claimed
+    speed = abs(machine.speed_change or 0.0) if basis == "runs" and ref is None else 0.0
+    plan = _Plan(basis, (_seconds(before), _seconds(after)), ref, speed)
     paths = list(dict.fromkeys([*(s.path for s in before), *(s.path for s in after)]))
-    rows = {p: _row(p, before.get(p), after.get(p), alpha, min_change) for p in paths}
-    stage, change, basis = _headline(rows)
+    plans: Dict[Tuple[str, ...], Tuple[List[str], Dict[str, str]]] = {}
+    for p in paths:
+        b, a = before.get(p), after.get(p)
+        if b is not None and a is not None and b.calls and a.calls:
+            if ref is not None and p == ref[0].path:
+                out = dict.fromkeys(("cpu", "wall"), "the reference: its change is taken as the machine's")
+            else:
+                wall = _not_evidence(b, a, machine)
+                out = {"wall": wall} if wall else {}
+            plans[p] = _figures(b, a), out
+    m = sum(1 for p, (figures, out) in plans.items() for k in figures
+            if k not in out and _test(plan, k, before[p], after[p], alpha, min_change).basis != "none")
+    level = alpha / max(m, 1)
+    rows = {}
+    for p in paths:
+        b, a = before.get(p), after.get(p)
+        figures, out = plans.get(p, ((), {}))
+        rows[p] = _row(p, b, a, {k: _test(plan, k, b, a, level, min_change) for k in figures}, out)
+    stage, change, change_of = _headline(rows)
 
     def key(r: DiffRow):
         t = r.metrics["total"]
         return -abs((t.after or 0) - (t.before or 0)), r.path
-    return Diff(tuple(sorted(rows.values(), key=key)), stage, change, basis, alpha, min_change)
+    return Diff(tuple(sorted(rows.values(), key=key)), stage, change, change_of, basis, why, machine, alpha,
+                min_change, m, requested, tuple(warnings), ref[0].path if ref else None)

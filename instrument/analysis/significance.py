@@ -1,43 +1,46 @@
-"""Is a change between two snapshots beyond noise?  Pure functions of what the
-snapshots hold, no third-party packages.
+"""Is a change between two snapshots beyond noise?  Pure functions of the figures the
+diff takes from the snapshots (instrument.analysis.diff), no third-party packages.
 
-A snapshot merged from several snapshots (`Snapshot.merge`: chunks of a run,
-worker processes) keeps each source's sums and median per stage as a *window*.
-The time per call is compared on the strongest basis both sides allow:
+Each test compares one figure of one stage, on the log scale (its estimate is the ratio
+after / before), on one of three bases:
 
-- **turns**: the windows of the two sides alternate in time (the two variants
-  took turns, as `instrument demo` runs them): each window is paired with its
-  neighbour of the other side and the Wilcoxon signed-rank test (exact) runs on
-  the log ratios of their medians; estimate and interval from the Walsh averages.
-  The machine's drift falls on both members of a pair alike and cancels.
-- **windows**: each side holds at least `MIN_WINDOWS` windows, not in turns:
-  Welch's t-test on the logs of the window medians, with the drift each side
-  shows between its first and second halves added to the variance, as a guess
-  at the drift between the runs (which no snapshot holds).
-- **calls**: otherwise the Mann-Whitney rank test on the two histograms of call
-  times (ties within a bucket counted as such), with the Hodges-Lehmann shift of
-  log call time and its Moses interval.  It treats calls as independent and
-  cannot see drift between the runs.
+- **turns** (`paired_test`): the windows of the two sides alternated in time; each window
+  is paired with its neighbour of the other side and Student's paired t-test runs on the
+  log ratios.  The machine's drift falls on both members of a pair and cancels.
+- **windows** (`log_window_test`): each side holds `MIN_WINDOWS`+ windows, not in turns:
+  Welch's t-test on the logs of the per-window figures, with the drift each side shows
+  between its first and second halves added to the variance, as a guess at the drift
+  between the sides (which no snapshot holds).
+- **runs** (`runs_test`): each side's windows are its runs; the figure of each run comes
+  with the variance of its log.  Where a side holds two or more runs the spread between
+  runs is measured (a pooled t-test); with one run a side it is not, and each run's own
+  variance stands in for it (the diff builds it from the calls' spread and, for time,
+  from how far a machine's speed strays over a run and between runs: `machine_variance`).
 
-Every basis estimates the change of the *typical* call (medians and ranks, so a
-few preempted calls do not decide it).  CPU time and counters per call are
-tested only with windows (Welch's t-test on per-window rates).  A change is
-*significant* when p < alpha and its (1 - alpha) interval lies wholly beyond
-±`min_change`: unlikely under no change, and no smaller than the smallest change
-the comparison claims to tell (drift between runs that no basis sees).
+A change is *significant* when p < alpha and its (1 - alpha) interval lies wholly beyond
+±`min_change`: unlikely under no change, and no smaller than the smallest change the
+comparison claims to tell.  The diff runs every test of a comparison at alpha / m, m the
+number of tests (Bonferroni), so that all its intervals hold together at 1 - alpha.
 """
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any, Dict, Mapping, Optional, Sequence, Tuple
+from typing import Any, Dict, Optional, Sequence, Tuple
 
 from .. import config
-from .. import histogram as _hist
 
 MIN_WINDOWS = 3
-MIN_TURNS = 8          # the exact signed-rank test reaches p < 0.01 from 8 pairs on
-EXACT_PAIRS = 60       # up to this many pairs the signed-rank test is exact; beyond, the normal approximation
+MIN_TURNS = 8          # pairs of windows that make turns
+# A machine's speed changes while a run goes on (another tenant of the host, the clock) and from one run to the
+# next.  Measured on a shared 2-core VM (benchmarks/RESULTS.md): the log of a fixed loop's CPU time per iteration
+# spreads with a standard deviation of 0.27 and stays correlated for about 0.4 s, and the mean of a 30 s run
+# still moves by 0.07 from one run to the next, minutes apart (machine_variance).  Two stages of the same calls
+# share the machine's speed: their ratio moves from run to run by RELATIVE_SPREAD (what a reference stage leaves).
+MACHINE_SPREAD = 0.27
+MACHINE_MEMORY_S = 0.4
+MACHINE_DRIFT = 0.07
+RELATIVE_SPREAD = 0.03
 ALPHA = config.BY_NAME["diff_alpha"].default
 MIN_CHANGE = config.BY_NAME["diff_min_change"].default
 
@@ -45,13 +48,13 @@ MIN_CHANGE = config.BY_NAME["diff_min_change"].default
 @dataclass(frozen=True)
 class Significance:
     significant: bool
-    basis: str                                  # "turns", "windows", "calls", or "none" (nothing to test)
+    basis: str                                  # "turns", "windows", "runs", or "none" (nothing to test)
     estimate: Optional[float]                   # relative change (+0.1 = 10 % more)
     interval: Optional[Tuple[float, float]]     # its (1 - alpha) interval
     p: Optional[float]                          # two-sided p-value of "no change"
-    level: float                                # 1 - alpha
-    min_change: float
-    n: Tuple[int, int]                          # windows or calls on each side
+    level: float                                # 1 - alpha (the level this test ran at)
+    min_change: float                           # the floor the interval had to clear
+    n: Tuple[int, int]                          # turns, windows or runs on each side
     reason: str = ""
 
     @property
@@ -62,7 +65,7 @@ class Significance:
         return 1 if self.estimate > 0 else -1
 
     def interval_list(self) -> Optional[list]:
-        """The interval for JSON: an unbounded end (too few turns for the level) is null."""
+        """The interval for JSON: an unbounded end is null."""
         if self.interval is None:
             return None
         return [x if math.isfinite(x) else None for x in self.interval]
@@ -79,8 +82,17 @@ def untested(reason: str, alpha: float = ALPHA, min_change: float = MIN_CHANGE,
     return Significance(False, "none", None, None, None, 1 - alpha, min_change, n, reason)
 
 
-def _decide(basis: str, est: float, lo: float, hi: float, p: float, alpha: float, min_change: float,
+def machine_variance(seconds: Optional[float]) -> float:
+    """The variance of the log of the machine's mean speed over a run of this many seconds (None: unknown), about
+    its long-run mean: its wandering averaged over the run, and its drift from run to run."""
+    fast = MACHINE_SPREAD ** 2 * min(1.0, MACHINE_MEMORY_S / seconds if seconds else 1.0)
+    return fast + MACHINE_DRIFT ** 2
+
+
+def _decide(basis: str, d: float, half: float, p: float, alpha: float, min_change: float,
             n: Tuple[int, int], unit: str) -> Significance:
+    """The decision on a log change `d` with its interval d ± half."""
+    lo, hi = _exp1(d - half), _exp1(d + half)
     sig = (lo > min_change or hi < -min_change) and p < alpha
     level = 1 - alpha
     size = f"{n[0]} {unit}" if n[0] == n[1] and basis == "turns" else f"{n[0]} → {n[1]} {unit}"
@@ -91,15 +103,30 @@ def _decide(basis: str, est: float, lo: float, hi: float, p: float, alpha: float
         reason = f"{span} includes no change ({size}, p={p:.2g})"
     else:
         reason = f"{span} reaches within ±{_pct(min_change)}, the smallest change claimed ({size}, p={p:.2g})"
-    return Significance(sig, basis, est, (lo, hi), p, level, min_change, n, reason)
+    return Significance(sig, basis, math.expm1(d), (lo, hi), p, level, min_change, n, reason)
+
+
+def _exp1(x: float) -> float:
+    return -1.0 if x == -math.inf else math.inf if x == math.inf else math.expm1(x)
 
 
 def _pct(x: float, sign: bool = False) -> str:
     if math.isinf(x):
         return "+∞" if x > 0 else "−∞"
     v = 100 * x
-    text = f"{abs(v):.1f}".rstrip("0").rstrip(".") if not sign else f"{abs(v):.1f}"
-    return (("+" if v >= 0 else "\u2212") if sign else ("\u2212" if v < 0 else "")) + text + "%"
+    if not sign:   # levels and floors: as few digits as they need (99.9%, 3%)
+        text = f"{abs(v):.2f}".rstrip("0").rstrip(".")
+        return ("\u2212" if v < 0 else "") + text + "%"
+    return ("+" if v >= 0 else "\u2212") + f"{abs(v):.1f}%"
+
+
+def _t_decide(basis: str, d: float, se: float, df: float, alpha: float, min_change: float,
+              n: Tuple[int, int], unit: str) -> Significance:
+    """Student's t on a log change `d` with standard error `se` and `df` degrees of freedom (inf: normal)."""
+    if se == 0:
+        return _decide(basis, d, 0.0, 1.0 if d == 0 else 0.0, alpha, min_change, n, unit)
+    p = min(1.0, 2 * t_sf(abs(d) / se, df))
+    return _decide(basis, d, t_ppf(alpha / 2, df) * se, p, alpha, min_change, n, unit)
 
 
 # ------------------------------------------------------------ distributions
@@ -180,45 +207,44 @@ def t_ppf(q: float, df: float) -> float:
     return (lo + hi) / 2
 
 
-# ------------------------------------------------------------------ windows
-def _side(windows: Sequence[Tuple[float, float]]) -> Tuple[float, float, int]:
-    """Mean per call over the windows (sum of values / sum of calls) and the
-    variance of its log, from the spread between windows."""
-    k = len(windows)
-    n = sum(c for c, _ in windows)
-    w = sum(v for _, v in windows)
-    m = w / n
-    var = k / (k - 1) * sum((v - m * c) ** 2 for c, v in windows) / (n * n)
-    return m, var / (m * m), k
+# --------------------------------------------------------------------- turns
+def paired_test(diffs: Sequence[float], alpha: float = ALPHA, min_change: float = MIN_CHANGE,
+                unit: str = "turns") -> Significance:
+    """Student's paired t-test on the log ratios of paired windows (after / before)."""
+    d = [x for x in diffs if x is not None]
+    n = len(d)
+    if n < MIN_WINDOWS:
+        return untested(f"fewer than {MIN_WINDOWS} turns", alpha, min_change, (n, n))
+    mean = sum(d) / n
+    var = sum((x - mean) ** 2 for x in d) / (n - 1)
+    return _t_decide("turns", mean, math.sqrt(var / n), n - 1, alpha, min_change, (n, n), unit)
 
 
-def window_test(before: Sequence[Tuple[float, float]], after: Sequence[Tuple[float, float]], alpha: float = ALPHA,
-                min_change: float = MIN_CHANGE, unit: str = "windows") -> Significance:
-    """Welch's t-test on log(mean per call); each side a list of (calls, total) per window."""
-    b = [(c, v) for c, v in before if c > 0 and v is not None]
-    a = [(c, v) for c, v in after if c > 0 and v is not None]
-    if len(b) < MIN_WINDOWS or len(a) < MIN_WINDOWS:
-        return untested(f"fewer than {MIN_WINDOWS} windows on a side", alpha, min_change, (len(b), len(a)))
-    if sum(v for _, v in b) <= 0 or sum(v for _, v in a) <= 0:
-        return untested("a side totals 0", alpha, min_change, (len(b), len(a)))
-    mb, vb, kb = _side(b)
-    ma, va, ka = _side(a)
-    d = math.log(ma / mb)
-    se = math.sqrt(vb + va)
-    if se == 0:
-        p = 1.0 if d == 0 else 0.0
-        return _decide("windows", ma / mb - 1, ma / mb - 1, ma / mb - 1, p, alpha, min_change, (kb, ka), unit)
-    df = (vb + va) ** 2 / ((vb * vb / (kb - 1) if vb else 0) + (va * va / (ka - 1) if va else 0))
-    p = min(1.0, 2 * t_sf(abs(d) / se, df))
-    half = t_ppf(alpha / 2, df) * se
-    return _decide("windows", math.exp(d) - 1, math.exp(d - half) - 1, math.exp(d + half) - 1, p, alpha,
-                   min_change, (kb, ka), unit)
+def turns(before: Sequence[Tuple[float, Any]], after: Sequence[Tuple[float, Any]]) -> Optional[list]:
+    """Pairs (before value, after value) of windows that took turns: both sides'
+    windows sorted by start time, each paired with its next neighbour when that one
+    is of the other side.  None unless at least MIN_TURNS pairs take in 80 % of
+    each side's windows."""
+    seq = sorted([(t, 0, k, v) for k, (t, v) in enumerate(before) if t is not None]
+                 + [(t, 1, k, v) for k, (t, v) in enumerate(after) if t is not None], key=lambda x: x[:3])
+    pairs, i = [], 0
+    while i + 1 < len(seq):
+        x, y = seq[i], seq[i + 1]
+        if x[1] != y[1]:
+            pairs.append((x[3], y[3]) if x[1] == 0 else (y[3], x[3]))
+            i += 2
+        else:
+            i += 1
+    if len(pairs) < MIN_TURNS or len(pairs) < 0.8 * max(len(before), len(after)):
+        return None
+    return pairs
 
 
+# ------------------------------------------------------------------- windows
 def log_window_test(before: Sequence[float], after: Sequence[float], alpha: float = ALPHA,
                     min_change: float = MIN_CHANGE, unit: str = "windows") -> Significance:
-    """Welch's t-test on the logs of one positive value per window (each window's median
-    call time, in time order): the estimate is the ratio of their geometric means.
+    """Welch's t-test on the logs of one positive value per window (in time order): the
+    estimate is the ratio of their geometric means.
 
     The two sides were recorded at different times, so the machine may have drifted
     between them; the windows of one side show how far it drifts over a run: the
@@ -233,17 +259,10 @@ def log_window_test(before: Sequence[float], after: Sequence[float], alpha: floa
     va = sum((x - ma) ** 2 for x in a) / (len(a) - 1) / len(a)
     halves = [_halves(x) for x in (b, a) if len(x) >= 4]
     vd = sum(h * h for h in halves) / len(halves) if halves else 0.0
-    d, se = ma - mb, math.sqrt(vb + va + vd)
-    if se == 0:
-        p = 1.0 if d == 0 else 0.0
-        return _decide("windows", math.exp(d) - 1, math.exp(d) - 1, math.exp(d) - 1, p, alpha, min_change,
-                       (len(b), len(a)), unit)
     parts = [(vb, len(b) - 1), (va, len(a) - 1), (vd, 2 * len(halves) or 1)]
-    df = (vb + va + vd) ** 2 / sum(v * v / k for v, k in parts if v)
-    p = min(1.0, 2 * t_sf(abs(d) / se, df))
-    half = t_ppf(alpha / 2, df) * se
-    return _decide("windows", math.exp(d) - 1, math.exp(d - half) - 1, math.exp(d + half) - 1, p, alpha,
-                   min_change, (len(b), len(a)), unit)
+    total = vb + va + vd
+    df = total ** 2 / sum(v * v / k for v, k in parts if v) if total else math.inf
+    return _t_decide("windows", ma - mb, math.sqrt(total), df, alpha, min_change, (len(b), len(a)), unit)
 
 
 def _halves(xs: Sequence[float]) -> float:
@@ -251,158 +270,22 @@ def _halves(xs: Sequence[float]) -> float:
     return sum(xs[:k]) / k - sum(xs[-k:]) / k
 
 
-def signed_rank_distribution(ranks2: Sequence[int]) -> list:
-    """Exact null distribution of the signed-rank sum W+ (in doubled ranks, so midranks
-    of ties stay integers): counts[w] of the 2**n sign patterns."""
-    total = sum(ranks2)
-    counts = [0] * (total + 1)
-    counts[0] = 1
-    for r in ranks2:
-        for w in range(total, r - 1, -1):
-            counts[w] += counts[w - r]
-    return counts
-
-
-def paired_test(diffs: Sequence[float], alpha: float = ALPHA, min_change: float = MIN_CHANGE,
-                unit: str = "turns") -> Significance:
-    """Wilcoxon signed-rank test (exact, midranks for ties) on paired log differences;
-    estimate and interval from the Walsh averages (Hodges-Lehmann, Tukey)."""
-    d = [x for x in diffs if x is not None]
-    n = len(d)
-    if n < MIN_WINDOWS:
-        return untested(f"fewer than {MIN_WINDOWS} turns", alpha, min_change, (n, n))
-    nz = sorted((abs(x), x) for x in d if x != 0)
-    ranks2: list = []
-    k = 0
-    while k < len(nz):                       # doubled midranks of |d| among the non-zero differences
-        j = k
-        while j + 1 < len(nz) and nz[j + 1][0] == nz[k][0]:
-            j += 1
-        ranks2 += [k + j + 2] * (j - k + 1)
-        k = j + 1
-    walsh = sorted((d[i] + d[j]) / 2 for i in range(n) for j in range(i, n))
-    est = _median(walsh)
-    m = len(walsh)
-    w_plus = sum(r for r, (_, x) in zip(ranks2, nz) if x > 0) / 2      # in ranks
-    total = sum(ranks2) / 2
-    if not ranks2:
-        p = 1.0
-    elif len(ranks2) <= EXACT_PAIRS:
-        counts = signed_rank_distribution(ranks2)
-        lo_tail = sum(counts[: int(2 * min(w_plus, total - w_plus)) + 1]) / 2 ** len(ranks2)
-        p = min(1.0, 2 * lo_tail)
-    else:                                  # normal approximation, tie and continuity corrected
-        k = len(ranks2)
-        ties: Dict[int, int] = {}
-        for r in ranks2:
-            ties[r] = ties.get(r, 0) + 1
-        var = k * (k + 1) * (2 * k + 1) / 24 - sum(t ** 3 - t for t in ties.values()) / 48
-        z = max(0.0, abs(w_plus - k * (k + 1) / 4) - 0.5) / math.sqrt(var) if var > 0 else 0.0
-        p = min(1.0, 2 * normal_sf(z)) if var > 0 else 1.0
-    # the interval: drop c Walsh averages at each end, c the largest count with P(W+ < c) <= alpha / 2
-    if n <= EXACT_PAIRS:
-        full = signed_rank_distribution([2 * (i + 1) for i in range(n)])
-        acc, c = 0, 0
-        for w in range(0, len(full), 2):
-            acc += full[w]
-            if acc / 2 ** n > alpha / 2:
-                break
-            c = w // 2 + 1
-    else:
-        c = max(0, int(math.floor(n * (n + 1) / 4 - normal_ppf(alpha / 2) * math.sqrt(n * (n + 1) * (2 * n + 1) / 24))))
-    lo, hi = (walsh[c], walsh[m - 1 - c]) if c < m - c else (walsh[0], walsh[-1])
-    if c == 0:
-        lo, hi = -math.inf, math.inf            # too few turns for this confidence
-    return _decide("turns", math.exp(est) - 1, _exp1(lo), _exp1(hi), p, alpha, min_change, (n, n), unit)
-
-
-def _exp1(x: float) -> float:
-    return -1.0 if x == -math.inf else math.inf if x == math.inf else math.exp(x) - 1
-
-
-def _median(xs: Sequence[float]) -> float:
-    k = len(xs)
-    return xs[k // 2] if k % 2 else (xs[k // 2 - 1] + xs[k // 2]) / 2
-
-
-def turns(before: Sequence[Tuple[float, Any]], after: Sequence[Tuple[float, Any]]) -> Optional[list]:
-    """Pairs (before value, after value) of windows that took turns: both sides'
-    windows sorted by start time, each paired with its next neighbour when that one
-    is of the other side.  None unless at least MIN_TURNS pairs take in 80 % of
-    each side's windows."""
-    seq = sorted([(t, 0, k, v) for k, (t, v) in enumerate(before) if t is not None]
-                 + [(t, 1, k, v) for k, (t, v) in enumerate(after) if t is not None])
-    pairs, i = [], 0
-    while i + 1 < len(seq):
-        x, y = seq[i], seq[i + 1]
-        if x[1] != y[1]:
-            pairs.append((x[3], y[3]) if x[1] == 0 else (y[3], x[3]))
-            i += 2
-        else:
-            i += 1
-    if len(pairs) < MIN_TURNS or len(pairs) < 0.8 * max(len(before), len(after)):
-        return None
-    return pairs
-
-
-# -------------------------------------------------------------------- calls
-def _log_values(hist: Mapping[int, int]):
-    return sorted((math.log(max(_hist.midpoint(i), 0.5)), c) for i, c in hist.items() if c > 0)
-
-
-def mann_whitney(before: Mapping[int, int], after: Mapping[int, int]) -> Tuple[float, float, float]:
-    """(U of `after`, its standard deviation under no change with the tie correction,
-    two-sided p-value by the normal approximation with continuity correction)."""
-    n, m = sum(before.values()), sum(after.values())
-    big = n + m
-    u, below, ties = 0.0, 0, 0
-    for i in sorted(set(before) | set(after)):
-        cb, ca = before.get(i, 0), after.get(i, 0)
-        u += ca * (below + 0.5 * cb)
-        below += cb
-        t = cb + ca
-        ties += t ** 3 - t
-    var = n * m / 12 * ((big + 1) - ties / (big * (big - 1))) if big > 1 else 0.0
-    if var <= 0:
-        return u, 0.0, 1.0
-    sd = math.sqrt(var)
-    z = max(0.0, abs(u - n * m / 2) - 0.5) / sd
-    return u, sd, min(1.0, 2 * normal_sf(z))
-
-
-def _pair_quantile(b, a, rank: float) -> float:
-    """The smallest d with at least `rank` of the (after - before) pairs of log values <= d."""
-    def count_le(d: float) -> float:
-        total, i, acc = 0.0, len(b), 0
-        for xa, ca in reversed(a):          # thresholds xa - d fall as xa falls
-            th = xa - d
-            while i > 0 and b[i - 1][0] >= th:
-                i -= 1
-                acc += b[i][1]
-            total += ca * acc
-        return total
-    lo, hi = a[0][0] - b[-1][0] - 1e-9, a[-1][0] - b[0][0] + 1e-9
-    for _ in range(48):
-        mid = (lo + hi) / 2
-        if count_le(mid) >= rank:
-            hi = mid
-        else:
-            lo = mid
-    return hi
-
-
-def rank_test(before: Mapping[int, int], after: Mapping[int, int], alpha: float = ALPHA,
-              min_change: float = MIN_CHANGE) -> Significance:
-    """Mann-Whitney on the histograms; the Hodges-Lehmann shift of log time and its Moses interval."""
-    n, m = sum(before.values()), sum(after.values())
-    if n < 2 or m < 2:
-        return untested("fewer than 2 calls on a side", alpha, min_change, (n, m))
-    _, sd, p = mann_whitney(before, after)
-    b, a = _log_values(before), _log_values(after)
-    pairs = n * m
-    est = _pair_quantile(b, a, pairs / 2)
-    k = max(0.0, pairs / 2 - normal_ppf(alpha / 2) * sd)
-    lo = _pair_quantile(b, a, max(k, 0.5))
-    hi = _pair_quantile(b, a, min(pairs - k, pairs))
-    return _decide("calls", math.exp(est) - 1, math.exp(lo) - 1, math.exp(hi) - 1, p, alpha, min_change,
-                   (n, m), "calls")
+# ---------------------------------------------------------------------- runs
+def runs_test(before: Sequence[Tuple[float, float]], after: Sequence[Tuple[float, float]], alpha: float = ALPHA,
+              min_change: float = MIN_CHANGE, unit: str = "runs") -> Significance:
+    """Each side a list of (figure, variance of its log) per run.  Where a side holds two or
+    more runs, the spread between runs is measured: a pooled t-test on the runs' logs (each
+    side's mean of logs, the variance pooled over the sides' runs).  With one run a side,
+    the normal test on the difference of the two logs with the sum of their variances."""
+    b = [(math.log(v), s) for v, s in before if v is not None and v > 0]
+    a = [(math.log(v), s) for v, s in after if v is not None and v > 0]
+    n = (len(b), len(a))
+    if not b or not a:
+        return untested("no figure on a side", alpha, min_change, n)
+    mb, ma = sum(x for x, _ in b) / len(b), sum(x for x, _ in a) / len(a)
+    df = len(b) + len(a) - 2
+    if df == 0:
+        return _t_decide("runs", ma - mb, math.sqrt(b[0][1] + a[0][1]), math.inf, alpha, min_change, n, unit)
+    spread = (sum((x - mb) ** 2 for x, _ in b) + sum((x - ma) ** 2 for x, _ in a)) / df
+    return _t_decide("runs", ma - mb, math.sqrt(spread * (1 / len(b) + 1 / len(a))), df, alpha, min_change, n,
+                     unit)

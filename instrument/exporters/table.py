@@ -17,9 +17,9 @@ import textwrap
 from typing import Any, Callable, Dict, List, Optional, Sequence
 
 from ..analysis import metrics as _metrics
-from ..analysis.diff import METRICS, Change, Diff, DiffRow
+from ..analysis.diff import METRICS, Change, Diff, DiffRow, metric_text
 from ..analysis.metrics import Metric, ordered
-from ..analysis.significance import MIN_WINDOWS, Significance
+from ..analysis.significance import Significance
 from ..analysis.tail import TailView
 from ..snapshot import Snapshot, StageStats
 from .format import (ESTIMATE, MINUS, cell, count, human, md, ms, name as name_display, path_text, pct, per_unit,
@@ -310,8 +310,8 @@ def render_advice(advice: Sequence[Dict[str, Any]], about: Optional[str] = None)
 
 
 # ------------------------------------------------------------------------ diff
-DIFF_HEADERS = ["calls", "total ms", "→", "Δ ms", "Δ%", "mean ms", "→", "Δ%", "p50 Δ%", "p99 ms", "→", "Δ%", "CPU Δ%",
-                "change"]
+DIFF_HEADERS = ["calls", "total ms", "→", "Δ ms", "Δ%", "mean ms", "→", "Δ%", "p50 Δ%", "p99 ms", "→", "Δ%",
+                "CPU/call Δ%", "change"]
 NOISE = "~"   # marks a change not shown to be beyond noise
 
 
@@ -330,25 +330,36 @@ def relative(x: Optional[float]) -> str:
     return signed_percent(1 + x)
 
 
-def verdict_of(sig: Significance) -> str:
-    """slower, faster, within noise, or untested."""
-    if sig.basis == "none":
-        return "untested"
-    return {1: "slower", -1: "faster"}.get(sig.direction, "within noise")
+def _level(x: float) -> str:
+    return f"{100 * x:.2f}".rstrip("0").rstrip(".") + "%"
 
 
 def significance_text(sig: Significance, what: str = "typical call") -> str:
-    """`typical call +11.2% (99% interval +10.4% … +12.0%, 40 turns)`."""
+    """`CPU per call +11.2% (99.9% interval +10.4% … +12.0%, 40 turns)`."""
     if sig.basis == "none":
-        return f"untested ({sig.reason})"
+        return f"{what} untested ({sig.reason})"
     lo, hi = sig.interval or (None, None)
     n = f"{sig.n[0]} turns" if sig.basis == "turns" else f"{sig.n[0]} → {sig.n[1]} {sig.basis}"
-    return f"{what} {relative(sig.estimate)} ({sig.level:.0%} interval {relative(lo)} … {relative(hi)}, {n})"
+    return f"{what} {relative(sig.estimate)} ({_level(sig.level)} interval {relative(lo)} … {relative(hi)}, {n})"
+
+
+def judgement_text(r: DiffRow) -> str:
+    """`slower beyond noise: CPU per call +23.5% (…)`, `within noise: …`, `untested: …`."""
+    metric, sig = r.decision
+    what = metric_text(metric) if metric else "change"
+    if sig.basis == "none":
+        return f"untested: {sig.reason}"
+    if metric in r.not_evidence:
+        return f"not judged: {significance_text(sig, what)}, not evidence ({r.not_evidence[metric]})"
+    word = r.judgement
+    if word in ("slower", "faster", "mixed"):
+        return f"{word} beyond noise: {significance_text(sig, what)}"
+    return f"within noise: {significance_text(sig, what)}"
 
 
 def headline(d: Diff) -> str:
-    """One line on the top-level stage: `request: 25.0 ms → 18.1 ms (−27.6%), beyond noise: typical
-    call −27.2% (99% interval …)`, or `…, within noise: …`."""
+    """One line on the top-level stage: `request: 25.0 ms → 18.1 ms (−27.6%); faster beyond noise: CPU per call
+    −27.2% (99.9% interval …)`, or `…; within noise: …`."""
     top = d.row(d.stage) if d.stage else None
     if top is None:
         return "no stages on either side"
@@ -358,17 +369,14 @@ def headline(d: Diff) -> str:
         side = tot.before if top.status == "only before" else tot.after
         return f"{name}: {top.status} ({human(side)} total)"
     mean, calls = top.metrics["mean"], top.metrics["calls"]
-    if d.basis != "mean":
+    if d.change_of != "mean":
         text = f"{name}: total {human(tot.before)} → {human(tot.after)} ({percent(tot)})"
     else:
         text = f"{name}: {human(mean.before)} → {human(mean.after)} ({percent(mean)})"
         if calls.before != calls.after:
             text += (f" per call; total {human(tot.before)} → {human(tot.after)} ({percent(tot)}) over "
                      f"{calls.before:.0f} → {calls.after:.0f} calls")
-    sig = top.significance
-    if sig.basis == "none":
-        return text + f"; untested: {sig.reason}"
-    return text + f"; {'beyond noise' if sig.significant else 'within noise'}: {significance_text(sig)}"
+    return f"{text}; {judgement_text(top)}"
 
 
 def _ms_or_dash(x: Optional[float]) -> str:
@@ -385,74 +393,86 @@ def _signed_ms(x: Optional[float]) -> str:
     return "0" if x == 0 else ("+" if x > 0 else MINUS) + ms(abs(x))
 
 
-def _marked(text: str, sig: Significance) -> str:
-    return text if sig.significant or text in ("n/a", "new", "-") else NOISE + text
+def _marked(text: str, judged: bool) -> str:
+    return text if judged or text in ("n/a", "new", "-") else NOISE + text
+
+
+def _cpu_cell(r: DiffRow) -> str:
+    t = r.tests.get("cpu")
+    if t is None or t.estimate is None:
+        return "-"
+    return _marked(relative(t.estimate), t.significant)
 
 
 def _diff_cells(r: DiffRow) -> List[str]:
     m = r.metrics
     calls = m["calls"]
-    t, c = r.significance, r.cpu_significance
+    wall = r.tests.get("wall")
+    timed = wall is not None and wall.significant and "wall" not in r.not_evidence   # wall judged beyond noise
+    change = {"within noise": NOISE + "noise"}.get(r.judgement, r.judgement)
     return [f"{_int_or_dash(calls.before)}→{_int_or_dash(calls.after)}",
             _ms_or_dash(m["total"].before), _ms_or_dash(m["total"].after), _signed_ms(m["total"].delta),
-            _marked(percent(m["total"]), t) if calls.before == calls.after else percent(m["total"]),
+            _marked(percent(m["total"]), timed) if calls.before == calls.after else percent(m["total"]),
             _ms_or_dash(m["mean"].before), _ms_or_dash(m["mean"].after),
-            _marked(percent(m["mean"]), t), _marked(percent(m["p50"]), t), _ms_or_dash(m["p99"].before),
-            _ms_or_dash(m["p99"].after), _marked(percent(m["p99"]), t), _marked(percent(m["cpu"]), c),
-            "-" if r.status != "both" else {"within noise": NOISE + "noise"}.get(verdict_of(t), verdict_of(t))]
+            _marked(percent(m["mean"]), timed), _marked(percent(m["p50"]), timed), _ms_or_dash(m["p99"].before),
+            _ms_or_dash(m["p99"].after), _marked(percent(m["p99"]), timed), _cpu_cell(r),
+            "-" if r.status != "both" else change]
 
 
 def _diff_label(r: DiffRow) -> str:
     return path_text(r.path) + ("" if r.status == "both" else f" ({r.status})")
 
 
-def _counter_lines(r: DiffRow) -> List[str]:
+def _row_lines(r: DiffRow) -> List[str]:
+    """Under a row: its bottleneck verdict, what judged it, wall time where the machine explains it, each
+    counted figure per call and the counters no test judges."""
     lines = []
-    for n, c in r.counters.items():
-        if not (c.before or c.after):   # counters that stayed 0 or were never counted say nothing
-            continue
-        t = r.counter_significance.get(n)
-        line = f"{n}: {count(c.before)} → {count(c.after)} ({percent(c)}"
-        if t is None or t.basis == "none":
-            lines.append(NOISE + line + ", untested: one window)")
-        elif t.significant:
-            lines.append(line + f"; per call {relative(t.estimate)}, {t.level:.0%} interval {relative(t.interval[0])}"
-                         f" … {relative(t.interval[1])})")
-        else:
-            lines.append(NOISE + line + ", within noise)")
-    if r.status == "both" and r.significance.significant:
-        lines.insert(0, f"{verdict_of(r.significance)}: {significance_text(r.significance)}")
     if any(r.verdict):
         b, a = (v or "-" for v in r.verdict)
-        lines.insert(0, f"verdict: {b}" + ("" if a == b else f" → {a}"))
+        lines.append(f"verdict: {b}" + ("" if a == b else f" → {a}"))
+    if r.status == "both" and r.tests:
+        lines.append(judgement_text(r))
+    for k, t in r.tests.items():
+        if k in ("cpu", "wall") or t is r.significance:
+            continue
+        if t.basis == "none":
+            lines.append(f"{NOISE}{metric_text(k)} untested ({t.reason})")
+        else:
+            lines.append(("" if t.significant else NOISE) + significance_text(t, metric_text(k)))
+    wall = r.tests.get("wall")
+    if wall is not None and "wall" in r.not_evidence and wall.significant and wall is not r.significance:
+        lines.append(f"{significance_text(wall)}: not evidence ({r.not_evidence['wall']})")
+    for n, c in r.counters.items():
+        if n in r.tests or n == "task-clock" or not (c.before or c.after):   # judged, CPU time, or never counted
+            continue
+        lines.append(f"{n}: {count(c.before)} → {count(c.after)} ({percent(c)}; not judged: load moves it)")
     return lines
 
 
 def legend(d: Diff) -> List[str]:
-    lines = [f"{NOISE} not shown beyond noise: the {1 - d.alpha:.0%} interval of the change includes no change or "
-             f"reaches within ±{d.min_change:.0%}, the smallest change claimed",
-             "tests: turns (windows taken in turns, paired), windows, or calls (rank test, one window a side); "
-             f"CPU time and counters only with {MIN_WINDOWS}+ windows a side (merged snapshots)"]
-    if any(r.significance.basis == "calls" for r in d.rows):
-        lines.append("calls: each side is one recording, so drift of the machine between the two is not measured; "
-                     "for a sound comparison record both in turns and merge each side's chunks (as instrument demo "
-                     "does)")
-    return lines
+    tests = (f"each of the {d.tests} tests at {_level(1 - d.alpha / d.tests)}, so that all hold together at {_level(1 - d.alpha)} "
+             "(Bonferroni)" if d.tests else "no figure of any stage could be tested")
+    return [f"basis: {d.basis_reason}", f"machine: {d.machine.line}",
+            f"judged on CPU time, instructions, page faults and items per call first, wall time where the machine "
+            f"does not explain it; {tests}",
+            f"{NOISE} not shown beyond noise: the interval of the change includes no change or reaches within "
+            f"±{d.min_change:.0%}, the smallest change claimed"] + [f"warning: {w}" for w in d.warnings]
 
 
-CSV_TESTS = ["significant", "basis", "estimate_pct", "interval_low_pct", "interval_high_pct", "p"]
+CSV_TESTS = ["judgement", "basis", "estimate_pct", "interval_low_pct", "interval_high_pct", "p"]
+CSV_FIGURES = ("cpu", "wall")
 
 
 def _test_cells(sig: Significance) -> List[Any]:
     lo, hi = sig.interval_list() or (None, None)
     pct_ = (lambda x: None if x is None else 100 * x)
-    return [sig.significant if sig.basis != "none" else None, sig.basis, pct_(sig.estimate), pct_(lo), pct_(hi), sig.p]
+    return [pct_(sig.estimate), pct_(lo), pct_(hi), sig.p]
 
 
 # Columns given up, group by group, when a diff table must fit a width: (indices into DIFF_HEADERS + 1, what the
 # footer calls them, the header a column left alone in its group then takes)
 _DIFF_DROPS = (((2, 3, 4, 5), "total ms before/after/Δ", {}), ((10, 11), "p99 ms before/after", {12: "p99 Δ%"}),
-               ((13,), "CPU Δ%", {}), ((9,), "p50 Δ%", {}), ((6, 7), "mean ms before/after", {8: "mean Δ%"}))
+               ((9,), "p50 Δ%", {}), ((13,), "CPU/call Δ%", {}), ((6, 7), "mean ms before/after", {8: "mean Δ%"}))
 
 
 def render_diff(d: Diff, format: str = "table", limit: Optional[int] = None, width: Optional[int] = None) -> str:
@@ -472,20 +492,29 @@ def render_diff(d: Diff, format: str = "table", limit: Optional[int] = None, wid
         def head(m: str, k: str) -> str:
             return f"{m}_{k}" if m == "calls" or k == "ratio" else f"{m}_{k}_ns"
         w.writerow(["path", "status"] + [head(m, k) for m in METRICS for k in ("before", "after", "delta", "ratio")]
-                   + CSV_TESTS + [f"counter:{n}_{k}" for n in names for k in ("before", "after")])
+                   + CSV_TESTS + [f"{f}_{k}" for f in CSV_FIGURES for k in ("significant", "evidence", "estimate_pct",
+                                                                           "interval_low_pct", "interval_high_pct")]
+                   + [f"counter:{n}_{k}" for n in names for k in ("before", "after")])
         for r in rows:
             vals = [v for m in METRICS for v in r.metrics[m].to_dict().values()]
+            sig = r.significance
+            figures = []
+            for f in CSV_FIGURES:
+                t = r.tests.get(f)
+                figures += ([t.significant and f not in r.not_evidence, f not in r.not_evidence]
+                            + _test_cells(t)[:3] if t is not None else [None] * 5)
             cs = [v for n in names for v in ((r.counters[n].before, r.counters[n].after) if n in r.counters
                                             else (None, None))]
             w.writerow([path_text(r.path), r.status] + ["" if v is None else v for v in vals]
-                       + ["" if v is None else v for v in _test_cells(r.significance)]
-                       + ["" if v is None else v for v in cs])
+                       + ["" if v is None else v for v in [r.judgement, sig.basis] + _test_cells(sig)]
+                       + ["" if v is None else v for v in figures] + ["" if v is None else v for v in cs])
         return buf.getvalue()
     if format == "markdown":
         out = [f"**{md(headline(d))}**", "", "| stage | " + " | ".join(DIFF_HEADERS) + " |",
                "| --- | " + " | ".join("---:" for _ in DIFF_HEADERS) + " |"]
         for r in rows:
-            extra = "<br>" + "<br>".join(md(x) for x in _counter_lines(r)) if _counter_lines(r) else ""
+            lines = _row_lines(r)
+            extra = "<br>" + "<br>".join(md(x) for x in lines) if lines else ""
             out.append(f"| {md(_diff_label(r))}{extra} | " + " | ".join(md(c) for c in _diff_cells(r)) + " |")
         out += ["", "<br>".join(md(x) for x in legend(d))]
         return "\n".join(out)
@@ -513,16 +542,18 @@ def render_diff(d: Diff, format: str = "table", limit: Optional[int] = None, wid
     def wrap(text, indent=""):
         return textwrap.wrap(text, width, initial_indent=indent, subsequent_indent=indent + "  ") if width else \
             [indent + text]
-    out = [*wrap(headline(d)), "", line(head), "-" * (sum(widths[k] for k in keep) + len(keep) - 1)]
+    notes = legend(d)
+    out = [*wrap(headline(d)), *wrap(notes[0]), *wrap(notes[1]), "", line(head),
+           "-" * (sum(widths[k] for k in keep) + len(keep) - 1)]
     for r, cells in zip(rows, table):
         out.append(line(cells))
-        for x in _counter_lines(r):
+        for x in _row_lines(r):
             out += wrap(x, "    ")
     if not rows:
         out.append("(no stages on either side)")
     else:
         out.append("")
-        for x in legend(d):
+        for x in notes[2:]:
             out += wrap(x)
     if dropped:
         out += wrap(f"not shown at {width} columns: {', '.join(dropped)} (a wider terminal or --format csv/json "

@@ -153,6 +153,34 @@ def _calibrate() -> None:
     _calibration = c
 
 
+REFERENCE_ITERATIONS = 2_000   # one timing of the machine's reference loop (~0.1-0.3 ms)
+REFERENCE_REPEATS = 15
+
+
+def _machine_reference() -> Dict[str, Any]:
+    """The machine's speed when recording starts (meta.machine): a fixed pure-Python loop timed on this thread's
+    CPU clock, REFERENCE_REPEATS times; its ns per iteration, the share of its wall time it had a CPU, the CPUs
+    this process may use.  Two snapshots whose loops ran at different speeds ran on machines of different speed."""
+    per, on_cpu = [], []
+    for _ in range(REFERENCE_REPEATS):
+        w0, c0 = time.perf_counter_ns(), time.thread_time_ns()
+        x = 0
+        for i in range(REFERENCE_ITERATIONS):
+            x += i * i
+        c, w = time.thread_time_ns() - c0, time.perf_counter_ns() - w0
+        per.append(c / REFERENCE_ITERATIONS)
+        on_cpu.append(min(1.0, c / w) if w else 1.0)
+    per.sort()
+    return {"reference_ns": round(per[len(per) // 2], 2), "reference_range_ns": [round(per[0], 2), round(per[-1], 2)],
+            "reference_on_cpu": round(sorted(on_cpu)[len(on_cpu) // 2], 3), "measured_at": time.time(),
+            "cpus": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()}
+
+
+def _machine() -> Dict[str, Any]:
+    """meta.machine: the reference measured at import, and the load average at the snapshot."""
+    return dict(_reference, load=round(os.getloadavg()[0], 2) if hasattr(os, "getloadavg") else None)
+
+
 _styled: Dict[tuple, Any] = {}
 
 
@@ -286,6 +314,7 @@ def _meta(raw: Dict[str, Any]) -> Dict[str, Any]:
         "exemplars": dict(zip(("k", "bytes", "call_bytes"), (_config_now.exemplars, *raw.get("exemplar_bytes", (0, 0))))),
         "counters": _counter_meta(raw),
         "nvtx": {"emitter": nvtx.backend(), "domain": _config_now.nvtx_domain if _config_now.nvtx else None},
+        "machine": _machine(),
     }
     overhead = _overhead(raw)
     if overhead is not None:
@@ -544,6 +573,7 @@ def _after_fork_child() -> None:
 
 
 _apply(_config_now, explicit_counters=_config.set_in_env("counters"))
+_reference = _machine_reference()
 atexit.register(_save_at_exit)
 if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_after_fork_child)

@@ -1,0 +1,148 @@
+"""The diff on real recordings: plain runs made by `instrument run` in separate processes, with a CPU hog
+started by the test through one of them, and variants taking turns in one process.  What the diff says is
+checked against what each run was made to do, and its machine line against the snapshots' own figures."""
+import inspect
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+import instrument
+from instrument.snapshot import Snapshot
+from conftest import HOG
+from snapfactory import cli, env
+
+
+def spin(n):
+    """n iterations of pure-Python work."""
+    x = 0
+    for i in range(n):
+        x += i * i
+    return x
+
+
+SERVICE = inspect.getsource(spin) + r"""
+import sys, time
+import instrument
+tok, model = instrument.stage("tokenize"), instrument.stage("model")
+iterations, end = int(sys.argv[1]), time.perf_counter() + float(sys.argv[2])
+while time.perf_counter() < end:
+    with instrument.stage("request"):
+        with tok:
+            spin(300)
+            instrument.add("tokens", 8)
+        with model:
+            spin(iterations)
+"""
+
+
+def hogs():
+    """A busy loop pinned to each core this process may use (the way a shared CI machine is loaded)."""
+    return [subprocess.Popen([sys.executable, "-c", HOG, str(c)]) for c in sorted(os.sched_getaffinity(0))]
+
+
+def plain_run(tmp_path, name, iterations, seconds=2.5, hog=False):
+    script = tmp_path / "service.py"
+    script.write_text(SERVICE)
+    out = tmp_path / f"{name}.json"
+    started = hogs() if hog else []
+    try:
+        # every call read: the CPU time per call is exact, so only the machine moves it
+        r = subprocess.run([sys.executable, "-m", "instrument", "run", "-o", str(out), "--no-report", "--",
+                            sys.executable, str(script), str(iterations), str(seconds)], capture_output=True, text=True,
+                           timeout=120, env=dict(env(), INSTRUMENT_OVERHEAD_BUDGET="none"))
+    finally:
+        for h in started:
+            h.kill()
+            h.wait()
+    assert r.returncode == 0, r.stderr
+    return out
+
+
+def waiting(path):
+    """Share of the top-level stages' running time spent waiting for a CPU, from the snapshot file itself."""
+    stages = [s for s in json.loads(path.read_text())["stages"] if len(s["path"]) == 1]
+    rq = sum(s["wall_split_ns"]["runqueue"]["total"] for s in stages)
+    return rq / sum(s["wall_split_ns"]["covered_running"]["total"] for s in stages)
+
+
+def test_plain_runs_with_a_hog_fail_the_gate_on_the_stage_made_slower(tmp_path):
+    before = plain_run(tmp_path, "before", 2000)
+    after = plain_run(tmp_path, "after", 6000, hog=True)       # model does 3x the work, beside a hog per core
+    summary = tmp_path / "summary.json"
+    r = cli("diff", before, after, "--fail-on-regression", 20, "--summary", summary)
+    assert r.returncode == 1, r.stdout + r.stderr
+    j = json.loads(summary.read_text())
+    assert j["basis"] == "runs" and "one run a side" in j["basis_reason"]
+    assert r.stdout.splitlines()[1] == f"basis: {j['basis_reason']}"
+    assert r.stdout.splitlines()[2] == f"machine: {j['machine']['line']}"
+    found = {(tuple(g["path"]), g["figure"]) for g in j["gate"]["regressions"]}
+    assert (("request", "model"), "cpu") in found                  # 3x the loop: CPU per call beyond noise, > 20 %
+    tokens = next(x for x in j["rows"] if x["path"] == ["request", "tokenize"])["tests"]["item:tokens"]
+    assert tokens["basis"] == "none" and "the same in every window" in tokens["reason"]
+    # the machine line's figures are the snapshots' own
+    wb, wa = waiting(before), waiting(after)
+    assert j["machine"]["before"]["waiting"] == pytest.approx(wb) and j["machine"]["after"]["waiting"] == pytest.approx(wa)
+    assert f"after spent {100 * wa:.0f} % of its running time waiting for a CPU, before {100 * wb:.0f} %" in \
+        j["machine"]["line"]
+    refs = [json.loads(p.read_text())["meta"]["machine"]["reference_ns"] for p in (before, after)]
+    assert f"reference loop took {refs[1]:.1f} ns per iteration, before {refs[0]:.1f}" in j["machine"]["line"]
+    assert j["machine"]["differed"] == (abs(wa - wb) > 0.05 or abs(refs[1] / refs[0] - 1) > 0.1)
+
+
+def test_identical_plain_runs_with_a_hog_in_one_pass_the_gate(tmp_path):
+    # two pairs: the diff may call identical code changed with a chance of 1 % (alpha), so both pairs failing
+    # the gate would be a chance of 1 in 10,000
+    failed = []
+    for k in range(2):
+        before = plain_run(tmp_path, f"before{k}", 2000, hog=k == 0)
+        after = plain_run(tmp_path, f"after{k}", 2000, hog=k == 1)
+        r = cli("diff", before, after, "--fail-on-regression", 5)
+        assert r.returncode in (0, 1), r.stderr
+        failed.append((r.returncode, r.stderr))
+    assert not all(rc for rc, _ in failed), failed
+
+
+def chunked(iterations, turns=16, calls=40):
+    """Before and after taking turns in one process, each chunk a snapshot, merged per side (as instrument demo)."""
+    model = instrument.stage("model")
+    parts = ([], [])
+    for k in range(turns):
+        for side in ((0, 1) if k % 2 == 0 else (1, 0)):
+            instrument.reset()
+            for _ in range(calls):
+                with instrument.stage("request"):
+                    with model:
+                        spin(iterations[side])
+            parts[side].append(instrument.snapshot())
+    return parts[0][0].merge(*parts[0][1:]), parts[1][0].merge(*parts[1][1:])
+
+
+def test_turns_in_one_process_are_paired_and_say_so(backend):
+    instrument.configure(overhead_budget=None)                     # every call read: exact CPU time per chunk
+    before, after = chunked((1000, 2000))
+    d = instrument.diff(before, after)
+    assert d.basis == "turns" and "16 pairs" in d.basis_reason
+    model = d.row("model" if d.row("model") else "request/model")
+    assert model.judgement == "slower" and model.significance.n == (16, 16)
+    assert not d.machine.differed or "waiting for a CPU" in d.machine.line
+    runs = instrument.diff(before, after, basis="runs")            # each chunk a run: the spread between measured
+    assert runs.basis == "runs" and runs.basis_reason.startswith("runs, as asked: 16 runs before, 16 after")
+    assert runs.row("request/model").tests["cpu"].n == (16, 16)
+    assert Snapshot.from_dict(json.loads(after.to_json()))["request/model"].windows[0]["items"] == {}
+
+
+def test_a_reference_stage_of_the_same_calls_takes_a_hog_and_a_wandering_machine_out(tmp_path):
+    before = plain_run(tmp_path, "before", 2000)
+    after = plain_run(tmp_path, "after", 3200, hog=True)       # model does 1.6x the work, beside a hog per core
+    r = cli("diff", before, after, "--reference", "request/tokenize", "--format", "json")
+    assert r.returncode == 0, r.stderr
+    d = json.loads(r.stdout)
+    rows = {tuple(x["path"]): x for x in d["rows"]}
+    assert rows[("request", "model")]["judgement"] == "slower"
+    cpu = rows[("request", "model")]["tests"]["cpu"]       # relative to tokenize: beyond noise, slower
+    assert cpu["significant"] and cpu["interval"][0] > 0        # (how much of the 60 % is left moves with the load)
+    assert rows[("request", "tokenize")]["judgement"] == "untested"
+    assert "the reference stage request/tokenize took" in d["machine"]["line"]
