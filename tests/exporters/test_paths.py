@@ -6,6 +6,7 @@ import html as htmllib
 import io
 import json
 import re
+import time
 
 import pytest
 
@@ -21,17 +22,18 @@ SHAPES = {("a/b",): "a\\/b", ("a", "b"): "a/b", ("a",): "a", ("c\\",): "c\\\\", 
 
 
 def record(rounds=3):
+    # each innermost stage sleeps 1 ms: every stage has a width in the icicle (one under 1 px is not drawn)
     for _ in range(rounds):
         with instrument.stage("a/b"):
-            pass
+            time.sleep(0.001)
         with instrument.stage("a"):
             with instrument.stage("b"):
-                pass
+                time.sleep(0.001)
         with instrument.stage("c\\"):
             with instrument.stage("d"):
-                pass
+                time.sleep(0.001)
         with instrument.stage("c\\/d"):
-            pass
+            time.sleep(0.001)
     return instrument.snapshot()
 
 
