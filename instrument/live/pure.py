@@ -642,9 +642,16 @@ def _run_queue_source() -> str:
         return "unavailable (/proc/thread-self/schedstat cannot be read)"
 
 
+def _live_threads() -> List["_ThreadSlots"]:
+    """The live threads' slots, copied in one step: other threads add theirs meanwhile (iterating the weak
+    dictionary itself would fail when one does)."""
+    refs = list(_threads.data.values())   # one copy of a plain dict, under the GIL
+    return [t for t in (r() for r in refs) if t is not None]
+
+
 def _helpers_cpu() -> int:
     """The process's CPU time less that of every thread that has run a stage (live or ended); -1."""
-    live = list(_threads.values())
+    live = _live_threads()
     if len(live) > HELPERS_MAX_THREADS:
         return -1
     ours = _retired_cpu
@@ -1832,7 +1839,7 @@ def set_counters(events, exclude_kernel, taskclock_index) -> None:
     if len(events) > 16:
         raise ValueError(f"at most 16 counters can be read per stage, got {len(events)}")
     with _lock:
-        for src in [_retired] + [t.stats for t in _threads.values()]:
+        for src in [_retired] + [t.stats for t in _live_threads()]:
             for slot in src.values():
                 slot.mux = None      # counter slots of the old events would be misread under the new ones
                 if slot.est is not None:
@@ -1893,7 +1900,7 @@ def collect() -> Dict[str, Any]:
         merged: Dict[int, _Slot] = {}
         me = getattr(_local, "slots", None)
         sources = [(_retired, -1)] + [(t.stats, time.thread_time_ns() if t is me else _clock_ns(t.cpu_clock_id, math.inf))
-                                      for t in list(_threads.values())]
+                                      for t in _live_threads()]
         for src, cpu_now in sources:   # each thread's CPU clock now: its slots' calls took no more
             for nid, s in list(src.items()):
                 _merge_slot(merged.setdefault(nid, _Slot()), s, cpu_now)
@@ -1914,7 +1921,7 @@ def collect() -> Dict[str, Any]:
 def _zero() -> None:
     global _ring_next, _ring_total
     with _lock:
-        for t in list(_threads.values()):
+        for t in _live_threads():
             t.stats.clear()
         _retired.clear()
         for k in _counts:
@@ -1943,7 +1950,7 @@ def after_fork_child() -> None:
     mine = getattr(_local, "slots", None)
     if mine is not None:
         mine.native_id = threading.get_native_id()
-    for t in list(_threads.values()):
+    for t in _live_threads():
         if t.perf is not None:
             t.perf.close()     # the inherited fds count the parent's threads
         t.perf, t.perf_gen = None, 0
