@@ -85,10 +85,12 @@ static int bounded(int q) { return q == Q_CPU || q == Q_SYS || q == Q_RQ; }   /*
  * fit's error, each call's error taken as the fit's mean squared error.  Below FEW_READS reads, no smaller than a
  * guess: for a quantity bounded by the running time, the running time (where no call of the stratum was read, the
  * prediction is held to [0, w], or is w / 2 for calls that left the CPU, and the 99 % interval spans it); else as large as the prediction itself, or as the
- * largest error per running ns of any stratum with two reads (rel).  (Calls of a kind no read has seen stay
- * unseen: a stage whose rare heavy calls were all left unread has an estimate, and an interval, blind to them.) */
-static void predict_unread(const Sums *m, double nb, int q, int switched, double n, double w, double rel, double *pred,
-                           double *var) {
+ * largest error per running ns of any stratum with two reads (rel).  Where the stratum's reads fit exactly (a
+ * counter that read 0 on each), the unread calls may still hold a kind none of those reads saw, at a rate below
+ * 3 / reads at 95 % (the rule of three): each call's error is then taken no smaller than that share of the spread
+ * per call of all the stage's reads (pool), so a rare heavy kind read elsewhere widens the interval here too. */
+static void predict_unread(const Sums *m, double nb, int q, int switched, double n, double w, double rel, double pool,
+                           double *pred, double *var) {
     Fit f = fit(m);
     *pred = f.a * n + f.r * w;
     double run = w / n, g = f.mse;
@@ -102,6 +104,7 @@ static void predict_unread(const Sums *m, double nb, int q, int switched, double
         double one = bounded(q) ? run : fmax(fabs(*pred / n), sqrt(rel) * run);
         g = fmax(g, one * one);
     }
+    if (g == 0 && nb) g = pool * fmin(3 / nb, 1);
     *var = n * g + g * (!nb ? n * n : f.r ? w * w / m->ww : n * n / m->n);
 }
 
@@ -118,15 +121,21 @@ static double worst_relative_error(const Cell *c) {
 
 /* One side of the estimate (the totals, or self): the read calls' values, and the unread calls of each stratum
  * (un, uw: the node's, plus the calls that did not measure this quantity) predicted from its read calls. */
+/* The spread per call of all the read calls of c about their mean (0 below two reads). */
+static double pooled_spread(const Cell *c) {
+    Sums m = sums(c, -1);
+    return m.n >= 2 ? fmax(m.xx - m.x * m.x / m.n, 0) / (m.n - 1) : 0;
+}
+
 static void estimate_side(const Cell *c, const double *un, const double *uw, int q, double *sum, double *var) {
-    double rel = worst_relative_error(c), pred, v;
+    double rel = worst_relative_error(c), pool = pooled_spread(c), pred, v;
     *sum = *var = 0;
     for (int b = 0; b < STRATA; b++) {
         double n = un[b] + c[b].un, w = uw[b] + c[b].uw;
         *sum += c[b].x;
         if (!n) continue;
         Sums m = sums(c, c[b].n ? b : -1);
-        predict_unread(&m, c[b].n, q, b >= STRATA_RUN, n, w, rel, &pred, &v);
+        predict_unread(&m, c[b].n, q, b >= STRATA_RUN, n, w, rel, pool, &pred, &v);
         *sum += pred;
         *var += v;
     }

@@ -178,7 +178,7 @@ FEW_READS = 5   # below this many reads, a stratum's own spread is not trusted a
 
 
 def _predict_unread(m: Tuple[float, ...], nb: float, q: int, switched: bool, n: float, w: float,
-                    rel: float) -> Tuple[float, float]:
+                    rel: float, pool: float) -> Tuple[float, float]:
     """csrc/stats.c predict_unread(): (prediction, variance) of n unread calls of running time w in all."""
     a, r, g = _fit(m)
     pred, run = a * n + r * w, w / n
@@ -188,6 +188,8 @@ def _predict_unread(m: Tuple[float, ...], nb: float, q: int, switched: bool, n: 
             return pred, (max(pred, w - pred) / 2.576) ** 2
         one = run if q in (Q_CPU, Q_SYS, Q_RQ) else max(abs(pred / n), math.sqrt(rel) * run)
         g = max(g, one * one)
+    if g == 0 and nb:   # reads that fit exactly: a kind none of them saw, at a rate below 3 / reads (rule of three)
+        g = pool * min(3 / nb, 1)
     return pred, n * g + g * (n * n if not nb else w * w / m[5] if r else n * n / m[0])
 
 
@@ -246,13 +248,15 @@ def _estimate_side(cells: List[list], un: List[float], uw: List[float], q: int) 
         mse = _fit(m)[2]
         if mse >= 0 and m[2] > 0:
             rel = max(rel, mse / (m[2] / m[0]) ** 2)
+    m = _cell_sums(cells, -1)
+    pool = max(m[3] - m[1] * m[1] / m[0], 0.0) / (m[0] - 1) if m[0] >= 2 else 0.0   # csrc pooled_spread()
     total = var = 0.0
     for b in range(STRATA):
         n, w = un[b] + cells[b][UN], uw[b] + cells[b][UW]
         total += cells[b][1]
         if n:
             pred, v = _predict_unread(_cell_sums(cells, b if cells[b][0] else -1), cells[b][0], q, b >= STRATA_RUN,
-                                      n, w, rel)
+                                      n, w, rel, pool)
             total += pred
             var += v
     return total, var
