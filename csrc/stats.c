@@ -119,14 +119,14 @@ static double worst_relative_error(const Cell *c) {
     return rel;
 }
 
-/* One side of the estimate (the totals, or self): the read calls' values, and the unread calls of each stratum
- * (un, uw: the node's, plus the calls that did not measure this quantity) predicted from its read calls. */
 /* The spread per call of all the read calls of c about their mean (0 below two reads). */
 static double pooled_spread(const Cell *c) {
     Sums m = sums(c, -1);
     return m.n >= 2 ? fmax(m.xx - m.x * m.x / m.n, 0) / (m.n - 1) : 0;
 }
 
+/* One side of the estimate (the totals, or self): the read calls' values, and the unread calls of each stratum
+ * (un, uw: the node's, plus the calls that did not measure this quantity) predicted from its read calls. */
 static void estimate_side(const Cell *c, const double *un, const double *uw, int q, double *sum, double *var) {
     double rel = worst_relative_error(c), pool = pooled_spread(c), pred, v;
     *sum = *var = 0;
