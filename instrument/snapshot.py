@@ -80,18 +80,18 @@ def ci99(total: Optional[float], var: float, upper: Optional[float] = None) -> O
     if total is None:
         return None
     half = Z99 * math.sqrt(var) if var > 0 else 0.0
-    hi = total + half
+    lo, hi = max(total - half, 0.0), total + half
     if upper is not None:
         hi = min(hi, max(upper, total))
-    return (max(total - half, 0.0), hi)
+    return (lo, max(hi, lo))   # an estimate below 0 (a difference of clocks) has an interval of [0, 0] at least
 
 
 def _estimate_json(e: Mapping[str, Any], upper: Optional[float] = None) -> Dict[str, Any]:
     """An estimate {"total", "self", "var", "var_self", "reads"} as saved: standard deviations, and the interval."""
     d = {"total": _num(round(e["total"], 3)), "self": _num(round(e["self"], 3)), "sd": math.sqrt(e["var"]),
          "sd_self": math.sqrt(e["var_self"]), "reads": e["reads"]}   # unrounded: a reloaded interval is the same
-    if e["var"] > 0:
-        d["ci99"] = [round(x, 3) for x in ci99(e["total"], e["var"], upper)]
+    if e["var"] > 0:   # from the total as saved, as a reloaded snapshot computes it
+        d["ci99"] = [round(x, 3) for x in ci99(d["total"], e["var"], upper)]
     return d
 
 
