@@ -70,7 +70,7 @@ static void estimate_call(NodeStats *s, const Frame *f, const CallMeasure *m, do
         s->un[b] += 1;
         s->uw[b] += run;
         s->uws[b] += run_self;
-        for (int q = 0; e && s->est && q < nq; q++) e[q] = stats_predict(&s->est[q], run, m->switched);
+        for (int q = 0; e && s->est && q < nq; q++) e[q] = stats_predict(&s->est[q], q, run, m->switched);
         return;
     }
     if (!s->est && !(s->est = calloc(Q_MAX, sizeof(Estimate)))) { g_internal++; return; }
@@ -79,7 +79,7 @@ static void estimate_call(NodeStats *s, const Frame *f, const CallMeasure *m, do
         Estimate *t = &s->est[q];
         if (isnan(m->x[q])) {   /* not measured on this call: it counts as unread for this quantity */
             t->tot[b].un += 1, t->tot[b].uw += run, t->own[b].un += 1, t->own[b].uw += run_self;
-            if (e) e[q] = stats_predict(t, run, m->switched);
+            if (e) e[q] = stats_predict(t, q, run, m->switched);
             continue;
         }
         cell_add(&t->tot[b], m->x[q], run, W);

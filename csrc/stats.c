@@ -48,28 +48,34 @@ static Sums sums(const Cell *c, int b) {
 }
 
 /* A fit to read calls: the quantity per running ns (a = 0, r the ratio) or per call (a the mean, r = 0), whichever
- * has the smaller squared error over them; the ratio and mean weighted by 1 / p (each read call stands for 1 / p
- * calls, whatever its chance was when it was read).  mse: its mean squared error, -1 below two reads. */
+ * has the smaller squared error over them, or per call where asked (per_call); the ratio and mean weighted by 1 / p
+ * (each read call stands for 1 / p calls, whatever its chance was when it was read).  mse: its mean squared error,
+ * -1 below two reads. */
 typedef struct { double a, r, mse; } Fit;
 
-static Fit fit(const Sums *m) {
+static Fit fit(const Sums *m, int per_call) {
     double ratio = m->Ww > 0 ? m->Wx / m->Ww : 0, mean = m->Wn > 0 ? m->Wx / m->Wn : 0;
     double sse_w = m->xx - 2 * ratio * m->xw + ratio * ratio * m->ww;
     double sse_c = m->xx - 2 * mean * m->x + mean * mean * m->n;
-    Fit f = sse_c < sse_w ? (Fit){mean, 0, sse_c} : (Fit){0, ratio, sse_w};
+    Fit f = per_call || sse_c < sse_w ? (Fit){mean, 0, sse_c} : (Fit){0, ratio, sse_w};
     f.mse = m->n >= 2 ? fmax(f.mse, 0) / (m->n - 1) : -1;
     return f;
 }
 
+/* Whether quantity q of calls that left the CPU is predicted per call: their running time holds their time off
+ * the CPU (a preempted call of 80 µs of work can run 4 ms), which says nothing of their own work (CPU time, system
+ * time, counters); their run-queue time and the helper threads' CPU meanwhile grow with it. */
+static int per_call(int q, int switched) { return switched && q != Q_RQ && q != Q_HELPERS; }
+
 /* The fit a call of stratum b is predicted by: its stratum's, or all strata's where its stratum has no read. */
-static Fit fit_for(const Cell *c, int b) {
+static Fit fit_for(const Cell *c, int q, int b) {
     Sums m = sums(c, c[b].n ? b : -1);
-    return fit(&m);
+    return fit(&m, per_call(q, b >= STRATA_RUN));
 }
 
-double stats_predict(const Estimate *e, double run, int switched) {
+double stats_predict(const Estimate *e, int q, double run, int switched) {
     if (!e->reads) return 0.0;
-    Fit f = fit_for(e->tot, stratum(run, switched));
+    Fit f = fit_for(e->tot, q, stratum(run, switched));
     return f.a + f.r * run;
 }
 
@@ -84,19 +90,19 @@ static int bounded(int q) { return q == Q_CPU || q == Q_SYS || q == Q_RQ; }   /*
  * own stratum; m is all strata's where nb is 0), with its variance: the calls' own errors about the fit and the
  * fit's error, each call's error taken as the fit's mean squared error.  Below FEW_READS reads, no smaller than a
  * guess: for a quantity bounded by the running time, the running time (where no call of the stratum was read, the
- * prediction is held to [0, w], or is w / 2 for calls that left the CPU, and the 99 % interval spans it); else as large as the prediction itself, or as the
+ * prediction is held to [0, w], and for calls that left the CPU the 99 % interval spans it); else as large as the prediction itself, or as the
  * largest error per running ns of any stratum with two reads (rel).  Where the stratum's reads fit exactly (a
  * counter that read 0 on each), the unread calls may still hold a kind none of those reads saw, at a rate below
  * 3 / reads at 95 % (the rule of three): each call's error is then taken no smaller than that share of the spread
  * per call of all the stage's reads (pool), so a rare heavy kind read elsewhere widens the interval here too. */
 static void predict_unread(const Sums *m, double nb, int q, int switched, double n, double w, double rel, double pool,
                            double *pred, double *var) {
-    Fit f = fit(m);
+    Fit f = fit(m, per_call(q, switched));
     *pred = f.a * n + f.r * w;
     double run = w / n, g = f.mse;
     if (nb < FEW_READS) {
-        if (bounded(q) && !nb) {   /* a call that left the CPU: anywhere in [0, w]; one that did not: as the others */
-            *pred = switched ? w / 2 : fmin(fmax(*pred, 0), w);
+        if (bounded(q) && !nb) {   /* within [0, w]; a call that left the CPU anywhere in it (the interval spans it) */
+            *pred = fmin(fmax(*pred, 0), w);
             double off = fmax(*pred, w - *pred) / 2.576;
             *var = off * off;
             return;
@@ -113,7 +119,7 @@ static double worst_relative_error(const Cell *c) {
     double rel = 0;
     for (int b = 0; b < STRATA; b++) {
         Sums m = sums(c, b);
-        Fit f = fit(&m);
+        Fit f = fit(&m, 0);
         if (f.mse >= 0 && m.w > 0) rel = fmax(rel, f.mse / (m.w / m.n * m.w / m.n));
     }
     return rel;

@@ -113,7 +113,7 @@ void stats_array_clear(StatsArray *a);
  * out of memory. */
 int stats_array_merge(StatsArray *into, const StatsArray *from, int64_t cpu_now);
 int stats_quantities(void);                        /* quantities in use: the scalars and g_ctr_n counters */
-double stats_predict(const Estimate *e, double run, int switched);   /* a call's value of the quantity, predicted */
+double stats_predict(const Estimate *e, int q, double run, int switched);   /* a call's value of the quantity, predicted */
 double stats_read_sum(const Estimate *e);          /* the read calls' sum of the quantity */
 double stats_read_run(const Estimate *e);          /* and of their running time */
 /* A quantity's estimate over the node's covered calls, total and self, with their variances. */

@@ -298,7 +298,8 @@ class StageStats:
                 var = self.cpu_var if part == "on_cpu" else (self.runqueue or {}).get("var", 0.0)
                 if part == "blocked":
                     var = self.cpu_var + (self.runqueue or {}).get("var", 0.0)
-                d["ci99"] = list(ci99(t, var, self.covered_run))
+                d["ci99"] = [round(x, 3) for x in ci99(t, var, self.covered_run)]   # as saved: a variance comes
+                # back from its saved standard deviation to the last bit or so
             out[part] = d
         return out
 

@@ -164,14 +164,19 @@ def _stratum(run: float, switched: bool) -> int:
 _ST = ("n", "x", "w", "xx", "xw", "ww", "Wn", "Wx", "Ww")   # a stratum's sums (csrc/stats.h Estimate)
 
 
-def _fit(m: Tuple[float, ...]) -> Tuple[float, float, float]:
+def _fit(m: Tuple[float, ...], per_call: bool = False) -> Tuple[float, float, float]:
     """csrc/stats.c fit(): (a, r, mse) of the better fit to read calls' sums m (as _ST), per call (a the mean) or
     per running ns (r the ratio), weighted by 1 / p; mse -1 below two reads."""
     n, x, w, xx, xw, ww, Wn, Wx, Ww = m
     ratio, mean = (Wx / Ww if Ww > 0 else 0.0), (Wx / Wn if Wn > 0 else 0.0)
     sse_w, sse_c = xx - 2 * ratio * xw + ratio * ratio * ww, xx - 2 * mean * x + mean * mean * n
-    a, r, sse = (mean, 0.0, sse_c) if sse_c < sse_w else (0.0, ratio, sse_w)
+    a, r, sse = (mean, 0.0, sse_c) if per_call or sse_c < sse_w else (0.0, ratio, sse_w)
     return a, r, (max(sse, 0.0) / (n - 1) if n >= 2 else -1.0)
+
+
+def _per_call(q: int, switched: bool) -> bool:
+    """csrc/stats.c per_call(): the work of calls that left the CPU is predicted per call, not per running ns."""
+    return switched and q not in (Q_RQ, Q_HELPERS)
 
 
 FEW_READS = 5   # below this many reads, a stratum's own spread is not trusted alone (csrc/stats.c)
@@ -180,11 +185,11 @@ FEW_READS = 5   # below this many reads, a stratum's own spread is not trusted a
 def _predict_unread(m: Tuple[float, ...], nb: float, q: int, switched: bool, n: float, w: float,
                     rel: float, pool: float) -> Tuple[float, float]:
     """csrc/stats.c predict_unread(): (prediction, variance) of n unread calls of running time w in all."""
-    a, r, g = _fit(m)
+    a, r, g = _fit(m, _per_call(q, switched))
     pred, run = a * n + r * w, w / n
     if nb < FEW_READS:
-        if q in (Q_CPU, Q_SYS, Q_RQ) and not nb:   # left the CPU: anywhere in [0, w]; else as the others
-            pred = w / 2 if switched else min(max(pred, 0.0), w)
+        if q in (Q_CPU, Q_SYS, Q_RQ) and not nb:   # within [0, w]; one that left the CPU anywhere in it
+            pred = min(max(pred, 0.0), w)
             return pred, (max(pred, w - pred) / 2.576) ** 2
         one = run if q in (Q_CPU, Q_SYS, Q_RQ) else max(abs(pred / n), math.sqrt(rel) * run)
         g = max(g, one * one)
@@ -213,11 +218,11 @@ class _Est:
         self.own = [[0.0] * (UW + 1) for _ in range(STRATA)]
         self.reads = 0
 
-    def predict(self, run: float, switched: bool) -> float:
+    def predict(self, q: int, run: float, switched: bool) -> float:
         if not self.reads:
             return 0.0
         b = _stratum(run, switched)
-        a, r, _ = _fit(_cell_sums(self.tot, b if self.tot[b][0] else -1))
+        a, r, _ = _fit(_cell_sums(self.tot, b if self.tot[b][0] else -1), _per_call(q, switched))
         return a + r * run
 
     def add(self, b: int, x: float, run: float, W: float, xs: float, run_self: float) -> None:
@@ -937,7 +942,7 @@ def _estimate_call(s: _Slot, f: _Frame, m: _Measure, want: bool) -> Optional[lis
         s.un[b] += 1
         s.uw[b] += run
         s.uws[b] += run_self
-        return [e.predict(run, m.switched) for e in s.est[:nq]] if want and s.est is not None else None
+        return [e.predict(q, run, m.switched) for q, e in enumerate(s.est[:nq])] if want and s.est is not None else None
     if s.est is None or len(s.est) < nq:
         s.est = (s.est or []) + [_Est() for _ in range(nq - len(s.est or []))]
     out = [0.0] * nq
@@ -946,7 +951,7 @@ def _estimate_call(s: _Slot, f: _Frame, m: _Measure, want: bool) -> Optional[lis
         x = m.x[q] if m.x is not None and q < len(m.x) else None
         if x is None:   # not measured on this call: it counts as unread for this quantity
             t.unmeasured(b, run, run_self)
-            out[q] = t.predict(run, m.switched)
+            out[q] = t.predict(q, run, m.switched)
             continue
         t.add(b, x, run, f.w, x - f.child[q], run_self)
         out[q] = x

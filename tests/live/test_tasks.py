@@ -589,9 +589,13 @@ def test_abandoned_calls_are_recorded_through_the_same_path_as_closed_ones(backe
     reads = sum(s.cpu_reads for s in snap if s.cpu_total is not None)
     accounted = cpu_sum(snap) + bias * reads
     # the calibrated bias is the reads' median cost: the mean differs by a fraction of it on a loaded machine
-    assert abs(accounted - thread) <= 0.01 * thread + 0.25 * bias * reads, (accounted, thread, bias, reads)
-    if not backend.__name__.endswith("pure"):   # the twin's own work per call (about 70 µs here) hides a bias in 1 %
-        assert n * bias > 0.01 * thread + 0.25 * bias * reads, "a bias missed on the abandoned calls would show"
+    tol = 0.01 * thread + 0.25 * bias * reads
+    assert accounted <= thread + tol, (accounted, thread, bias, reads)
+    if not backend.__name__.endswith("pure"):
+        # the twin's own Python work between its reads (tens of µs a call, more beside a hog) is in no stage, and
+        # hides a bias in 1 %: the lower bound and the check that a missed bias would show are the C core's
+        assert accounted >= thread - tol, (accounted, thread, bias, reads)
+        assert n * bias > tol, "a bias missed on the abandoned calls would show"
 
 
 def test_reset_clears_what_meta_says_of_the_tasks(backend):
