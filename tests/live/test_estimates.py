@@ -127,3 +127,24 @@ def test_estimates_carry_their_interval_in_the_snapshot(backend, tmp_path):
     snap.save(path)
     back = instrument.Snapshot.load(path)["tiny"]
     assert back.cpu_ci99 == pytest.approx(s.cpu_ci99, rel=1e-6)
+
+
+def test_preempted_unread_calls_are_predicted_by_their_work(backend, shared_core):
+    """A CPU hog shares the core: now and then a call of 80 µs of work is preempted for a time slice (ms).  Its
+    running time then says nothing of its work, so an unread one is predicted per call, not per running ns (which
+    once made one such call in a hundred add half their CPU time).  The task-clock counter's estimate, which is
+    not held to the threads' clocks as CPU time is, stays near the CPU the thread spent around each call."""
+    instrument.configure(overhead_budget=0.01)
+    st = instrument.stage("work")
+    est = outer = 0.0
+    for _ in range(10):   # short runs, the way a stage's first hundred calls are seen
+        instrument.reset()
+        for _ in range(100):
+            a = time.thread_time_ns()
+            with st:
+                busy_ns(80_000)
+            outer += time.thread_time_ns() - a
+        s = instrument.snapshot()["work"]
+        assert s.counters["task-clock"]["read_calls"] < 100
+        est += s.counter("task-clock")
+    assert est <= 1.10 * outer, (est, outer)
