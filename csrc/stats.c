@@ -90,8 +90,8 @@ static int bounded(int q) { return q == Q_CPU || q == Q_SYS || q == Q_RQ; }   /*
  * own stratum; m is all strata's where nb is 0), with its variance: the calls' own errors about the fit and the
  * fit's error, each call's error taken as the fit's mean squared error.  Below FEW_READS reads, no smaller than a
  * guess: for a quantity bounded by the running time, the running time (where no call of the stratum was read, the
- * prediction is held to [0, w], and for calls that left the CPU the 99 % interval spans it); else as large as the prediction itself, or as the
- * largest error per running ns of any stratum with two reads (rel).  Where the stratum's reads fit exactly (a
+ * prediction is held to [0, w], and for calls that left the CPU the 99 % interval spans it); else as large as the
+ * prediction itself, or as the largest error per running ns of any stratum with two reads (rel).  Where the stratum's reads fit exactly (a
  * counter that read 0 on each), the unread calls may still hold a kind none of those reads saw, at a rate below
  * 3 / reads at 95 % (the rule of three): each call's error is then taken no smaller than that share of the spread
  * per call of all the stage's reads (pool), so a rare heavy kind read elsewhere widens the interval here too. */
