@@ -43,15 +43,19 @@ def clock_read_ns():
     return sorted(d)[100]
 
 
-def interleaved(st, n, calls, rounds, pattern=None, per_round=None):
+def interleaved(st, n, calls, rounds, pattern=None, per_round=None, recalibrate=False):
     """CPU the stage recorded / the thread CPU time of the same work unstaged.  The CPU time of fixed work
     drifts by 20 % from one 10 ms window to the next on a shared VM, so the two sides alternate every half
     millisecond or so and both see the same drift.  Returns (ratio, the last round's stage, the ratio's standard
-    deviation from the estimates' own variance); each round's ratio appended to `per_round` where given."""
+    deviation from the estimates' own variance); each round's (ratio, its standard deviation) appended to
+    `per_round` where given.  recalibrate: each round calibrates in its own window (configure()), the way its
+    truth is measured, so that a burst of load during one calibration moves one round, not the run."""
     read = clock_read_ns()
     staged = truth = var = 0
     s = None
     for r in range(rounds):
+        if recalibrate:
+            instrument.configure()
         instrument.reset()
         truth0 = truth
         sizes = [n if pattern is None else pattern(i) for i in range(calls)]
@@ -70,7 +74,7 @@ def interleaved(st, n, calls, rounds, pattern=None, per_round=None):
         staged += s.cpu_total
         var += s.cpu_var
         if per_round is not None:
-            per_round.append(s.cpu_total / (truth - truth0))
+            per_round.append((s.cpu_total / (truth - truth0), s.cpu_var ** 0.5 / (truth - truth0)))
     return staged / truth, s, var ** 0.5 / truth
 
 
@@ -117,19 +121,31 @@ def test_sampled_cpu_of_a_200us_stage_matches_the_thread_clock(backend):
     99 % interval and the correction's precision (3 %; the pure twin's 6 %)."""
     o = instrument.snapshot().meta["overhead"]
     ns = min(200_000, 0.3 * o["per_read_ns"] / o["budget"])   # short enough to be sampled on either backend
-    ratio, s, sd = interleaved(instrument.stage("spin"), iterations_for(ns), 100, 8)
+    rounds = []
+    interleaved(instrument.stage("spin"), iterations_for(ns), 100, 9, per_round=rounds, recalibrate=True)
+    s = instrument.snapshot()["spin"]
     assert s.cpu_calls == 100 and s.cpu_estimated
-    assert abs(ratio - 1) <= 2.576 * sd + (0.06 if backend.__name__.endswith("pure") else 0.03), (ratio, sd)
+    assert_median_round(rounds, 0.06 if backend.__name__.endswith("pure") else 0.03)
+
+
+def assert_median_round(rounds, precision):
+    """The median round lands within its own 99 % interval and the correction's precision: a burst of load
+    during one round's calibration moves that round only (9 rounds: 5 would have to miss)."""
+    ratio, sd = sorted(rounds)[len(rounds) // 2]
+    assert abs(ratio - 1) <= 2.576 * sd + precision, rounds
 
 
 def test_alternating_costs_are_not_biased_by_the_sampling(backend):
     """Calls alternate between a short and a ten times longer cost: a sampler that kept in step with the
     pattern would see only one of them; a random one estimates the sum, within its own interval."""
     short, long_ = iterations_for(20_000), iterations_for(200_000)
-    ratio, s, sd = interleaved(instrument.stage("alt"), 0, 500, 12, pattern=lambda i: short if i % 2 else long_)
+    rounds = []
+    interleaved(instrument.stage("alt"), 0, 500, 9, pattern=lambda i: short if i % 2 else long_, per_round=rounds,
+                recalibrate=True)
+    s = instrument.snapshot()["alt"]
     assert s.cpu_reads < s.cpu_calls, "the stage should be short enough to be sampled under the 1 % budget"
-    # a sampler in step with the pattern would be off by 80 % (the pure twin's reads cost 5-9 µs: coarser)
-    assert abs(ratio - 1) <= 2.576 * sd + (0.08 if backend.__name__.endswith("pure") else 0.04), (ratio, sd)
+    # a sampler in step with the pattern would be off by 80 % (the pure twin's reads cost 10-25 µs: coarser)
+    assert_median_round(rounds, 0.08 if backend.__name__.endswith("pure") else 0.04)
 
 
 def test_the_reads_stay_within_the_budget(backend):
@@ -193,6 +209,7 @@ def test_cpu_of_short_stages_matches_the_thread_clock(backend, counters, ns):
         # way the truth is (a burst of load during one calibration moves one round, not the run)
         instrument.configure(counters=counters, overhead_budget=None)
         interleaved(instrument.stage("spin"), iterations_for(ns), calls, 1, per_round=rounds)
+        rounds[-1] = rounds[-1][0]
         s = instrument.snapshot()["spin"]
         assert s.cpu_reads == s.cpu_calls == calls
     # the correction is about 1 µs a call here, known to ±0.2 µs from one calibration to the next on a quiet
