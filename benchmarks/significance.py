@@ -117,13 +117,16 @@ class Cell:
 
     def __init__(self) -> None:
         self.slow = self.others = self.differed = 0
-        self.est, self.width, self.bases, self.tests = [], [], set(), []
+        self.est, self.width, self.bases, self.tests, self.alarms = [], [], set(), [], []
 
     def add(self, d, slower: float) -> None:
         row = d.row("request/model")
         self.slow += row.judgement == "slower"
         changed = {("request",), ("request", "model")} if slower != 1.0 else set()   # model and its parent
-        self.others += any(r.significant for r in d.rows if r.path not in changed)
+        alarms = [f"{'/'.join(r.path)} {k} {t.estimate:+.1%}" for r in d.rows if r.path not in changed
+                  for k, t in r.tests.items() if t.significant]
+        self.others += bool(alarms)
+        self.alarms += alarms
         self.differed += d.machine.differed
         self.bases.add(d.basis)
         self.tests.append(d.tests)
@@ -178,6 +181,10 @@ def main() -> None:
             seconds = (time.perf_counter() - t0) / a.trials
             print(plain_cell.line(case, slower, a.trials, load0, seconds), flush=True)
             print(ref_cell.line(f"{case} +ref", slower, a.trials, load0, seconds), flush=True)
+            for label, cell in ((case, plain_cell), (f"{case} +ref", ref_cell)):
+                if cell.alarms:
+                    print(f"  {label}, {'identical' if slower == 1.0 else f'{slower - 1:.0%} slower'}: "
+                          f"judged changed: {'; '.join(cell.alarms)}", flush=True)
 
 
 if __name__ == "__main__":

@@ -69,7 +69,7 @@ typedef struct {
     size_t ring;
     double budget;
     int64_t wall_bias[2], cpu_bias, inner_bias;
-    PyObject *he, *hx, *re;
+    PyObject *he, *hx, *re, *pr;
     StatsArray stats;
 } Saved;
 
@@ -77,11 +77,11 @@ static void quiet(ThreadState *ts, Saved *s) {
     *s = (Saved){g_enabled, g_nvtx, g_ctr_n, g_cpu_clock, g_cpu_split, g_run_queue, g_helper_cpu,
                  g_exemplar_k, g_ring_cap,
                  g_budget, {g_wall_bias[0], g_wall_bias[1]}, g_cpu_bias, g_inner_bias, g_hook_enter, g_hook_exit,
-                 g_root_exit_hook, ts->stats};
+                 g_root_exit_hook, g_probe_hook, ts->stats};
     ts->stats.v = NULL;
     ts->stats.n = 0;
     g_enabled = 1, g_nvtx = 0, g_exemplar_k = 0, g_ring_cap = 0;
-    g_hook_enter = g_hook_exit = g_root_exit_hook = NULL;
+    g_hook_enter = g_hook_exit = g_root_exit_hook = g_probe_hook = NULL;
 }
 
 static void restore(ThreadState *ts, const Saved *s) {
@@ -90,7 +90,7 @@ static void restore(ThreadState *ts, const Saved *s) {
     g_exemplar_k = s->exemplar_k, g_ring_cap = s->ring;
     g_budget = s->budget, g_wall_bias[0] = s->wall_bias[0], g_wall_bias[1] = s->wall_bias[1];
     g_cpu_bias = s->cpu_bias, g_inner_bias = s->inner_bias;
-    g_hook_enter = s->he, g_hook_exit = s->hx, g_root_exit_hook = s->re;
+    g_hook_enter = s->he, g_hook_exit = s->hx, g_root_exit_hook = s->re, g_probe_hook = s->pr;
     stats_array_clear(&ts->stats);
     ts->stats = s->stats;
 }

@@ -178,7 +178,8 @@ static void read_exit(ThreadState *ts, Stack *st, const Frame *f, int same_threa
         r1.t = now_ns();   /* where it serves as the reading a stage around the step resumes at */
     }
     m->overlapped = taskclock_frame_exit(ts, st, f, read ? &r1 : NULL, m);   /* task-relative, time suspended */
-    m->wall = now_ns() - f->r0.t;
+    m->t1 = now_ns();
+    m->wall = m->t1 - f->r0.t;
     m->switched = !same_thread || ts_switches(ts) != f->sw0;
     m->read = read && !m->overlapped;
     m->have_ctr = 0;
@@ -256,6 +257,7 @@ static void close_top(Stack *st, int error) {
     exit_integrations(&f, same_thread);
     Py_DECREF(f.stage);
     if (i == 0 && g_root_exit_hook) root_exit_notify();   /* an outermost call is complete */
+    if (i == 0 && g_probe_hook && m.t1 >= g_probe_due) probe_notify();
 }
 
 void stage_exit(Stage *self, int error) {

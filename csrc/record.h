@@ -9,6 +9,7 @@
 
 typedef struct CallMeasure {
     int64_t wall;        /* t1 - t0 as read; record_call takes the SDK's own share out (then: the call's wall) */
+    int64_t t1;          /* now_ns() at the exit */
     int64_t susp, loop;  /* wall time its task was suspended inside the call; of it, ready waiting for the loop */
     int64_t inner;       /* a read call: the time between its CPU reads (Reading.tq), what its quantities span */
     int switched;        /* its thread left the CPU during it (or that is not known) */

@@ -15,6 +15,14 @@ void root_exit_notify(void);
 /* set_root_exit_hook(f or None) */
 PyObject *mod_set_root_exit_hook(PyObject *m, PyObject *f);
 
+/* The machine probe: after an outermost stage exit at or past g_probe_due (now_ns()), f() runs; it returns the ns
+ * from its end until it is due again.  NULL: none, and the hot path compares nothing. */
+extern PyObject *g_probe_hook;
+extern int64_t g_probe_due;
+void probe_notify(void);
+/* set_probe_hook(f or None) */
+PyObject *mod_set_probe_hook(PyObject *m, PyObject *f);
+
 #pragma GCC visibility pop
 
 #endif

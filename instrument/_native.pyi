@@ -154,6 +154,7 @@ def hist_index(value: int, /) -> int: ...
 def current_path() -> Tuple[str, ...]: ...
 def add(name: str, value: Union[int, float] = ...) -> None: ...   # items of the innermost open stage of this context
 def set_root_exit_hook(hook: Optional[Callable[[], Any]], /) -> None: ...   # after every outermost stage exit
+def set_probe_hook(hook: Optional[Callable[[], int]], /) -> None: ...   # after an outermost stage exit once due; returns ns to the next
 
 # asyncio attribution (csrc/steps.c): stand-ins that instrument.live.tasks installs as
 # asyncio.events.Handle._run and asyncio.base_events.BaseEventLoop._run_once

@@ -2,9 +2,10 @@
 
 A snapshot holds three signs of its machine: how much of the stages' running time they spent ready
 but waiting for a CPU (the run queue: other work on the machine), or, where that was not measured,
-their involuntary context switches; the speed of a fixed reference loop timed when recording started
-(`meta.machine`, docs/schema.md); and the load average when it was taken.  Wall time moves with the
-first two; CPU time per call moves with the second.
+their involuntary context switches; the speed of a fixed reference loop, timed on the stages' threads
+through the recording (the machine probe) and when recording started (`meta.machine`, docs/schema.md);
+and the load average when it was taken.  Wall time moves with the first two; CPU time per call moves
+with the second.
 """
 from __future__ import annotations
 
@@ -32,10 +33,12 @@ class Machine:
     switches_per_s: Optional[float]       # their involuntary context switches per second of running time
     reference_ns: Optional[float]         # the reference loop's ns per iteration (the median over the runs)
     load: Optional[float]                 # load average when the snapshot was taken (the mean over the runs)
+    probe_ns: Optional[float] = None      # the machine probe's median ns per iteration through the recording
+    probe_var: Optional[float] = None     # the variance of that median's log
 
     def to_dict(self) -> Dict[str, Any]:
         return {"waiting": self.waiting, "involuntary_switches_per_s": self.switches_per_s,
-                "reference_ns": self.reference_ns, "load": self.load}
+                "reference_ns": self.reference_ns, "probe_ns": self.probe_ns, "load": self.load}
 
 
 def _median(xs: List[float]) -> Optional[float]:
@@ -62,8 +65,22 @@ def machine(snap: Snapshot) -> Machine:
     ms = _machines(snap.meta)
     refs = [float(m["reference_ns"]) for m in ms if isinstance(m.get("reference_ns"), (int, float))]
     loads = [float(m["load"]) for m in ms if isinstance(m.get("load"), (int, float))]
+    probe_ns, probe_var = _probe(ms)
     return Machine(None if share is None else min(1.0, share), switches, _median(refs),
-                   sum(loads) / len(loads) if loads else None)
+                   sum(loads) / len(loads) if loads else None, probe_ns, probe_var)
+
+
+def _probe(ms: List[Mapping[str, Any]]) -> Tuple[Optional[float], Optional[float]]:
+    """The machine probe's ns per iteration over every source (their means weighed by their timings kept) and the
+    variance of its log; (None, None) where a source has none."""
+    ps = [m.get("probe") for m in ms]
+    if not ps or not all(isinstance(p, Mapping) and isinstance(p.get("ns"), (int, float)) and p["ns"] > 0
+                         and isinstance(p.get("se_log"), (int, float)) and isinstance(p.get("kept"), int)
+                         and p["kept"] > 0 for p in ps):
+        return None, None
+    n = sum(p["kept"] for p in ps)
+    return (sum(p["ns"] * p["kept"] for p in ps) / n,
+            sum((p["kept"] / n) ** 2 * p["se_log"] ** 2 for p in ps))
 
 
 @dataclass(frozen=True)
@@ -72,7 +89,8 @@ class Comparison:
     after: Machine
     differed: bool
     line: str                             # one line with the figures, for the diff's output
-    speed_change: Optional[float]         # after's reference loop time / before's - 1 (+0.2: after 20 % slower)
+    speed_change: Optional[float]         # after's reference stage, probe or reference loop time / before's - 1
+                                          # (+0.2: after 20 % slower)
 
     def to_dict(self) -> Dict[str, Any]:
         return {"differed": self.differed, "line": self.line, "speed_change": self.speed_change,
@@ -106,6 +124,11 @@ def compare(before: Snapshot, after: Snapshot,
         facts.append((abs(speed) > SPEED_CHANGE,
                       f"the reference stage {path_text(reference[0].path)} took {'+' if speed >= 0 else '−'}"
                       f"{abs(100 * speed):.0f} % CPU time per call, taken as the machine's change of speed"))
+    elif b.probe_ns and a.probe_ns:
+        speed = a.probe_ns / b.probe_ns - 1
+        facts.append((abs(speed) > SPEED_CHANGE,
+                      f"its probe loop took {a.probe_ns:.1f} ns per iteration through the run, before "
+                      f"{b.probe_ns:.1f} ({'+' if speed >= 0 else '−'}{abs(100 * speed):.0f} %)"))
     elif b.reference_ns and a.reference_ns:
         speed = a.reference_ns / b.reference_ns - 1
         facts.append((abs(speed) > SPEED_CHANGE,

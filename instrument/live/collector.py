@@ -20,7 +20,7 @@ from .. import counters
 from .._version import __version__
 from ..snapshot import Snapshot, StageStats, path_text
 from . import backend as _backend
-from . import callsite, integrations, nvtx, perf
+from . import callsite, integrations, nvtx, perf, probe
 
 backend = _backend.current   # the hot path reads this global; _on_backend_switch keeps it current
 
@@ -59,6 +59,7 @@ def _apply(cfg: _config.Config, explicit_counters: bool = False) -> None:
     if cfg.nvtx:
         nvtx.init(cfg.nvtx_domain)
     backend.configure(**_config.hot_values(cfg))
+    backend.set_probe_hook(probe.probe if cfg.machine_probe else None)
     _apply_counters(cfg.counters, explicit_counters)
     _calibrate()
     for integ in integrations.registered():
@@ -75,6 +76,7 @@ def use_backend(module) -> None:
 
 def _on_backend_switch(module) -> None:
     global backend
+    backend.set_probe_hook(None)
     if _root_exit is not None:
         backend.set_root_exit_hook(None)
         module.set_root_exit_hook(_root_exit)
@@ -164,9 +166,7 @@ def _machine_reference() -> Dict[str, Any]:
     per, on_cpu = [], []
     for _ in range(REFERENCE_REPEATS):
         w0, c0 = time.perf_counter_ns(), time.thread_time_ns()
-        x = 0
-        for i in range(REFERENCE_ITERATIONS):
-            x += i * i
+        probe.loop(REFERENCE_ITERATIONS)
         c, w = time.thread_time_ns() - c0, time.perf_counter_ns() - w0
         per.append(c / REFERENCE_ITERATIONS)
         on_cpu.append(min(1.0, c / w) if w else 1.0)
@@ -177,8 +177,10 @@ def _machine_reference() -> Dict[str, Any]:
 
 
 def _machine() -> Dict[str, Any]:
-    """meta.machine: the reference measured at import, and the load average at the snapshot."""
-    return dict(_reference, load=round(os.getloadavg()[0], 2) if hasattr(os, "getloadavg") else None)
+    """meta.machine: the reference measured at import, the probe's through the recording, and the load average at
+    the snapshot."""
+    return dict(_reference, probe=probe.summary(),
+                load=round(os.getloadavg()[0], 2) if hasattr(os, "getloadavg") else None)
 
 
 _styled: Dict[tuple, Any] = {}
@@ -287,6 +289,7 @@ def reset() -> None:
     """Forget everything recorded so far (stage objects stay valid)."""
     global _start_wall, _start_clock
     backend.reset()
+    probe.reset()
     _forget_held()
     for integ in integrations.registered():
         try:

@@ -41,6 +41,8 @@ _epoch = 1
 _hook_enter = None
 _hook_exit = None
 _root_exit_hook = None   # called after every outermost stage exit (set_root_exit_hook)
+_probe_hook = None       # the machine probe (set_probe_hook): after an outermost exit at or past _probe_due
+_probe_due = 0
 _nvtx = None          # instrument.nvtx module while NVTX emission is on
 _loop = None          # asyncio.events._get_running_loop once asyncio is imported
 _ctr_events: list = []          # [(type, config)] every thread opens
@@ -1161,6 +1163,24 @@ def _close_top(st: _Stack, error: bool) -> None:
             _root_exit_hook()
         except Exception:
             _internal_failure("root exit hook")
+    if f.parent is None and _probe_hook is not None:
+        if _perf_ns() >= _probe_due:
+            _probe()
+
+
+def _probe() -> None:
+    """Runs the machine probe; it says in how many ns from its end it is due again (as csrc/rootexit.c
+    probe_notify)."""
+    global _probe_due
+    hook = _probe_hook
+    _probe_due = 1 << 63   # not again while it runs
+    try:
+        wait = operator.index(hook())
+    except Exception:
+        _internal_failure("machine probe")
+        wait = 1_000_000_000
+    if hook is _probe_hook:
+        _probe_due = _perf_ns() + max(wait, 0)
 
 
 def _frame_index(st: Optional[_Stack], stage: "Stage") -> int:
@@ -1798,7 +1818,7 @@ def calibrate(n: int = 200) -> Dict[str, Any]:
     """What the configuration in force costs on this thread, the way _enter/_exit spend it (as csrc/calibrate.c):
     one call's reads (the budget's unit), what an empty call records in its wall window (read or not) and in its
     CPU window (taken out of every call), and a stage call without reads (None while a stage is open here)."""
-    global _read_cost, _cpu_bias, _inner_bias, _wall_bias, _enabled, _nvtx, _xm_k, _ring, _budget
+    global _read_cost, _cpu_bias, _inner_bias, _wall_bias, _enabled, _nvtx, _xm_k, _ring, _budget, _probe_hook
     global _hook_enter, _hook_exit, _root_exit_hook
     if not 1 <= n <= 1_000_000:
         raise ValueError(f"calibrate needs 1 to 1000000 rounds, got {n}")
@@ -1814,10 +1834,10 @@ def calibrate(n: int = 200) -> Dict[str, Any]:
     _read_cost = float(read_ns)
     base = None
     if _stack.get() is None:
-        saved = (_enabled, _nvtx, _xm_k, _ring, _hook_enter, _hook_exit, _root_exit_hook, slots.stats, _budget,
-                 _cpu_bias, _inner_bias, _wall_bias)
+        saved = (_enabled, _nvtx, _xm_k, _ring, _hook_enter, _hook_exit, _root_exit_hook, _probe_hook, slots.stats,
+                 _budget, _cpu_bias, _inner_bias, _wall_bias)
         _enabled, _nvtx, _xm_k, _ring = True, None, 0, []
-        _hook_enter = _hook_exit = _root_exit_hook = None
+        _hook_enter = _hook_exit = _root_exit_hook = _probe_hook = None
         biases = None
         try:
             cal = _calibration_stage()
@@ -1825,8 +1845,8 @@ def calibrate(n: int = 200) -> Dict[str, Any]:
             if reads:
                 biases = _measure_biases(cal, slots, n)
         finally:
-            (_enabled, _nvtx, _xm_k, _ring, _hook_enter, _hook_exit, _root_exit_hook, slots.stats, _budget,
-             _cpu_bias, _inner_bias, _wall_bias) = saved
+            (_enabled, _nvtx, _xm_k, _ring, _hook_enter, _hook_exit, _root_exit_hook, _probe_hook, slots.stats,
+             _budget, _cpu_bias, _inner_bias, _wall_bias) = saved
         _wall_bias = [bare_wall, _wall_bias[1]]
         if biases is not None:
             _cpu_bias, _inner_bias = int(biases[0]), int(biases[2])
@@ -1877,6 +1897,13 @@ def set_root_exit_hook(hook) -> None:
     if hook is not None and not callable(hook):
         raise TypeError(f"set_root_exit_hook needs a callable or None, not {type(hook).__name__}")
     _root_exit_hook = hook
+
+
+def set_probe_hook(hook) -> None:
+    global _probe_hook, _probe_due
+    if hook is not None and not callable(hook):
+        raise TypeError(f"set_probe_hook needs a callable or None, not {type(hook).__name__}")
+    _probe_hook, _probe_due = hook, 0
 
 
 def _estimate_row(s: _Slot, q: int) -> Optional[Dict[str, Any]]:

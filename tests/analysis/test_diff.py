@@ -3,6 +3,7 @@ stage (CPU, counted work and items before wall time), the CI gate and its JSON s
 import csv
 import io
 import json
+import math
 from dataclasses import replace
 
 import pytest
@@ -10,6 +11,7 @@ import pytest
 from instrument import cli
 from instrument.analysis import diff as D
 from instrument.analysis import machine as M
+from instrument.analysis import significance as _sig
 from instrument.exporters import table
 from instrument.snapshot import Snapshot
 from snapfactory import snap, st
@@ -282,6 +284,45 @@ def test_diff_table_fits_a_width_and_names_what_it_dropped():
     footer = " ".join(table.render_diff(d, width=80).splitlines()[-2:])
     assert "not shown at 80 columns: total ms before/after/Δ" in footer
     assert "not shown at" not in table.render_diff(d, width=400)
+
+
+# ------------------------------------------------------------------------ the machine probe
+def probed(s, ns, se=0.002, kept=200):
+    """Snapshot `s` with the machine probe's figures in its meta (ns per iteration, the standard error of its log)."""
+    machine = dict(s.meta.get("machine") or {}, probe={"ns": ns, "se_log": se, "median": ns, "timings": kept,
+                                                       "kept": kept, "iterations": 400})
+    return Snapshot(s.stages, dict(s.meta, machine=machine))
+
+
+def test_the_machine_probe_takes_the_machine_out_of_cpu_time_on_machines_alike():
+    before = probed(run(10, 9, 0.02, 80.0), 40.0)
+    # the same machine, model's code 25 % slower: judged on CPU per call over the probe's time per iteration
+    d = D.diff(before, probed(run(12.5, 11.25, 0.02, 80.0), 40.0))
+    assert not d.machine.differed and "its probe loop took 40.0 ns per iteration through the run, before 40.0 (+0 %)" \
+        in d.machine.line
+    cpu = d.row("request/model").tests["cpu"]
+    level = 0.01 / d.tests
+    half = _sig.normal_ppf(level / 2) * math.sqrt(2 * (_sig.PROBE_SPREAD ** 2 + 0.002 ** 2))
+    assert cpu.significant and cpu.estimate == pytest.approx(0.25)
+    assert cpu.interval == pytest.approx((1.25 * math.exp(-half) - 1, 1.25 * math.exp(half) - 1))
+    # without the probe the machine's model stands in: 25 % is within a run's drift
+    assert not D.diff(run(10, 9, 0.02, 80.0), run(12.5, 11.25, 0.02, 80.0)).row("request/model").tests["cpu"].significant
+    # a machine 8 % slower by the probe, the same code: CPU per call +8 % is the machine's
+    d = D.diff(before, probed(run(10.8, 9.72, 0.02, 80.0), 43.2))
+    assert d.machine.speed_change == pytest.approx(0.08) and not d.machine.differed
+    assert d.row("request/model").tests["cpu"].estimate == pytest.approx(0.0, abs=1e-9)
+    # machines that differed (a hog in one run): the probe does not track the stages there, the model stands in
+    d = D.diff(before, probed(run(16, 11.25, 0.38, 80.0), 40.0))
+    assert d.machine.differed and not d.row("request/model").tests["cpu"].significant
+
+
+def test_the_probe_survives_merge_and_weighs_its_sources():
+    a = probed(run(10, 9, 0.02, 80.0), 40.0, se=0.01, kept=100)
+    b = probed(Snapshot(a.stages, dict(a.meta, start_time=0.5)), 44.0, se=0.02, kept=300)
+    m = M.machine(a.merge(b))
+    assert m.probe_ns == pytest.approx((40 * 100 + 44 * 300) / 400)
+    assert m.probe_var == pytest.approx(0.25 ** 2 * 0.01 ** 2 + 0.75 ** 2 * 0.02 ** 2)
+    assert M.machine(run(10, 9, 0.02, 80.0)).probe_ns is None   # a snapshot without the probe
 
 
 # ------------------------------------------------------------------------ a reference stage

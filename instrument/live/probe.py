@@ -1,0 +1,81 @@
+"""The machine probe: the speed of a fixed pure-Python loop, timed on the stages' own threads through the recording.
+
+CPU time per call moves with the machine: on a shared VM the same code's CPU time strays by ±27 % over 0.4 s and
+by 7 % from one run to the next (benchmarks/RESULTS.md), so two plain runs cannot tell a change of code from a
+change of machine by CPU time alone.  The probe measures the machine the way the stages ran on it: after an
+outermost stage exits, once it is due, it times ITERATIONS turns of the reference loop (the one timed at import,
+meta.machine.reference_ns) on that thread's CPU clock, and is due again when its own CPU time is SHARE of the time
+since (about every 16 ms here).  The snapshot holds the median ns per iteration and the spread of the timings
+(meta.machine.probe); `instrument diff` divides CPU time per call by it on two plain runs.  The `machine_probe`
+option turns it off.
+"""
+from __future__ import annotations
+
+import math
+import random
+import time
+from typing import Any, Dict, List, Optional
+
+ITERATIONS = 400      # one timing: about 15 µs of CPU here
+SHARE = 0.001         # of the wall time the probe takes at most (a tenth of the default overhead budget)
+KEEP = 4096           # timings kept: once a run has more, a uniform sample of them
+MIN_TIMINGS = 8       # fewer: no figure (meta.machine.probe is null)
+
+_timings: List[float] = []
+_count = 0
+_rng = random.Random()
+
+
+def loop(iterations: int) -> int:
+    """The reference loop: fixed pure-Python work, the same on every machine."""
+    x = 0
+    for i in range(iterations):
+        x += i * i
+    return x
+
+
+def probe() -> int:
+    """One timing, kept; returns the ns until the probe is due again (the backends' probe hook)."""
+    global _count
+    c0 = time.thread_time_ns()
+    loop(ITERATIONS)
+    cpu = time.thread_time_ns() - c0
+    if cpu > 0:
+        _count += 1
+        if len(_timings) < KEEP:
+            _timings.append(cpu / ITERATIONS)
+        else:   # reservoir sampling: every timing of the run has the same chance of being kept
+            k = _rng.randrange(_count)
+            if k < KEEP:
+                _timings[k] = cpu / ITERATIONS
+    return int(max(cpu, ITERATIONS) / SHARE)
+
+
+def reset() -> None:
+    """Forget the timings (instrument.reset(): a new window)."""
+    global _timings, _count
+    _timings, _count = [], 0
+
+
+TRIM = 0.1   # of the timings at each end left out of the mean (an interrupt inside one timing)
+
+
+def summary() -> Optional[Dict[str, Any]]:
+    """meta.machine.probe: ns per iteration, the 10 % trimmed mean of the timings (a mean, as a stage's CPU time
+    per call is: on a machine whose speed switches between modes, such as a core shared with a busy hyperthread
+    sibling now and then, it weighs the modes as the stages' calls do, where a median jumps from one to the
+    other); se_log, the standard error of its log (from the winsorized variance); the median; how many timings
+    were taken and kept.  None under MIN_TIMINGS."""
+    xs = sorted(_timings)
+    n = len(xs)
+    if n < MIN_TIMINGS:
+        return None
+    g = int(TRIM * n)
+    kept = xs[g:n - g]
+    mean = sum(kept) / len(kept)
+    wins = [min(max(x, kept[0]), kept[-1]) for x in xs]
+    wmean = sum(wins) / n
+    var = sum((x - wmean) ** 2 for x in wins) / (n - 1)
+    se = math.sqrt(var / n) / (1 - 2 * TRIM)
+    return {"ns": round(mean, 3), "se_log": round(se / mean, 5), "median": round(xs[n // 2], 3),
+            "timings": _count, "kept": n, "iterations": ITERATIONS}

@@ -1,0 +1,117 @@
+"""The machine probe: after an outermost stage exit, once it is due, the reference loop timed on that thread, never
+inside a stage; its timings in meta.machine.probe.  Checked against the hook's own calls (when, on which thread,
+with which stage open), against the same loop timed by the test in the same window, and against the share of
+the time it may take."""
+import threading
+import time
+import warnings
+
+import pytest
+
+import instrument
+from instrument.live import probe
+
+
+def test_the_hook_runs_after_outermost_exits_once_due(backend):
+    wait = 3_000_000
+    calls, ends, exits = [], [], []
+
+    def hook():
+        calls.append((time.perf_counter_ns(), backend.current_path(), threading.get_ident()))
+        ends.append(time.perf_counter_ns())
+        return wait
+
+    backend.set_probe_hook(hook)
+    try:
+        end = time.perf_counter() + 0.2
+        while time.perf_counter() < end:
+            with instrument.stage("request"):
+                with instrument.stage("inner"):
+                    sum(range(2000))
+            exits.append(time.perf_counter_ns())
+    finally:
+        backend.set_probe_hook(None)
+    assert len(calls) >= 2
+    assert all(path == () and ident == threading.get_ident() for _, path, ident in calls)   # outside every stage
+    starts = [t for t, _, _ in calls]
+    assert all(b - a >= wait for a, b in zip(ends, starts[1:]))   # never before it is due, counted from its end
+    gaps = [b - a for a, b in zip(starts, starts[1:])]
+    # and at the first outermost exit once due: a gap exceeds the wait by at most the longest stretch between two
+    # outermost exits the test saw (twice: the test's stamps follow the exits they mark)
+    stretch = max(b - a for a, b in zip(exits, exits[1:]))
+    assert max(gaps) <= wait + 2 * stretch, (max(gaps), wait, stretch)
+
+
+def test_inner_exits_do_not_run_it(backend):
+    calls = []
+    backend.set_probe_hook(lambda: calls.append(1) or 1)
+    try:
+        with instrument.stage("request"):
+            for _ in range(50):
+                with instrument.stage("inner"):
+                    pass
+            assert calls == []
+        assert calls == [1]
+    finally:
+        backend.set_probe_hook(None)
+
+
+@pytest.mark.parametrize("bad", [lambda: 1 / 0, lambda: "soon"])
+def test_a_failing_probe_is_an_internal_failure_and_waits(backend, bad):
+    backend.set_probe_hook(bad)
+    try:
+        with warnings.catch_warnings():   # "internal failure in machine probe", warned once per process
+            warnings.simplefilter("ignore")
+            with instrument.stage("request"):
+                pass
+            with instrument.stage("request"):   # a failed probe is due again only after a second
+                pass
+    finally:
+        backend.set_probe_hook(None)
+    s = instrument.snapshot()
+    assert s["request"].calls == 2 and s.meta["internal_failures"] == 1
+
+
+def test_the_probe_waits_its_own_cpu_time_over_its_share():
+    for _ in range(20):
+        c0 = time.thread_time_ns()
+        wait = probe.probe()
+        outer = time.thread_time_ns() - c0
+        # its CPU time is inside the test's window: the wait it asks for is at most that over SHARE
+        assert probe.ITERATIONS / probe.SHARE <= wait <= outer / probe.SHARE
+    probe.reset()
+
+
+def test_set_probe_hook_refuses_what_is_not_callable(backend):
+    with pytest.raises(TypeError, match="set_probe_hook needs a callable or None, not int"):
+        backend.set_probe_hook(42)
+
+
+def test_the_snapshot_holds_the_probe_timings_of_the_window(backend):
+    instrument.configure(machine_probe=True)
+    mine = []
+    end = time.perf_counter() + 0.5
+    while time.perf_counter() < end:
+        with instrument.stage("request"):
+            sum(range(5000))
+        c0 = time.thread_time_ns()   # the same loop, timed by the test beside the probe's timings
+        probe.loop(probe.ITERATIONS)
+        mine.append((time.thread_time_ns() - c0) / probe.ITERATIONS)
+    p = instrument.snapshot().meta["machine"]["probe"]
+    assert p["kept"] == p["timings"] >= probe.MIN_TIMINGS and p["iterations"] == probe.ITERATIONS and p["se_log"] > 0
+    mine.sort()
+    # the same loop on the same thread in the same window: the probe's median lies within the test's quartiles,
+    # give or take 10 % (the probe runs straight after the stage's work, the test's loop after the probe's)
+    q1, q3 = mine[len(mine) // 4], mine[3 * len(mine) // 4]
+    assert 0.9 * q1 <= p["ns"] <= 1.1 * q3, (p, q1, q3)
+    instrument.reset()
+    assert instrument.snapshot().meta["machine"]["probe"] is None   # a new window starts without timings
+
+
+def test_off_by_the_option(backend):
+    instrument.configure(machine_probe=False)
+    end = time.perf_counter() + 0.1
+    while time.perf_counter() < end:
+        with instrument.stage("request"):
+            sum(range(5000))
+    assert instrument.snapshot().meta["machine"]["probe"] is None
