@@ -23,6 +23,7 @@ MIN_TIMINGS = 8       # fewer: no figure (meta.machine.probe is null)
 
 _timings: List[float] = []
 _count = 0
+_cpu = 0      # ns of CPU the probe took since the last reset (its own cost)
 _rng = random.Random()
 
 
@@ -36,12 +37,13 @@ def loop(iterations: int) -> int:
 
 def probe() -> int:
     """One timing, kept; returns the ns until the probe is due again (the backends' probe hook)."""
-    global _count
+    global _count, _cpu
     c0 = time.thread_time_ns()
     loop(ITERATIONS)
     cpu = time.thread_time_ns() - c0
     if cpu > 0:
         _count += 1
+        _cpu += cpu
         if len(_timings) < KEEP:
             _timings.append(cpu / ITERATIONS)
         else:   # reservoir sampling: every timing of the run has the same chance of being kept
@@ -53,8 +55,8 @@ def probe() -> int:
 
 def reset() -> None:
     """Forget the timings (instrument.reset(): a new window)."""
-    global _timings, _count
-    _timings, _count = [], 0
+    global _timings, _count, _cpu
+    _timings, _count, _cpu = [], 0, 0
 
 
 TRIM = 0.1   # of the timings at each end left out of the mean (an interrupt inside one timing)
@@ -65,7 +67,7 @@ def summary() -> Optional[Dict[str, Any]]:
     per call is: on a machine whose speed switches between modes, such as a core shared with a busy hyperthread
     sibling now and then, it weighs the modes as the stages' calls do, where a median jumps from one to the
     other); se_log, the standard error of its log (from the winsorized variance); the median; how many timings
-    were taken and kept.  None under MIN_TIMINGS."""
+    were taken and kept; the CPU time they took (the probe's own cost).  None under MIN_TIMINGS."""
     xs = sorted(_timings)
     n = len(xs)
     if n < MIN_TIMINGS:
@@ -78,4 +80,4 @@ def summary() -> Optional[Dict[str, Any]]:
     var = sum((x - wmean) ** 2 for x in wins) / (n - 1)
     se = math.sqrt(var / n) / (1 - 2 * TRIM)
     return {"ns": round(mean, 3), "se_log": round(se / mean, 5), "median": round(xs[n // 2], 3),
-            "timings": _count, "kept": n, "iterations": ITERATIONS}
+            "timings": _count, "kept": n, "iterations": ITERATIONS, "cpu_ns": _cpu}

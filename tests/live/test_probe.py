@@ -97,13 +97,17 @@ def test_the_snapshot_holds_the_probe_timings_of_the_window(backend):
         c0 = time.thread_time_ns()   # the same loop, timed by the test beside the probe's timings
         probe.loop(probe.ITERATIONS)
         mine.append((time.thread_time_ns() - c0) / probe.ITERATIONS)
-    p = instrument.snapshot().meta["machine"]["probe"]
+    snap = instrument.snapshot()
+    p = snap.meta["machine"]["probe"]
     assert p["kept"] == p["timings"] >= probe.MIN_TIMINGS and p["iterations"] == probe.ITERATIONS and p["se_log"] > 0
     mine.sort()
     # the same loop on the same thread in the same window: the probe's median lies within the test's quartiles,
     # give or take 10 % (the probe runs straight after the stage's work, the test's loop after the probe's)
     q1, q3 = mine[len(mine) // 4], mine[3 * len(mine) // 4]
     assert 0.9 * q1 <= p["ns"] <= 1.1 * q3, (p, q1, q3)
+    # its own cost: each timing waits its CPU time over SHARE before the next, so all but the last hold SHARE of
+    # the window at most
+    assert p["cpu_ns"] - probe.SHARE * snap.meta["duration_ns"] <= p["cpu_ns"] / 2, (p, snap.meta["duration_ns"])
     instrument.reset()
     assert instrument.snapshot().meta["machine"]["probe"] is None   # a new window starts without timings
 
