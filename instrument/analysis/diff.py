@@ -237,8 +237,7 @@ def choose_basis(before: Snapshot, after: Snapshot, requested: Optional[str] = N
         "runs": ("one run a side (two plain runs): each figure per call with its spread over its run; the spread "
                  "between runs is not measured: for time, how far a machine's speed strays over a run of T seconds "
                  f"and between runs stands in for it ({_sig.MACHINE_SPREAD:g} × √({_sig.MACHINE_MEMORY_S:g} s / T) "
-                 f"and {_sig.MACHINE_DRIFT:g} on the log scale); on machines alike the machine probe, timed through "
-                 "both runs, takes the machine out of CPU time, and a reference stage out of any time"
+                 f"and {_sig.MACHINE_DRIFT:g} on the log scale), or a reference stage takes the machine out"
                  if kb == ka == 1 else
                  f"{kb} run{'s' if kb != 1 else ''} before, {ka} after: the spread between runs measured from them"),
     }
@@ -331,13 +330,11 @@ def _figures(b: StageStats, a: StageStats) -> List[str]:
 @dataclass(frozen=True)
 class _Plan:
     """How the tests of one comparison run: its basis, the seconds each side's run lasted, the reference stage
-    (before, after) whose time figures stand for the machine's, the floor of time figures not taken relative to
-    the machine, and on two plain runs each side's machine probe (ns per iteration, the variance of its log)."""
+    (before, after) whose time figures stand for the machine's, the floor of time figures."""
     basis: str
     seconds: Tuple[Optional[float], Optional[float]]
     reference: Optional[Tuple[StageStats, StageStats]]
     time_floor: float
-    probes: Optional[Tuple[Tuple[float, float], Tuple[float, float]]] = None
 
 
 def _relative(figure: Callable[[Mapping[str, Any]], Optional[float]], ref: StageStats):
@@ -354,11 +351,8 @@ def _relative(figure: Callable[[Mapping[str, Any]], Optional[float]], ref: Stage
 def _test(plan: _Plan, metric: str, b: StageStats, a: StageStats, alpha: float, min_change: float) -> Significance:
     figure = figure_of(metric)
     time = metric in ("cpu", "wall")
+    floor = max(min_change, plan.time_floor) if time else min_change
     rb, ra = runs_of(b.all_windows()), runs_of(a.all_windows())
-    # one plain run a side on machines alike: CPU time per call over the machine probe's time per iteration through
-    # the same run
-    probed = plan.basis == "runs" and metric == "cpu" and plan.probes is not None and len(rb) == len(ra) == 1
-    floor = max(min_change, plan.time_floor) if time and not probed else min_change
     if not time and len({figure(w) for w in rb + ra}) == 1:   # counted work that never moved
         return _sig.untested(f"{metric_text(metric)} the same in every window of both sides", alpha, floor)
     relative = time and plan.reference is not None and b.path != plan.reference[0].path
@@ -371,12 +365,6 @@ def _test(plan: _Plan, metric: str, b: StageStats, a: StageStats, alpha: float, 
         return _sig.paired_test(logs, alpha, floor)
     if plan.basis == "windows":
         return _sig.log_window_test([fb(w) for w in rb], [fa(w) for w in ra], alpha, floor)
-    if probed:   # as a reference stage: what is left is how differently the stage and the probe respond to the machine
-        (nb, pvb), (na, pva) = plan.probes
-        vb = run_variance(b, metric, _sig.PROBE_SPREAD ** 2) + pvb
-        va = run_variance(a, metric, _sig.PROBE_SPREAD ** 2) + pva
-        xb, xa = figure(rb[0]), figure(ra[0])
-        return _sig.runs_test([(xb / nb if xb else None, vb)], [(xa / na if xa else None, va)], alpha, floor)
     if len(rb) == len(ra) == 1:
         if relative:   # the reference shares the machine: what is left is how differently the two respond to it
             vb = run_variance(b, metric, _sig.RELATIVE_SPREAD ** 2) + run_variance(plan.reference[0], metric, 0.0)
@@ -491,10 +479,7 @@ def diff(before: Snapshot, after: Snapshot, alpha: float = _sig.ALPHA, min_chang
     machine = _machine.compare(before, after, ref)
     # on the runs basis a time figure's change within the machine's own change of speed is not claimed
     speed = abs(machine.speed_change or 0.0) if basis == "runs" and ref is None else 0.0
-    mb, ma = machine.before, machine.after
-    probes = ((mb.probe_ns, mb.probe_var), (ma.probe_ns, ma.probe_var)) \
-        if basis == "runs" and ref is None and mb.probe_ns and ma.probe_ns and not machine.differed else None
-    plan = _Plan(basis, (_seconds(before), _seconds(after)), ref, speed, probes)
+    plan = _Plan(basis, (_seconds(before), _seconds(after)), ref, speed)
     paths = list(dict.fromkeys([*(s.path for s in before), *(s.path for s in after)]))
     plans: Dict[Tuple[str, ...], Tuple[List[str], Dict[str, str]]] = {}
     for p in paths:

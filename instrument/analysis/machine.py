@@ -33,8 +33,7 @@ class Machine:
     switches_per_s: Optional[float]       # their involuntary context switches per second of running time
     reference_ns: Optional[float]         # the reference loop's ns per iteration (the median over the runs)
     load: Optional[float]                 # load average when the snapshot was taken (the mean over the runs)
-    probe_ns: Optional[float] = None      # the machine probe's median ns per iteration through the recording
-    probe_var: Optional[float] = None     # the variance of that median's log
+    probe_ns: Optional[float] = None      # the machine probe's ns per iteration through the recording
 
     def to_dict(self) -> Dict[str, Any]:
         return {"waiting": self.waiting, "involuntary_switches_per_s": self.switches_per_s,
@@ -65,22 +64,18 @@ def machine(snap: Snapshot) -> Machine:
     ms = _machines(snap.meta)
     refs = [float(m["reference_ns"]) for m in ms if isinstance(m.get("reference_ns"), (int, float))]
     loads = [float(m["load"]) for m in ms if isinstance(m.get("load"), (int, float))]
-    probe_ns, probe_var = _probe(ms)
     return Machine(None if share is None else min(1.0, share), switches, _median(refs),
-                   sum(loads) / len(loads) if loads else None, probe_ns, probe_var)
+                   sum(loads) / len(loads) if loads else None, _probe(ms))
 
 
-def _probe(ms: List[Mapping[str, Any]]) -> Tuple[Optional[float], Optional[float]]:
-    """The machine probe's ns per iteration over every source (their means weighed by their timings kept) and the
-    variance of its log; (None, None) where a source has none."""
+def _probe(ms: List[Mapping[str, Any]]) -> Optional[float]:
+    """The machine probe's ns per iteration over every source, their means weighed by their timings kept; None
+    where a source has none."""
     ps = [m.get("probe") for m in ms]
     if not ps or not all(isinstance(p, Mapping) and isinstance(p.get("ns"), (int, float)) and p["ns"] > 0
-                         and isinstance(p.get("se_log"), (int, float)) and isinstance(p.get("kept"), int)
-                         and p["kept"] > 0 for p in ps):
-        return None, None
-    n = sum(p["kept"] for p in ps)
-    return (sum(p["ns"] * p["kept"] for p in ps) / n,
-            sum((p["kept"] / n) ** 2 * p["se_log"] ** 2 for p in ps))
+                         and isinstance(p.get("kept"), int) and p["kept"] > 0 for p in ps):
+        return None
+    return sum(p["ns"] * p["kept"] for p in ps) / sum(p["kept"] for p in ps)
 
 
 @dataclass(frozen=True)

@@ -41,12 +41,6 @@ MACHINE_SPREAD = 0.27
 MACHINE_MEMORY_S = 0.4
 MACHINE_DRIFT = 0.07
 RELATIVE_SPREAD = 0.03
-# A stage's CPU time per call over the machine probe's time per iteration (both measured through the same run, on
-# the same threads) moves from one run to the next by PROBE_SPREAD on machines alike (the benchmark's stages:
-# 0.02 to 0.04 per run, tails to 0.13: the same code in another process runs a little faster or slower, which no
-# measurement of the machine sees).  Beside a hog the probe does not track the stages (0.03 to 0.07): on machines
-# that differed the machine's model above stands in.
-PROBE_SPREAD = 0.04
 ALPHA = config.BY_NAME["diff_alpha"].default
 MIN_CHANGE = config.BY_NAME["diff_min_change"].default
 

@@ -1,13 +1,12 @@
 """The machine probe: the speed of a fixed pure-Python loop, timed on the stages' own threads through the recording.
 
 CPU time per call moves with the machine: on a shared VM the same code's CPU time strays by ±27 % over 0.4 s and
-by 7 % from one run to the next (benchmarks/RESULTS.md), so two plain runs cannot tell a change of code from a
-change of machine by CPU time alone.  The probe measures the machine the way the stages ran on it: after an
-outermost stage exits, once it is due, it times ITERATIONS turns of the reference loop (the one timed at import,
-meta.machine.reference_ns) on that thread's CPU clock, and is due again when its own CPU time is SHARE of the time
-since (about every 16 ms here).  The snapshot holds the median ns per iteration and the spread of the timings
-(meta.machine.probe); `instrument diff` divides CPU time per call by it on two plain runs.  The `machine_probe`
-option turns it off.
+by 7 % from one run to the next (benchmarks/RESULTS.md).  The reference loop timed once at import
+(meta.machine.reference_ns) sees a moment of that; the probe sees the machine the way the stages ran on it: after
+an outermost stage exits, once it is due, it times ITERATIONS turns of the same loop on that thread's CPU clock,
+and is due again when its own CPU time is SHARE of the time since (about every 16 ms here).  The snapshot holds the
+trimmed mean ns per iteration and its precision (meta.machine.probe); `instrument diff` states the machines'
+change of speed by it and claims no change of time within it.  The `machine_probe` option turns it off.
 """
 from __future__ import annotations
 
