@@ -123,8 +123,8 @@ class Cell:
         row = d.row("request/model")
         self.slow += row.judgement == "slower"
         changed = {("request",), ("request", "model")} if slower != 1.0 else set()   # model and its parent
-        alarms = [f"{'/'.join(r.path)} {k} {t.estimate:+.1%}" for r in d.rows if r.path not in changed
-                  for k, t in r.tests.items() if t.significant]
+        alarms = [f"{'/'.join(r.path)} {figure} {t.estimate:+.1%}" for r in d.rows if r.path not in changed
+                  and r.significant for figure, t in [r.decision]]   # what the row was judged on
         self.others += bool(alarms)
         self.alarms += alarms
         self.differed += d.machine.differed

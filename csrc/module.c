@@ -448,6 +448,7 @@ static PyObject *mod_after_fork_child(PyObject *m, PyObject *unused) {
     }
     g_ctr_status_known = 0;
     g_epoch++;
+    g_probe_due = 0;   /* a fork while another thread ran the probe would leave it never due */
     Py_RETURN_NONE;
 }
 

@@ -566,6 +566,7 @@ def _after_fork_child() -> None:
     global _start_wall, _start_clock, _held_lock
     try:
         backend.after_fork_child()
+        probe.reset()                   # the child's machine is timed by its own calls
         _held_lock = threading.Lock()   # another thread may have held it at the fork
         _held.clear()
         _start_wall, _start_clock = time.time(), backend.now_ns()

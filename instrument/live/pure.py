@@ -1980,8 +1980,9 @@ def reset() -> None:
 
 
 def after_fork_child() -> None:
-    global _epoch, _lock, _ctr_first
+    global _epoch, _lock, _ctr_first, _probe_due
     _lock = threading.RLock()
+    _probe_due = 0   # a fork while another thread ran the probe would leave it never due
     _zero()
     mine = getattr(_local, "slots", None)
     if mine is not None:

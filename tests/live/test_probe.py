@@ -2,6 +2,8 @@
 inside a stage; its timings in meta.machine.probe.  Checked against the hook's own calls (when, on which thread,
 with which stage open), against the same loop timed by the test in the same window, and against the share of
 the time it may take."""
+import json
+import os
 import threading
 import time
 import warnings
@@ -119,3 +121,29 @@ def test_off_by_the_option(backend):
         with instrument.stage("request"):
             sum(range(5000))
     assert instrument.snapshot().meta["machine"]["probe"] is None
+
+
+def test_a_forked_child_times_its_own_machine(backend):
+    def busy(seconds):
+        end = time.perf_counter() + seconds
+        while time.perf_counter() < end:
+            with instrument.stage("request"):
+                sum(range(5000))
+
+    busy(0.2)
+    assert instrument.snapshot().meta["machine"]["probe"]["timings"] >= probe.MIN_TIMINGS
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:   # the child: none of the parent's timings, then its own
+        try:
+            first = instrument.snapshot().meta["machine"]["probe"]
+            busy(0.2)
+            later = instrument.snapshot().meta["machine"]["probe"]
+            os.write(w, json.dumps([first, later]).encode())
+        finally:
+            os._exit(0)
+    os.close(w)
+    with os.fdopen(r) as f:
+        first, later = json.loads(f.read())
+    os.waitpid(pid, 0)
+    assert first is None and later["timings"] >= probe.MIN_TIMINGS
