@@ -92,7 +92,10 @@ def test_gather_of_one_rank_is_its_snapshot_per_rank(group, backend):
     assert {s.path: s.ranks for s in g} == {s.path: {0: rank_figures(s)} for s in before}
     src = g.meta["merged_from"]
     assert len(src) == 1 and (src[0]["rank"], src[0]["world_size"], src[0]["pid"]) == (0, 1, before.meta["pid"])
-    assert g["step/preprocess"].verdict["verdict"] == "waiting"
+    # judged as the rank judged it: off the CPU (its sleep), or waiting for one where a loaded machine kept the
+    # thread in the run queue after the sleep
+    assert g["step/preprocess"].verdict["verdict"] == before["step/preprocess"].verdict["verdict"] in \
+        ("waiting", "cpu-starved")
     v = rank_view(g)
     assert v.ranks == (0,) and v.steps == {0: 3} and v.straggler is None
     assert instrument.snapshot().get("dist.all_gather") is None      # gather's own traffic is not the user's
