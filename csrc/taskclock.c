@@ -212,7 +212,9 @@ void taskclock_abandoned(Stack *st, const Frame *f, CallMeasure *m) {
     int known = st->suspended && c && c->serial && c->epoch == g_epoch;
     int attributable = known && st->taint == f->taint0 && f->ts_serial == c->serial;
     for (int q = 0; q < Q_MAX; q++) m->x[q] = NAN;
-    m->wall = (known ? c->out.t : now_ns()) - f->r0.t;
+    m->t1 = known ? c->out.t : now_ns();
+    m->wall = m->t1 - f->r0.t;
+    m->inner = 0;
     m->susp = known ? c->s_wall - f->susp0 : 0;
     m->loop = known ? c->s_loop - f->loop0 : 0;
     if (m->susp < 0) m->susp = 0;
@@ -226,6 +228,7 @@ void taskclock_abandoned(Stack *st, const Frame *f, CallMeasure *m) {
     Reading r1 = c->out;
     relative(&r1, c);
     call_quantities(&f->r0, &r1, m);
+    m->inner = r1.tq - f->r0.tq;   /* what predicts it, as a closed read call's (enter_exit.c read_exit) */
     m->read = 1;
 }
 

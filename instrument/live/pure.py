@@ -1033,6 +1033,7 @@ def _abandoned(st: _Stack, f: _Frame) -> _Measure:
         r1 = out.copy()
         _relative(r1, st)
         _call_quantities(f.r0, r1, m)
+        m.inner = r1.tq - f.r0.tq   # what predicts it, as a closed read call's (_read_exit)
         m.read = True
     return m
 
