@@ -227,7 +227,8 @@ def test_kernel_heavy_stage_shows_its_system_time(backend):
     r0 = resource.getrusage(resource.RUSAGE_THREAD)
     for _ in range(30):
         with st:
-            a = np.ones(50_000_000 // 8)   # 50 MB of fresh pages: the time goes to page faults in the kernel
+            a = np.empty(50_000_000, dtype=np.uint8)   # 50 MB of fresh pages, one byte written in each: the time
+            a[::PAGE] = 1                               # goes to page faults (zeroing pages) in the kernel
             del a
     r1 = resource.getrusage(resource.RUSAGE_THREAD)
     truth = (r1.ru_stime - r0.ru_stime) / ((r1.ru_stime - r0.ru_stime) + (r1.ru_utime - r0.ru_utime))
