@@ -19,6 +19,7 @@ ITERATIONS = 400      # one timing: about 15 µs of CPU here
 SHARE = 0.001         # of the wall time the probe takes at most (a tenth of the default overhead budget)
 KEEP = 4096           # timings kept: once a run has more, a uniform sample of them
 MIN_TIMINGS = 8       # fewer: no figure (meta.machine.probe is null)
+TRIM = 0.1            # of the timings at each end left out of the mean (an interrupt inside one timing)
 
 _timings: List[float] = []
 _count = 0
@@ -56,9 +57,6 @@ def reset() -> None:
     """Forget the timings (instrument.reset(): a new window)."""
     global _timings, _count, _cpu
     _timings, _count, _cpu = [], 0, 0
-
-
-TRIM = 0.1   # of the timings at each end left out of the mean (an interrupt inside one timing)
 
 
 def summary() -> Optional[Dict[str, Any]]:
