@@ -7,12 +7,17 @@ with versions whose `model` does 10 % and 30 % more iterations, on each design a
 - plain:     two plain runs, one process after the other, each a snapshot of SECONDS of calls;
 - plain-hog: the same, with a CPU hog per core running through one of the two runs (before in
              even trials, after in odd ones): the machines differ;
+- runs:      RUNS plain runs a side, all of one side then all of the other, each a snapshot,
+             merged per side (as a CI job keeps a baseline of several runs): the diff measures
+             the spread between runs;
+- runs-hog:  the same, with a CPU hog per core through every run of one side;
 - turns:     one process, the two versions taking turns in chunks (each chunk a snapshot, merged
              per side), the first of each turn alternating, as `instrument demo` runs its variants;
 - windows:   the same chunks, all of one side before all of the other.
 
-    python benchmarks/significance.py [--trials 20] [--seconds 30] [--turns 20] [--calls 20]
-                                      [--cases plain,plain-hog,turns,windows] [--slowdowns 1.0,1.1,1.3]
+    python benchmarks/significance.py [--trials 20] [--seconds 30] [--runs 5] [--turns 20] [--calls 20]
+                                      [--cases plain,plain-hog,runs,runs-hog,turns,windows]
+                                      [--slowdowns 1.0,1.1,1.3] [--basis turns|windows|runs]
                                       [--keep DIR]
 
 Every call is read (overhead_budget none, as docs/cli.md's CI recipe records).  Each pair is judged
@@ -96,6 +101,16 @@ def plain(slower: float, trial: int, a) -> tuple:
                 plain_run(os.path.join(d, "after.json"), slower, a.seconds, hog[1]))
 
 
+def runs(slower: float, trial: int, a) -> tuple:
+    with tempfile.TemporaryDirectory() as d:
+        hog = (trial % 2 == 0, trial % 2 == 1) if a.hog else (False, False)
+        sides = []
+        for side, factor in enumerate((1.0, slower)):
+            snaps = [plain_run(os.path.join(d, f"{side}-{k}.json"), factor, a.seconds, hog[side]) for k in range(a.runs)]
+            sides.append(snaps[0].merge(*snaps[1:]))
+        return tuple(sides)
+
+
 def chunks(slower: float, trial: int, a, interleave: bool) -> tuple:
     order = [side for k in range(a.turns) for side in ((0, 1) if k % 2 == 0 else (1, 0))]   # ABBA
     if not interleave:
@@ -109,7 +124,7 @@ def chunks(slower: float, trial: int, a, interleave: bool) -> tuple:
 
 
 CASES = {"plain": lambda s, t, a: plain(s, t, a), "plain-hog": lambda s, t, a: plain(s, t, a),
-         "turns": lambda s, t, a: chunks(s, t, a, True), "windows": lambda s, t, a: chunks(s, t, a, False)}
+         "runs": runs, "runs-hog": runs, "turns": lambda s, t, a: chunks(s, t, a, True), "windows": lambda s, t, a: chunks(s, t, a, False)}
 
 
 class Cell:
@@ -151,23 +166,26 @@ def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--trials", type=int, default=20)
     p.add_argument("--seconds", type=float, default=30.0, help="length of each plain run")
+    p.add_argument("--runs", type=int, default=5, help="plain runs a side for runs and runs-hog")
     p.add_argument("--turns", type=int, default=20, help="chunks a side for turns and windows")
     p.add_argument("--calls", type=int, default=20, help="requests per chunk")
     p.add_argument("--cases", default=",".join(CASES))
     p.add_argument("--slowdowns", default="1.0,1.1,1.3")
+    p.add_argument("--basis", choices=("turns", "windows", "runs"), help="the basis asked of the diff (default: "
+                   "the strongest the snapshots allow)")
     p.add_argument("--keep", metavar="DIR", help="save each trial's two snapshots there")
     a = p.parse_args()
     if a.keep:
         os.makedirs(a.keep, exist_ok=True)
     instrument.configure(overhead_budget=None)
     service(1.0, calls=2000)   # warm
-    print(f"{a.trials} trials per cell; plain runs of {a.seconds:g} s; turns and windows: {a.turns} chunks x "
+    print(f"{a.trials} trials per cell; plain runs of {a.seconds:g} s, {a.runs} a side for runs; turns and windows: {a.turns} chunks x "
           f"{a.calls} requests a side; every call read (overhead_budget none); alpha 0.01 over all tests, "
           f"min_change 3 %; load {os.getloadavg()[0]:.1f}")
     print(f"{'case':<15} {'model':<12} {'model slower':>12} {'others':>7} {'basis':>8} {'CPU/call est':>12} "
           f"{'width':>8} {'tests':>6} {'machines differed':>17} {'load':>10} {'s/trial':>8}", flush=True)
     for case in a.cases.split(","):
-        a.hog = case == "plain-hog"
+        a.hog = case.endswith("-hog")
         for slower in (float(x) for x in a.slowdowns.split(",")):
             plain_cell, ref_cell = Cell(), Cell()
             load0, t0 = os.getloadavg()[0], time.perf_counter()
@@ -176,8 +194,8 @@ def main() -> None:
                 if a.keep:
                     for side, snap in zip(("before", "after"), sides):
                         snap.save(os.path.join(a.keep, f"{case}-{slower}-{trial}-{side}.json"))
-                plain_cell.add(diff(*sides), slower)
-                ref_cell.add(diff(*sides, reference="request/tokenize"), slower)
+                plain_cell.add(diff(*sides, basis=a.basis), slower)
+                ref_cell.add(diff(*sides, basis=a.basis, reference="request/tokenize"), slower)
             seconds = (time.perf_counter() - t0) / a.trials
             print(plain_cell.line(case, slower, a.trials, load0, seconds), flush=True)
             print(ref_cell.line(f"{case} +ref", slower, a.trials, load0, seconds), flush=True)

@@ -214,21 +214,30 @@ def runs_of(windows: Sequence[Mapping[str, Any]]) -> List[Dict[str, Any]]:
     return [_join(g) if len(g) > 1 else dict(g[0]) for g in _groups(windows)]
 
 
-def _runs(snap: Snapshot) -> List[Optional[float]]:
-    """The start time of each run a snapshot holds (its sources, those recorded together as one)."""
+def _runs(snap: Snapshot) -> Tuple[List[Optional[float]], bool]:
+    """The start time of each run a snapshot holds (its sources, those recorded together as one), and whether
+    they are separate runs: no process (pid and host) records in two of them.  Windows of one recording (a
+    service's snapshots taken now and then) share their process."""
     meta = snap.meta
     sources = [s for s in (meta.get("merged_from") or [meta]) if isinstance(s, Mapping)]
-    return [min(_span(w)[0] for w in g) if _span(g[0]) else None for g in _groups(sources)]
+    groups = _groups(sources)
+    procs = [{(s.get("pid"), s.get("host")) for s in g} for g in groups]
+    separate = all(None not in {p for p, _ in ps} for ps in procs) and \
+        sum(len(ps) for ps in procs) == len(set().union(*procs))
+    return [min(_span(w)[0] for w in g) if _span(g[0]) else None for g in groups], separate
 
 
 def choose_basis(before: Snapshot, after: Snapshot, requested: Optional[str] = None) -> Tuple[str, str, List[str]]:
     """(basis, why, warnings): the basis asked for where it holds, else the strongest the snapshots allow."""
     if requested is not None and requested not in BASES:
         raise ValueError(f"basis must be one of {', '.join(BASES)}, got {requested!r}")
-    rb, ra = _runs(before), _runs(after)
+    (rb, sb), (ra, sa) = _runs(before), _runs(after)
     kb, ka = len(rb), len(ra)
     pairs = _sig.turns([(t, t) for t in rb], [(t, t) for t in ra])
     holds = {"turns": pairs is not None, "windows": min(kb, ka) >= _sig.MIN_WINDOWS, "runs": True}
+    # separate runs, two or more a side: their spread measures what separates processes of the same code (their
+    # layout in memory, the machine's drift between them), which the windows' drift between halves counts twice
+    measured = sb and sa and min(kb, ka) >= 2
     why = {
         "turns": f"the {kb} and {ka} windows of the two sides alternate in time: each is compared with its neighbour "
                  f"of the other side ({len(pairs or ())} pairs), so the machine's drift falls on both and cancels",
@@ -239,14 +248,16 @@ def choose_basis(before: Snapshot, after: Snapshot, requested: Optional[str] = N
                  f"and between runs stands in for it ({_sig.MACHINE_SPREAD:g} × √({_sig.MACHINE_MEMORY_S:g} s / T) "
                  f"and {_sig.MACHINE_DRIFT:g} on the log scale), or a reference stage takes the machine out"
                  if kb == ka == 1 else
-                 f"{kb} run{'s' if kb != 1 else ''} before, {ka} after: the spread between runs measured from them"),
+                 f"{kb} run{'s' if kb != 1 else ''} before, {ka} after"
+                 f"{', each a process of its own' if sb and sa else ''}: the spread between runs measured from "
+                 "them (a pooled t-test)"),
     }
     cannot = {
         "turns": f"the windows do not alternate in time ({len(pairs or ())} of {max(kb, ka)} make turns; "
                  f"{_sig.MIN_TURNS}+ pairs taking in 80 % of each side are needed)",
         "windows": f"a side holds fewer than {_sig.MIN_WINDOWS} windows ({kb} before, {ka} after)",
     }
-    strongest = next(b for b in BASES if holds[b])
+    strongest = "turns" if holds["turns"] else "runs" if measured else next(b for b in BASES if holds[b])
     if requested is None:
         return strongest, f"{strongest}, the strongest these snapshots allow: {why[strongest]}", []
     if holds[requested]:

@@ -94,10 +94,11 @@ def test_headline_when_the_top_stage_is_on_one_side():
 
 # ------------------------------------------------------------------------ the basis
 def chunks(per_call_ns, times, pid=1):
-    """One snapshot per (start, end): a stage of 50 calls of per_call_ns each, merged."""
+    """One snapshot per (start, end): a stage of 50 calls of per_call_ns each, merged.  `pid` None: each
+    snapshot a process of its own."""
     parts = [Snapshot([st("request", 50, per_call_ns, cpu_ns=50 * per_call_ns)],
-                      {"pid": pid, "start_time": s, "end_time": e, "duration_ns": int((e - s) * 1e9)})
-             for s, e in times]
+                      {"pid": pid or 100 + k, "start_time": s, "end_time": e, "duration_ns": int((e - s) * 1e9)})
+             for k, (s, e) in enumerate(times)]
     return parts[0].merge(*parts[1:])
 
 
@@ -114,6 +115,23 @@ def test_the_basis_is_the_strongest_the_snapshots_allow_and_says_why():
     d = D.diff(seq_b, seq_a, basis="runs")
     assert d.basis == "runs" and d.basis_reason.startswith("runs, as asked: 5 runs before, 5 after")
     assert not d.warnings and d.requested_basis == "runs"
+    # the same windows, each a process of its own (separate runs, merged per side): the spread between them is
+    # measured on the runs basis; the windows basis holds where asked
+    sep_b = chunks(10 * MS, [(k, k + 1) for k in range(5)], pid=None)
+    sep_a = chunks(11 * MS, [(k, k + 1) for k in range(10, 15)], pid=None)
+    d = D.diff(sep_b, sep_a)
+    assert d.basis == "runs" and d.basis_reason == ("runs, the strongest these snapshots allow: 5 runs before, 5 "
+                                                    "after, each a process of its own: the spread between runs "
+                                                    "measured from them (a pooled t-test)")
+    assert d.row("request").tests["wall"].n == (5, 5)
+    assert D.diff(sep_b, sep_a, basis="windows").basis == "windows"
+    # separate processes that took turns: turns
+    d = D.diff(chunks(10 * MS, [(2 * k, 2 * k + 1) for k in range(10)], pid=None),
+               chunks(11 * MS, [(2 * k + 1, 2 * k + 2) for k in range(10)], pid=None))
+    assert d.basis == "turns"
+    # one process seen again in a later window: windows of one recording, not separate runs
+    mixed = chunks(10 * MS, [(k, k + 1) for k in range(4)], pid=None).merge(chunks(10 * MS, [(5, 6)], pid=100))
+    assert D.diff(mixed, seq_a).basis == "windows"
 
 
 def test_a_basis_that_cannot_hold_is_warned_about_never_silent():
