@@ -106,7 +106,8 @@ def runs(slower: float, trial: int, a) -> tuple:
         hog = (trial % 2 == 0, trial % 2 == 1) if a.hog else (False, False)
         sides = []
         for side, factor in enumerate((1.0, slower)):
-            snaps = [plain_run(os.path.join(d, f"{side}-{k}.json"), factor, a.seconds, hog[side]) for k in range(a.runs)]
+            snaps = [plain_run(os.path.join(d, f"{side}-{k}.json"), factor, a.seconds, hog[side])
+                     for k in range(a.runs)]
             sides.append(snaps[0].merge(*snaps[1:]))
         return tuple(sides)
 
@@ -124,7 +125,8 @@ def chunks(slower: float, trial: int, a, interleave: bool) -> tuple:
 
 
 CASES = {"plain": lambda s, t, a: plain(s, t, a), "plain-hog": lambda s, t, a: plain(s, t, a),
-         "runs": runs, "runs-hog": runs, "turns": lambda s, t, a: chunks(s, t, a, True), "windows": lambda s, t, a: chunks(s, t, a, False)}
+         "runs": runs, "runs-hog": runs,
+         "turns": lambda s, t, a: chunks(s, t, a, True), "windows": lambda s, t, a: chunks(s, t, a, False)}
 
 
 class Cell:
@@ -179,9 +181,9 @@ def main() -> None:
         os.makedirs(a.keep, exist_ok=True)
     instrument.configure(overhead_budget=None)
     service(1.0, calls=2000)   # warm
-    print(f"{a.trials} trials per cell; plain runs of {a.seconds:g} s, {a.runs} a side for runs; turns and windows: {a.turns} chunks x "
-          f"{a.calls} requests a side; every call read (overhead_budget none); alpha 0.01 over all tests, "
-          f"min_change 3 %; load {os.getloadavg()[0]:.1f}")
+    print(f"{a.trials} trials per cell; plain runs of {a.seconds:g} s, {a.runs} a side for runs; turns and windows: "
+          f"{a.turns} chunks x {a.calls} requests a side; every call read (overhead_budget none); alpha 0.01 over "
+          f"all tests, min_change 3 %; load {os.getloadavg()[0]:.1f}")
     print(f"{'case':<15} {'model':<12} {'model slower':>12} {'others':>7} {'basis':>8} {'CPU/call est':>12} "
           f"{'width':>8} {'tests':>6} {'machines differed':>17} {'load':>10} {'s/trial':>8}", flush=True)
     for case in a.cases.split(","):
