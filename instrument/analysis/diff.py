@@ -246,7 +246,8 @@ def choose_basis(before: Snapshot, after: Snapshot, requested: Optional[str] = N
         "runs": ("one run a side (two plain runs): each figure per call with its spread over its run; the spread "
                  "between runs is not measured: for time, how far a machine's speed strays over a run of T seconds "
                  f"and between runs stands in for it ({_sig.MACHINE_SPREAD:g} × √({_sig.MACHINE_MEMORY_S:g} s / T) "
-                 f"and {_sig.MACHINE_DRIFT:g} on the log scale), or a reference stage takes the machine out"
+                 f"and {_sig.MACHINE_DRIFT:g} on the log scale); a reference stage takes the machine out, and "
+                 "several runs a side, each a process of its own, measure the spread"
                  if kb == ka == 1 else
                  f"{kb} run{'s' if kb != 1 else ''} before, {ka} after"
                  f"{', each a process of its own' if sb and sa else ''}: the spread between runs measured from "
