@@ -94,16 +94,21 @@ def plain_run(path: str, slower: float, seconds: float, hog: bool) -> instrument
     return instrument.Snapshot.load(path)
 
 
+def hogged(trial: int, a) -> tuple:
+    """Which side runs beside the hogs: before in even trials, after in odd ones (neither without a.hog)."""
+    return (trial % 2 == 0, trial % 2 == 1) if a.hog else (False, False)
+
+
 def plain(slower: float, trial: int, a) -> tuple:
     with tempfile.TemporaryDirectory() as d:
-        hog = (trial % 2 == 0, trial % 2 == 1) if a.hog else (False, False)
+        hog = hogged(trial, a)
         return (plain_run(os.path.join(d, "before.json"), 1.0, a.seconds, hog[0]),
                 plain_run(os.path.join(d, "after.json"), slower, a.seconds, hog[1]))
 
 
 def runs(slower: float, trial: int, a) -> tuple:
     with tempfile.TemporaryDirectory() as d:
-        hog = (trial % 2 == 0, trial % 2 == 1) if a.hog else (False, False)
+        hog = hogged(trial, a)
         sides = []
         for side, factor in enumerate((1.0, slower)):
             snaps = [plain_run(os.path.join(d, f"{side}-{k}.json"), factor, a.seconds, hog[side])

@@ -15,13 +15,18 @@ void root_exit_notify(void) {
     Py_DECREF(h);
 }
 
-PyObject *mod_set_root_exit_hook(PyObject *m, PyObject *f) {
+/* Puts f (a callable, or None: none) in *slot; `name` is the setter's, for the error. */
+static PyObject *set_hook(PyObject **slot, PyObject *f, const char *name) {
     if (f != Py_None && !PyCallable_Check(f))
-        return PyErr_Format(PyExc_TypeError, "set_root_exit_hook needs a callable or None, not %.100s", Py_TYPE(f)->tp_name);
-    PyObject *old = g_root_exit_hook;
-    g_root_exit_hook = f == Py_None ? NULL : Py_NewRef(f);
+        return PyErr_Format(PyExc_TypeError, "%s needs a callable or None, not %.100s", name, Py_TYPE(f)->tp_name);
+    PyObject *old = *slot;
+    *slot = f == Py_None ? NULL : Py_NewRef(f);
     Py_XDECREF(old);
     Py_RETURN_NONE;
+}
+
+PyObject *mod_set_root_exit_hook(PyObject *m, PyObject *f) {
+    return set_hook(&g_root_exit_hook, f, "set_root_exit_hook");
 }
 
 PyObject *g_probe_hook = NULL;
@@ -46,11 +51,7 @@ void probe_notify(void) {
 }
 
 PyObject *mod_set_probe_hook(PyObject *m, PyObject *f) {
-    if (f != Py_None && !PyCallable_Check(f))
-        return PyErr_Format(PyExc_TypeError, "set_probe_hook needs a callable or None, not %.100s", Py_TYPE(f)->tp_name);
-    PyObject *old = g_probe_hook;
-    g_probe_hook = f == Py_None ? NULL : Py_NewRef(f);
-    g_probe_due = 0;
-    Py_XDECREF(old);
-    Py_RETURN_NONE;
+    PyObject *r = set_hook(&g_probe_hook, f, "set_probe_hook");
+    if (r) g_probe_due = 0;
+    return r;
 }

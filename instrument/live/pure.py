@@ -1164,9 +1164,8 @@ def _close_top(st: _Stack, error: bool) -> None:
             _root_exit_hook()
         except Exception:
             _internal_failure("root exit hook")
-    if f.parent is None and _probe_hook is not None:
-        if _perf_ns() >= _probe_due:
-            _probe()
+    if f.parent is None and _probe_hook is not None and _perf_ns() >= _probe_due:
+        _probe()
 
 
 def _probe() -> None:
