@@ -25,7 +25,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
-from ..snapshot import Snapshot, StageStats, as_path
+from ..snapshot import Snapshot, StageStats, as_path, path_text
 from . import machine as _machine
 from . import significance as _sig
 from .significance import Significance
@@ -35,6 +35,18 @@ METRICS = ("calls", "total", "mean", "p50", "p99", "cpu")     # the values each 
 BASES = ("turns", "windows", "runs")
 WORK_COUNTERS = ("instructions", "page-faults", "minor-faults", "major-faults")   # counted work: load moves none
 REGRESSIONS = ("cpu", "wall") + WORK_COUNTERS                # more of these per call is a regression (items: other work)
+# One run a side: the change of own CPU time per call that the stages share with the probe loop (their median) is
+# taken as the machine's.  It needs COMMON_MIN members, so that one changed stage is never its median, each measured
+# on both sides within MEMBER_NOISE (the standard deviation of the log of a stage's own CPU per call, from its
+# calls) or PROBE_NOISE (the probe's standard error).  A median that the probe's change misses by more than
+# COMMON_PROBE is said in a warning: most stages changed alike, by their code or by what the probe did not see.
+# A stage strays from the common change by RELATIVE_SPREAD a run, or by what the members show where they are
+# SPREAD_MEMBERS or more (fewer cannot measure a spread).
+COMMON_MIN = 3
+SPREAD_MEMBERS = 5
+MEMBER_NOISE = 0.02
+PROBE_NOISE = 0.05
+COMMON_PROBE = 0.15
 
 
 def metric_text(metric: str) -> str:
@@ -313,6 +325,44 @@ def run_variance(s: StageStats, metric: str, machine: float) -> float:
     return calls + (c.get("var") or 0) / total ** 2 + 1 / total
 
 
+def _own(s: StageStats) -> Optional[Tuple[float, float]]:
+    """The stage's own CPU time per call (its children's taken out) and the variance of its log from its calls."""
+    if not s.cpu_self or s.cpu_self <= 0 or not s.cpu_calls:
+        return None
+    return s.cpu_self / s.cpu_calls, spread(s) ** 2 / max(s.cpu_reads, 1) + s.cpu_var_self / s.cpu_self ** 2
+
+
+def common_change(before: Snapshot, after: Snapshot) -> Optional[_machine.Common]:
+    """The change of own CPU time per call that the stages share with the probe loop: the median of the members'
+    log changes (the probe where both sides have it, and each stage whose own CPU time per call is well measured
+    on both sides); None with fewer than COMMON_MIN members."""
+    members: List[Tuple[str, float]] = []
+    mb, ma = _machine.machine(before), _machine.machine(after)
+    if mb.probe_ns and ma.probe_ns and max(mb.probe_se if mb.probe_se is not None else 1.0,
+                                           ma.probe_se if ma.probe_se is not None else 1.0) <= PROBE_NOISE:
+        members.append(("probe", math.log(ma.probe_ns / mb.probe_ns)))
+    for b in before:
+        a = after.get(b.path)
+        ob, oa = _own(b), (_own(a) if a is not None else None)
+        if ob is not None and oa is not None and max(ob[1], oa[1]) <= MEMBER_NOISE ** 2:
+            members.append((path_text(b.path), math.log(oa[0] / ob[0])))
+    if len(members) < COMMON_MIN:
+        return None
+    changes = sorted(c for _, c in members)
+    k = len(changes) // 2
+    mid = changes[k] if len(changes) % 2 else (changes[k - 1] + changes[k]) / 2
+    devs = sorted(abs(c - mid) for c in changes)
+    mad = devs[k] if len(devs) % 2 else (devs[k - 1] + devs[k]) / 2
+    return _machine.Common(mid, tuple(m for m, _ in members), tuple(c for _, c in members), 1.4826 * mad)
+
+
+def _strays(common: _machine.Common) -> float:
+    """How far a stage's own CPU per call strays from the common change in one run (the log's standard deviation):
+    RELATIVE_SPREAD, or the members' spread where they are enough to show it (their spread is of a pair of runs)."""
+    shown = common.spread / math.sqrt(2) if len(common.members) >= SPREAD_MEMBERS else 0.0
+    return max(_sig.RELATIVE_SPREAD, shown)
+
+
 def on_cpu_share(s: StageStats) -> float:
     """The share of the stage's running time not spent waiting for a CPU that it spent on one (1 where unknown)."""
     if s.cpu_total is None or not s.covered_run:
@@ -347,6 +397,7 @@ class _Plan:
     seconds: Tuple[Optional[float], Optional[float]]
     reference: Optional[Tuple[StageStats, StageStats]]
     time_floor: float
+    common: Optional[_machine.Common] = None   # one run a side: CPU time judged against the stages' common change
 
 
 def _relative(figure: Callable[[Mapping[str, Any]], Optional[float]], ref: StageStats):
@@ -363,8 +414,9 @@ def _relative(figure: Callable[[Mapping[str, Any]], Optional[float]], ref: Stage
 def _test(plan: _Plan, metric: str, b: StageStats, a: StageStats, alpha: float, min_change: float) -> Significance:
     figure = figure_of(metric)
     time = metric in ("cpu", "wall")
-    floor = max(min_change, plan.time_floor) if time else min_change
     rb, ra = runs_of(b.all_windows()), runs_of(a.all_windows())
+    common = plan.common if metric == "cpu" and plan.basis == "runs" and len(rb) == len(ra) == 1 else None
+    floor = max(min_change, plan.time_floor) if time and common is None else min_change
     if not time and len({figure(w) for w in rb + ra}) == 1:   # counted work that never moved
         return _sig.untested(f"{metric_text(metric)} the same in every window of both sides", alpha, floor)
     relative = time and plan.reference is not None and b.path != plan.reference[0].path
@@ -378,6 +430,11 @@ def _test(plan: _Plan, metric: str, b: StageStats, a: StageStats, alpha: float, 
     if plan.basis == "windows":
         return _sig.log_window_test([fb(w) for w in rb], [fa(w) for w in ra], alpha, floor)
     if len(rb) == len(ra) == 1:
+        if common is not None:   # what is left is how far the stage strayed from the others, process to process
+            rel = _strays(common) ** 2
+            x, y = fb(rb[0]), fa(ra[0])
+            return _sig.runs_test([(x, run_variance(b, metric, rel))],
+                                  [(y and y / math.exp(common.change), run_variance(a, metric, rel))], alpha, floor)
         if relative:   # the reference shares the machine: what is left is how differently the two respond to it
             vb = run_variance(b, metric, _sig.RELATIVE_SPREAD ** 2) + run_variance(plan.reference[0], metric, 0.0)
             va = run_variance(a, metric, _sig.RELATIVE_SPREAD ** 2) + run_variance(plan.reference[1], metric, 0.0)
@@ -417,6 +474,11 @@ def _not_evidence(b: StageStats, a: StageStats, machine: _machine.Comparison) ->
         return None
     return f"{why}; waiting for a CPU {_signed_us(waiting)} and the machine's speed {_signed_us(speed)} of its " \
            f"{_signed_us(change)} per call"
+
+
+def _signed_pct(log_change: float) -> str:
+    x = math.expm1(log_change)
+    return f"{'+' if x >= 0 else '−'}{abs(100 * x):.0f} %"
 
 
 def _signed_us(ns: float) -> str:
@@ -488,10 +550,22 @@ def diff(before: Snapshot, after: Snapshot, alpha: float = _sig.ALPHA, min_chang
     basis, why, warnings = choose_basis(before, after, requested)
     before, after = with_verdicts(before), with_verdicts(after)
     ref = _reference(before, after, reference) if reference is not None else None
-    machine = _machine.compare(before, after, ref)
+    one_run = basis == "runs" and len(_runs(before)[0]) == len(_runs(after)[0]) == 1
+    common = common_change(before, after) if one_run and ref is None else None
+    machine = _machine.compare(before, after, ref, common)
+    if common is not None:
+        why += (f"; CPU time per call judged against the change the stages share ({common.text()}: the median of "
+                f"{len(common.members)}), each stage's own straying from it between processes "
+                f"±{100 * _strays(common):.0f} % a run")
+        probe = dict(zip(common.members, common.changes)).get("probe")
+        if probe is not None and abs(common.change - probe) > COMMON_PROBE:
+            warnings.append(f"most stages' own CPU time per call moved {_signed_pct(common.change)} together while "
+                            f"the probe loop moved {_signed_pct(probe)}: their code changed alike, or the machine "
+                            "did in a way the probe did not see; one run a side cannot tell which, so a change "
+                            "common to them is not claimed: name a reference stage or record several runs a side")
     # on the runs basis a time figure's change within the machine's own change of speed is not claimed
     speed = abs(machine.speed_change or 0.0) if basis == "runs" and ref is None else 0.0
-    plan = _Plan(basis, (_seconds(before), _seconds(after)), ref, speed)
+    plan = _Plan(basis, (_seconds(before), _seconds(after)), ref, speed, common)
     paths = list(dict.fromkeys([*(s.path for s in before), *(s.path for s in after)]))
     plans: Dict[Tuple[str, ...], Tuple[List[str], Dict[str, str]]] = {}
     for p in paths:

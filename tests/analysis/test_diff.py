@@ -317,8 +317,10 @@ def test_the_machine_probe_is_the_machines_speed_through_the_run():
     assert d.machine.speed_change == pytest.approx(0.08) and not d.machine.differed
     assert "its probe loop took 43.2 ns per iteration through the run, before 40.0 (+8 %)" in d.machine.line
     assert "reference loop" not in d.machine.line
+    # one run a side: CPU time is judged against the change the stages share with the probe (all moved +8 %)
+    assert d.machine.common.members == ("probe", "request", "request/model")
     cpu = d.row("request/model").tests["cpu"]
-    assert cpu.min_change == pytest.approx(0.08) and not cpu.significant   # within the machine's change: not claimed
+    assert cpu.estimate == pytest.approx(0.0, abs=1e-9) and not cpu.significant
     d = D.diff(before, probed(run(10, 9, 0.02, 80.0), 48.0))               # +20 %: the machines differed
     assert d.machine.differed and "(+20 %)" in d.machine.line
     # a side without the probe: the loops timed at import
@@ -336,12 +338,14 @@ def test_the_probe_survives_merge_and_weighs_its_sources():
 # ------------------------------------------------------------------------ a reference stage
 def test_a_reference_stage_takes_the_machine_out():
     def side(speed, model_ms):          # the machine's speed multiplies both stages of the same calls
-        return snap(st("request", 1000, int((2 + model_ms) * speed * MS), cpu_ns=int(1000 * (2 + model_ms) * speed * MS)),
+        request = st("request", 1000, int((2 + model_ms) * speed * MS), cpu_ns=int(1000 * (2 + model_ms) * speed * MS))
+        return snap(replace(request, cpu_self=0),                       # all of request's time is its children's
                     st("request/tokenize", 1000, int(2 * speed * MS), cpu_ns=int(1000 * 2 * speed * MS)),
                     st("request/model", 1000, int(model_ms * speed * MS), cpu_ns=int(1000 * model_ms * speed * MS)))
     before, after = side(1.0, 10), side(1.5, 13)          # the machine 50 % slower, model 30 % more work
     plain = D.diff(before, after)
     assert plain.row("request/tokenize").judgement == "slower"          # the machine, taken for code
+    assert plain.machine.common is None                                 # two stages of their own: no common change
     d = D.diff(before, after, reference="request/tokenize")
     assert d.reference == ("request", "tokenize") and d.machine.speed_change == pytest.approx(0.5)
     assert "the reference stage request/tokenize took +50 % CPU time per call, taken as the machine's change of " \
@@ -353,3 +357,59 @@ def test_a_reference_stage_takes_the_machine_out():
     assert json.loads(table.render_diff(d, "json"))["reference"] == ["request", "tokenize"]
     with pytest.raises(ValueError, match="reference stage 'nope' needs calls and CPU time in both snapshots"):
         D.diff(before, after, reference="nope")
+
+
+# ------------------------------------------------------------------------ one run a side: the stages' common change
+def machine_and_code(speed, probe_ns, model=1.0, others=1.0, rare=False):
+    """One plain run: the probe loop and four stages whose own CPU time per call is the machine's speed times their
+    code's work (request's own 1 ms, tokenize 2 ms, model 10 ms times `model`, alloc 3 ms; `others` multiplies all
+    but model's), and a rare stage of 4 calls whose CPU per call spreads wide."""
+    own = {"request": 1 * others, "request/tokenize": 2 * others, "request/model": 10 * model,
+           "request/alloc": 3 * others}
+    ms = {k: v * speed for k, v in own.items()}
+    total = sum(ms.values())
+    stages = [replace(st("request", 1000, int(total * MS), cpu_ns=int(1000 * total * MS)),
+                      cpu_self=int(1000 * ms["request"] * MS))]
+    stages += [st(k, 1000, int(v * MS), cpu_ns=int(1000 * v * MS)) for k, v in ms.items() if k != "request"]
+    if rare:
+        stages.append(st("request/rare", 4, 0, values=[MS, 3 * MS, MS, 3 * MS], cpu_ns=8 * MS))
+    return probed(snap(*stages), probe_ns)
+
+
+def test_one_run_a_side_judges_cpu_against_the_change_the_stages_share():
+    before = machine_and_code(1.0, 40.0, rare=True)
+    after = machine_and_code(1.4, 56.0, model=1.3, rare=True)   # the machine 40 % slower; model 30 % more work
+    d = D.diff(before, after)
+    c = d.machine.common
+    assert c.members == ("probe", "request", "request/tokenize", "request/model", "request/alloc")   # not rare
+    assert d.machine.speed_change == pytest.approx(0.4) and d.machine.differed
+    assert "the stages' own CPU time per call moved +40 % in their median (the probe loop and 4 stages), taken " \
+           "as the machine's change of speed" in d.machine.line
+    assert "CPU time per call judged against the change the stages share" in d.basis_reason
+    model = d.row("request/model")
+    assert model.judgement == "slower" and model.tests["cpu"].estimate == pytest.approx(0.3)
+    assert model.tests["cpu"].min_change == pytest.approx(0.03)          # no floor of the machine's change
+    for path in ("request/tokenize", "request/alloc"):
+        assert d.row(path).tests["cpu"].estimate == pytest.approx(0.0, abs=1e-9)
+        assert d.row(path).judgement == "within noise"
+    # request holds model: 16 → 26.6 ms, +18.75 % beyond the machine's +40 %
+    assert d.row("request").tests["cpu"].estimate == pytest.approx(26.6 / 16 / 1.4 - 1)
+    assert d.row("request").judgement == "slower"
+    j = json.loads(table.render_diff(d, "json"))
+    assert j["machine"]["common"]["change"] == pytest.approx(0.4)
+    assert j["machine"]["common"]["members"]["request/model"] == pytest.approx(1.4 * 1.3 - 1)
+    # a named reference stage takes the machine out in its place
+    assert D.diff(before, after, reference="request/tokenize").machine.common is None
+
+
+def test_a_change_most_stages_share_is_not_claimed_and_is_said():
+    d = D.diff(machine_and_code(1.0, 40.0), machine_and_code(1.0, 40.0, others=1.3, model=1.3))
+    assert d.machine.speed_change == pytest.approx(0.3)
+    assert not any(r.significant for r in d.rows)
+    assert d.warnings == ("most stages' own CPU time per call moved +30 % together while the probe loop moved +0 %: "
+                          "their code changed alike, or the machine did in a way the probe did not see; one run a "
+                          "side cannot tell which, so a change common to them is not claimed: name a reference "
+                          "stage or record several runs a side",)
+    assert "warning: most stages' own CPU time" in table.render_diff(d)
+    # the same code on a machine 30 % slower, the probe seeing it: no warning
+    assert D.diff(machine_and_code(1.0, 40.0), machine_and_code(1.3, 52.0)).warnings == ()
