@@ -3,8 +3,10 @@ started by the test through one of them, and variants taking turns in one proces
 checked against what each run was made to do, and its machine line against the snapshots' own figures."""
 import inspect
 import json
+import math
 import os
 import re
+import statistics
 import subprocess
 import sys
 
@@ -95,7 +97,18 @@ def test_plain_runs_with_a_hog_fail_the_gate_on_the_stage_made_slower(tmp_path):
     probes = [json.loads(p.read_text())["meta"]["machine"]["probe"]["ns"] for p in (before, after)]
     assert f"probe loop took {probes[1]:.1f} ns per iteration through the run, before {probes[0]:.1f}" in \
         j["machine"]["line"]
-    assert j["machine"]["differed"] == (abs(wa - wb) > 0.05 or abs(probes[1] / probes[0] - 1) > 0.1)
+    assert j["machine"]["differed"] == (abs(wa - wb) > 0.05 or abs(probes[1] / probes[0] - 1) > 0.1 or
+                                        abs(j["machine"]["speed_change"]) > 0.1)
+    # one run a side: CPU time judged against the change the stages share; each member's change is the files' own
+    # own CPU time per call (tokenize's, made the same in both)
+    common = j["machine"]["common"]
+    assert common is not None and "CPU time per call judged against the change the stages share" in j["basis_reason"]
+    own = [next(s["cpu_ns"] for s in json.loads(p.read_text())["stages"] if s["path"] == ["request", "tokenize"])
+           for p in (before, after)]
+    tok = (own[1]["self"] / own[1]["calls"]) / (own[0]["self"] / own[0]["calls"]) - 1
+    assert common["members"]["request/tokenize"] == pytest.approx(tok)
+    logs = [math.log1p(c) for c in common["members"].values()]
+    assert len(logs) >= 3 and common["change"] == pytest.approx(math.expm1(statistics.median(logs)), abs=1e-9)
 
 
 def test_identical_plain_runs_with_a_hog_in_one_pass_the_gate(tmp_path):
