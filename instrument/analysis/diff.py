@@ -35,17 +35,18 @@ METRICS = ("calls", "total", "mean", "p50", "p99", "cpu")     # the values each 
 BASES = ("turns", "windows", "runs")
 WORK_COUNTERS = ("instructions", "page-faults", "minor-faults", "major-faults")   # counted work: load moves none
 REGRESSIONS = ("cpu", "wall") + WORK_COUNTERS                # more of these per call is a regression (items: other work)
-# One run a side: the change of own CPU time per call that the stages share with the probe loop (their median) is
-# taken as the machine's.  It needs COMMON_MIN members, so that one changed stage is never its median, each measured
-# on both sides within MEMBER_NOISE (the standard deviation of the log of a stage's own CPU per call, from its
-# calls) or PROBE_NOISE (the probe's standard error).  A median that the probe's change misses by more than
-# COMMON_PROBE is said in a warning: most stages changed alike, by their code or by what the probe did not see.
-# A stage strays from the common change by RELATIVE_SPREAD a run, or by what the members show where they are
+# One run a side: the change of CPU time per call that the stages share (their median) is taken as the machine's.
+# Its members are the stages that hold no other stage (a parent's own time holds its children's enters and exits,
+# the SDK's work, which moves with preemption), each measured on both sides within MEMBER_NOISE (the standard
+# deviation of the log of its CPU per call, from its calls); COMMON_MIN of them, so that one changed stage is never
+# their median.  The probe loop is no member (timed in short bursts after a stage exits, it moved with a hog by
+# 7-10 % where the stages moved 1-2 %, benchmarks/RESULTS.md); a median that the probe's change misses by more
+# than COMMON_PROBE is said in a warning: most stages changed alike, by their code or by the machine.  A stage
+# strays from the common change by RELATIVE_SPREAD a run, or by what the members show where they are
 # SPREAD_MEMBERS or more (fewer cannot measure a spread).
 COMMON_MIN = 3
 SPREAD_MEMBERS = 5
 MEMBER_NOISE = 0.02
-PROBE_NOISE = 0.05
 COMMON_PROBE = 0.15
 
 
@@ -333,18 +334,14 @@ def _own(s: StageStats) -> Optional[Tuple[float, float]]:
 
 
 def common_change(before: Snapshot, after: Snapshot) -> Optional[_machine.Common]:
-    """The change of own CPU time per call that the stages share with the probe loop: the median of the members'
-    log changes (the probe where both sides have it, and each stage whose own CPU time per call is well measured
-    on both sides); None with fewer than COMMON_MIN members."""
+    """The change of CPU time per call that the stages share: the median of the members' log changes (each stage
+    that holds no other, its CPU time per call well measured on both sides); None with fewer than COMMON_MIN."""
+    parents = {s.path[:-1] for snap in (before, after) for s in snap}
     members: List[Tuple[str, float]] = []
-    mb, ma = _machine.machine(before), _machine.machine(after)
-    if mb.probe_ns and ma.probe_ns and max(mb.probe_se if mb.probe_se is not None else 1.0,
-                                           ma.probe_se if ma.probe_se is not None else 1.0) <= PROBE_NOISE:
-        members.append(("probe", math.log(ma.probe_ns / mb.probe_ns)))
     for b in before:
         a = after.get(b.path)
         ob, oa = _own(b), (_own(a) if a is not None else None)
-        if ob is not None and oa is not None and max(ob[1], oa[1]) <= MEMBER_NOISE ** 2:
+        if b.path not in parents and ob is not None and oa is not None and max(ob[1], oa[1]) <= MEMBER_NOISE ** 2:
             members.append((path_text(b.path), math.log(oa[0] / ob[0])))
     if len(members) < COMMON_MIN:
         return None
@@ -557,9 +554,10 @@ def diff(before: Snapshot, after: Snapshot, alpha: float = _sig.ALPHA, min_chang
         why += (f"; CPU time per call judged against the change the stages share ({common.text()}: the median of "
                 f"{len(common.members)}), each stage's own straying from it between processes "
                 f"±{100 * _strays(common):.0f} % a run")
-        probe = dict(zip(common.members, common.changes)).get("probe")
+        pb, pa = machine.before.probe_ns, machine.after.probe_ns
+        probe = math.log(pa / pb) if pb and pa else None
         if probe is not None and abs(common.change - probe) > COMMON_PROBE:
-            warnings.append(f"most stages' own CPU time per call moved {_signed_pct(common.change)} together while "
+            warnings.append(f"most stages' CPU time per call moved {_signed_pct(common.change)} together while "
                             f"the probe loop moved {_signed_pct(probe)}: their code changed alike, or the machine "
                             "did in a way the probe did not see; one run a side cannot tell which, so a change "
                             "common to them is not claimed: name a reference stage or record several runs a side")

@@ -35,12 +35,10 @@ class Machine:
     reference_ns: Optional[float]         # the reference loop's ns per iteration (the median over the runs)
     load: Optional[float]                 # load average when the snapshot was taken (the mean over the runs)
     probe_ns: Optional[float] = None      # the machine probe's ns per iteration through the recording
-    probe_se: Optional[float] = None      # the standard error of its log
 
     def to_dict(self) -> Dict[str, Any]:
         return {"waiting": self.waiting, "involuntary_switches_per_s": self.switches_per_s,
-                "reference_ns": self.reference_ns, "probe_ns": self.probe_ns, "probe_se": self.probe_se,
-                "load": self.load}
+                "reference_ns": self.reference_ns, "probe_ns": self.probe_ns, "load": self.load}
 
 
 def _median(xs: List[float]) -> Optional[float]:
@@ -68,49 +66,39 @@ def machine(snap: Snapshot) -> Machine:
     refs = [float(m["reference_ns"]) for m in ms if isinstance(m.get("reference_ns"), (int, float))]
     loads = [float(m["load"]) for m in ms if isinstance(m.get("load"), (int, float))]
     return Machine(None if share is None else min(1.0, share), switches, _median(refs),
-                   sum(loads) / len(loads) if loads else None, *_probe(ms))
+                   sum(loads) / len(loads) if loads else None, _probe(ms))
 
 
-def _probe(ms: List[Mapping[str, Any]]) -> Tuple[Optional[float], Optional[float]]:
-    """The machine probe's ns per iteration over every source, their means weighed by their timings kept, and the
-    standard error of its log; (None, None) where a source has none (the error None where a source lacks it)."""
+def _probe(ms: List[Mapping[str, Any]]) -> Optional[float]:
+    """The machine probe's ns per iteration over every source, their means weighed by their timings kept; None
+    where a source has none."""
     ps = [m.get("probe") for m in ms]
     if not ps or not all(isinstance(p, Mapping) and isinstance(p.get("ns"), (int, float)) and p["ns"] > 0
                          and isinstance(p.get("kept"), int) and p["kept"] > 0 for p in ps):
-        return None, None
-    kept = sum(p["kept"] for p in ps)
-    ses = [p.get("se_log") for p in ps]
-    se = math.sqrt(sum((p["kept"] * s) ** 2 for p, s in zip(ps, ses))) / kept \
-        if all(isinstance(s, (int, float)) for s in ses) else None
-    return sum(p["ns"] * p["kept"] for p in ps) / kept, se
+        return None
+    return sum(p["ns"] * p["kept"] for p in ps) / sum(p["kept"] for p in ps)
 
 
 @dataclass(frozen=True)
 class Common:
-    """The change of own CPU time per call that a snapshot's stages share with the machine probe: the median, over
-    the members (the probe loop and each stage whose own CPU time per call is well measured on both sides), of the
-    log of after over before.  Where most members' code did not change, it is the machine's change of speed."""
+    """The change of CPU time per call that a snapshot's stages share: the median, over the members (each stage
+    that holds no other, its CPU time per call well measured on both sides), of the log of after over before.
+    Where most members' code did not change, it is the machine's change of speed."""
     change: float                         # the median of the members' log changes
-    members: Tuple[str, ...]              # "probe" and stage path texts
+    members: Tuple[str, ...]              # their path texts
     changes: Tuple[float, ...]            # each member's log change
     spread: float                         # the members' spread about the median (1.4826 × their MAD, log scale)
-
-    @property
-    def stages(self) -> int:
-        return sum(1 for m in self.members if m != "probe")
 
     def to_dict(self) -> Dict[str, Any]:
         return {"change": math.expm1(self.change), "spread": self.spread,
                 "members": {m: math.expm1(c) for m, c in zip(self.members, self.changes)}}
 
     def text(self) -> str:
-        """"the stages' own CPU time per call moved +4 % in their median (the probe loop and 3 stages), taken as
-        the machine's change of speed"."""
+        """"the stages' CPU time per call moved +4 % in their median (3 stages that hold no other), taken as the
+        machine's change of speed"."""
         pct = math.expm1(self.change)
-        who = " and ".join((["the probe loop"] if "probe" in self.members else [])
-                           + [f"{self.stages} stage{'s' if self.stages != 1 else ''}"])
-        return (f"the stages' own CPU time per call moved {'+' if pct >= 0 else '−'}{abs(100 * pct):.0f} % in their "
-                f"median ({who}), taken as the machine's change of speed")
+        return (f"the stages' CPU time per call moved {'+' if pct >= 0 else '−'}{abs(100 * pct):.0f} % in their "
+                f"median ({len(self.members)} stages that hold no other), taken as the machine's change of speed")
 
 
 @dataclass(frozen=True)
@@ -139,8 +127,7 @@ def compare(before: Snapshot, after: Snapshot, reference: Optional[Tuple[StageSt
     "the machines differed: after spent 38 % of its running time waiting for a CPU, before 2 %: wall-time
     changes are not evidence".  `reference`: a stage (before, after) whose code did not change: its change of
     CPU time per call is the machine's change of speed, in place of the probe's or the reference loop's;
-    `common`: the stages' common change, taken so where no reference stage is named (the probe is one of its
-    members)."""
+    `common`: the stages' common change, taken so where no reference stage is named."""
     b, a = machine(before), machine(after)
     facts: List[Tuple[bool, str]] = []
     if b.waiting is not None and a.waiting is not None:

@@ -29,7 +29,7 @@ def spin(n):
 SERVICE = inspect.getsource(spin) + r"""
 import sys, time
 import instrument
-tok, model = instrument.stage("tokenize"), instrument.stage("model")
+tok, model, post = instrument.stage("tokenize"), instrument.stage("model"), instrument.stage("postprocess")
 iterations, end = int(sys.argv[1]), time.perf_counter() + float(sys.argv[2])
 while time.perf_counter() < end:
     with instrument.stage("request"):
@@ -38,6 +38,8 @@ while time.perf_counter() < end:
             instrument.add("tokens", 8)
         with model:
             spin(iterations)
+        with post:
+            spin(200)
 """
 
 
@@ -99,10 +101,11 @@ def test_plain_runs_with_a_hog_fail_the_gate_on_the_stage_made_slower(tmp_path):
         j["machine"]["line"]
     assert j["machine"]["differed"] == (abs(wa - wb) > 0.05 or abs(probes[1] / probes[0] - 1) > 0.1 or
                                         abs(j["machine"]["speed_change"]) > 0.1)
-    # one run a side: CPU time judged against the change the stages share; each member's change is the files' own
-    # own CPU time per call (tokenize's, made the same in both)
+    # one run a side: CPU time judged against the change the stages share; its members are the stages that hold no
+    # other, and each member's change is the files' own CPU time per call (tokenize's, made the same in both)
     common = j["machine"]["common"]
     assert common is not None and "CPU time per call judged against the change the stages share" in j["basis_reason"]
+    assert set(common["members"]) <= {"request/tokenize", "request/model", "request/postprocess"}
     own = [next(s["cpu_ns"] for s in json.loads(p.read_text())["stages"] if s["path"] == ["request", "tokenize"])
            for p in (before, after)]
     tok = (own[1]["self"] / own[1]["calls"]) / (own[0]["self"] / own[0]["calls"]) - 1

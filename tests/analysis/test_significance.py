@@ -113,7 +113,7 @@ def stage(path, per_call_ns, speed, calls_each, rng):
 def plain_run(rng, model_ns, seconds=30.0, calls_each=2):
     speed = speeds(rng, seconds)
     stages = [stage("request", 400_000, speed, calls_each, rng), stage("request/tokenize", 20_000, speed, calls_each, rng),
-              stage("request/model", model_ns, speed, calls_each, rng)]
+              stage("request/model", model_ns, speed, calls_each, rng), stage("request/alloc", 40_000, speed, calls_each, rng)]
     return Snapshot(stages, {"start_time": 0.0, "end_time": seconds, "duration_ns": int(seconds * 1e9)})
 
 
@@ -127,13 +127,15 @@ def test_one_run_a_side_on_a_wandering_machine():
     twice = [diff(plain_run(rng, 200_000), plain_run(rng, 400_000)) for _ in range(20)]
     assert sum(d.row("request/model").judgement == "slower" for d in twice) >= 18   # twice the work: seen
     # 30 % more work is within what the machine moves between two plain runs; the stages whose code did not
-    # change take the machine out (their common change), as a named reference stage does
+    # change take the machine out (their common change), as a named reference stage does; each stage's own luck
+    # in a process (2.5 % a run) leaves the change beyond the interval in about 97 % of pairs
     slower = [(plain_run(rng, 200_000), plain_run(rng, 260_000)) for _ in range(20)]
-    assert sum(diff(b, a).row("request/model").judgement == "slower" for b, a in slower) >= 19
+    assert sum(diff(b, a).row("request/model").judgement == "slower" for b, a in slower) >= 18
     assert sum(diff(b, a, reference="request/tokenize").row("request/model").judgement == "slower"
                for b, a in slower) >= 19
-    # without the common change (its members are too few) the machine's wandering hides it
-    alone = [(Snapshot(b.stages[2:], b.meta), Snapshot(a.stages[2:], a.meta)) for b, a in slower]
+    # without the common change (its members, the stages that hold no other, too few) the machine's wandering
+    # hides it
+    alone = [(Snapshot(b.stages[:3], b.meta), Snapshot(a.stages[:3], a.meta)) for b, a in slower]
     assert sum(diff(b, a).row("request/model").judgement == "slower" for b, a in alone) <= 10
 
 
@@ -194,7 +196,7 @@ def test_bonferroni_over_every_test_of_the_comparison():
     rng = np.random.default_rng(8)
     d = diff(plain_run(rng, 200_000), plain_run(rng, 200_000))
     m = sum(1 for r in d.rows for k, t in r.judged)
-    assert d.tests == m == 3 * 2                    # CPU and wall of three stages (items: the same everywhere)
+    assert d.tests == m == 4 * 2                    # CPU and wall of four stages (items: the same everywhere)
     assert d.row("request/model").tests["item:tokens"].basis == "none"
     for r in d.rows:
         for t in r.tests.values():
