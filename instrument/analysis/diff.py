@@ -40,7 +40,7 @@ REGRESSIONS = ("cpu", "wall") + WORK_COUNTERS                # more of these per
 # the SDK's work, which moves with preemption), each measured on both sides within MEMBER_NOISE (the standard
 # deviation of the log of its CPU per call, from its calls); COMMON_MIN of them, so that one changed stage is never
 # their median.  The probe loop is no member (timed in short bursts after a stage exits, it moved with a hog by
-# 7-10 % where the stages moved 1-2 %, benchmarks/RESULTS.md); a median that the probe's change misses by more
+# 7-10 % where the stages moved 1-3 %, benchmarks/RESULTS.md); a median that the probe's change misses by more
 # than COMMON_PROBE is said in a warning: most stages changed alike, by their code or by the machine.  A stage
 # strays from the common change by RELATIVE_SPREAD a run, or by what the members show where they are
 # SPREAD_MEMBERS or more (fewer cannot measure a spread).
@@ -326,11 +326,11 @@ def run_variance(s: StageStats, metric: str, machine: float) -> float:
     return calls + (c.get("var") or 0) / total ** 2 + 1 / total
 
 
-def _own(s: StageStats) -> Optional[Tuple[float, float]]:
-    """The stage's own CPU time per call (its children's taken out) and the variance of its log from its calls."""
-    if not s.cpu_self or s.cpu_self <= 0 or not s.cpu_calls:
+def _cpu_per_call(s: StageStats) -> Optional[Tuple[float, float]]:
+    """The stage's CPU time per call and the variance of its log from its calls."""
+    if not s.cpu_total or s.cpu_total <= 0 or not s.cpu_calls:
         return None
-    return s.cpu_self / s.cpu_calls, spread(s) ** 2 / max(s.cpu_reads, 1) + s.cpu_var_self / s.cpu_self ** 2
+    return s.cpu_total / s.cpu_calls, spread(s) ** 2 / max(s.cpu_reads, 1) + s.cpu_var / s.cpu_total ** 2
 
 
 def common_change(before: Snapshot, after: Snapshot) -> Optional[_machine.Common]:
@@ -340,7 +340,7 @@ def common_change(before: Snapshot, after: Snapshot) -> Optional[_machine.Common
     members: List[Tuple[str, float]] = []
     for b in before:
         a = after.get(b.path)
-        ob, oa = _own(b), (_own(a) if a is not None else None)
+        ob, oa = _cpu_per_call(b), (_cpu_per_call(a) if a is not None else None)
         if b.path not in parents and ob is not None and oa is not None and max(ob[1], oa[1]) <= MEMBER_NOISE ** 2:
             members.append((path_text(b.path), math.log(oa[0] / ob[0])))
     if len(members) < COMMON_MIN:
@@ -354,7 +354,7 @@ def common_change(before: Snapshot, after: Snapshot) -> Optional[_machine.Common
 
 
 def _strays(common: _machine.Common) -> float:
-    """How far a stage's own CPU per call strays from the common change in one run (the log's standard deviation):
+    """How far a stage's CPU per call strays from the common change in one run (the log's standard deviation):
     RELATIVE_SPREAD, or the members' spread where they are enough to show it (their spread is of a pair of runs)."""
     shown = common.spread / math.sqrt(2) if len(common.members) >= SPREAD_MEMBERS else 0.0
     return max(_sig.RELATIVE_SPREAD, shown)
@@ -551,9 +551,8 @@ def diff(before: Snapshot, after: Snapshot, alpha: float = _sig.ALPHA, min_chang
     common = common_change(before, after) if one_run and ref is None else None
     machine = _machine.compare(before, after, ref, common)
     if common is not None:
-        why += (f"; CPU time per call judged against the change the stages share ({common.text()}: the median of "
-                f"{len(common.members)}), each stage's own straying from it between processes "
-                f"±{100 * _strays(common):.0f} % a run")
+        why += (f"; CPU time per call judged against the change the stages share ({common.text()}), each "
+                f"stage's own straying from it between processes ±{100 * _strays(common):.0f} % a run")
         pb, pa = machine.before.probe_ns, machine.after.probe_ns
         probe = math.log(pa / pb) if pb and pa else None
         if probe is not None and abs(common.change - probe) > COMMON_PROBE:
