@@ -240,8 +240,10 @@ def _runs(snap: Snapshot) -> Tuple[List[Optional[float]], bool]:
     return [min(_span(w)[0] for w in g) if _span(g[0]) else None for g in groups], separate
 
 
-def choose_basis(before: Snapshot, after: Snapshot, requested: Optional[str] = None) -> Tuple[str, str, List[str]]:
-    """(basis, why, warnings): the basis asked for where it holds, else the strongest the snapshots allow."""
+def choose_basis(before: Snapshot, after: Snapshot, requested: Optional[str] = None,
+                 common: Optional[_machine.Common] = None) -> Tuple[str, str, List[str]]:
+    """(basis, why, warnings): the basis asked for where it holds, else the strongest the snapshots allow.
+    `common`: with one run a side, the change the stages share, which CPU time is judged against."""
     if requested is not None and requested not in BASES:
         raise ValueError(f"basis must be one of {', '.join(BASES)}, got {requested!r}")
     (rb, sb), (ra, sa) = _runs(before), _runs(after)
@@ -257,10 +259,14 @@ def choose_basis(before: Snapshot, after: Snapshot, requested: Optional[str] = N
         "windows": f"each side holds {_sig.MIN_WINDOWS}+ windows ({kb} and {ka}) not taken in turns: Welch's test "
                    "on the windows, each side's drift between its halves standing in for the drift between the sides",
         "runs": ("one run a side (two plain runs): each figure per call with its spread over its run; the spread "
-                 "between runs is not measured: for time, how far a machine's speed strays over a run of T seconds "
-                 f"and between runs stands in for it ({_sig.MACHINE_SPREAD:g} × √({_sig.MACHINE_MEMORY_S:g} s / T) "
-                 f"and {_sig.MACHINE_DRIFT:g} on the log scale); a reference stage takes the machine out, and "
-                 "several runs a side, each a process of its own, measure the spread"
+                 "between runs is not measured: "
+                 + (f"CPU time per call is judged against the change the stages share ({common.text()}), each "
+                    f"stage straying from it by ±{100 * _strays(common):.0f} % a run; for wall time, "
+                    if common is not None else "for time, ")
+                 + "how far a machine's speed strays over a run of T seconds and between runs stands in for it "
+                 f"({_sig.MACHINE_SPREAD:g} × √({_sig.MACHINE_MEMORY_S:g} s / T) and {_sig.MACHINE_DRIFT:g} on the "
+                 "log scale); a reference stage takes the machine out, and several runs a side, each a process of "
+                 "its own, measure the spread"
                  if kb == ka == 1 else
                  f"{kb} run{'s' if kb != 1 else ''} before, {ka} after"
                  f"{', each a process of its own' if sb and sa else ''}: the spread between runs measured from "
@@ -544,15 +550,13 @@ def diff(before: Snapshot, after: Snapshot, alpha: float = _sig.ALPHA, min_chang
     other stage's time is judged relative to it."""
     alpha, min_change = check_alpha(alpha), check_min_change(min_change)
     requested = basis
-    basis, why, warnings = choose_basis(before, after, requested)
+    one_run = len(_runs(before)[0]) == len(_runs(after)[0]) == 1     # the runs basis, the only one that holds
+    common = common_change(before, after) if one_run and reference is None else None
+    basis, why, warnings = choose_basis(before, after, requested, common)
     before, after = with_verdicts(before), with_verdicts(after)
     ref = _reference(before, after, reference) if reference is not None else None
-    one_run = basis == "runs" and len(_runs(before)[0]) == len(_runs(after)[0]) == 1
-    common = common_change(before, after) if one_run and ref is None else None
     machine = _machine.compare(before, after, ref, common)
     if common is not None:
-        why += (f"; CPU time per call judged against the change the stages share ({common.text()}), each "
-                f"stage's own straying from it between processes ±{100 * _strays(common):.0f} % a run")
         pb, pa = machine.before.probe_ns, machine.after.probe_ns
         probe = math.log(pa / pb) if pb and pa else None
         if probe is not None and abs(common.change - probe) > COMMON_PROBE:

@@ -383,7 +383,7 @@ def test_one_run_a_side_judges_cpu_against_the_change_the_stages_share():
     assert d.machine.speed_change == pytest.approx(0.4) and d.machine.differed
     assert "the stages' CPU time per call moved +40 % in their median (3 stages that hold no other), taken as the " \
            "machine's change of speed" in d.machine.line
-    assert "CPU time per call judged against the change the stages share" in d.basis_reason
+    assert "CPU time per call is judged against the change the stages share" in d.basis_reason
     model = d.row("request/model")
     assert model.judgement == "slower" and model.tests["cpu"].estimate == pytest.approx(0.3)
     assert model.tests["cpu"].min_change == pytest.approx(0.03)          # no floor of the machine's change
