@@ -635,7 +635,8 @@ def build_parser() -> argparse.ArgumentParser:
                    "runs (default: the strongest both snapshots allow; the output says which and why)")
     d.add_argument("--reference", metavar="STAGE", help="a stage whose code did not change, run in the same calls "
                    "as the others: its change of time is taken as the machine's, and every other stage's time is "
-                   "judged relative to it")
+                   "judged relative to it (without one, one run a side judges CPU time against the change its "
+                   "stages that hold no other share)")
     d.add_argument("--fail-on-regression", type=_percent, metavar="PCT",
                    help="exit 1 when any stage's CPU time, wall time (where the machine does not explain it), "
                    "instructions or page faults per call grew beyond noise and by more than PCT percent")
