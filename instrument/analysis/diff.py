@@ -22,6 +22,7 @@ with a chance of at most alpha.
 from __future__ import annotations
 
 import math
+import statistics
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
@@ -330,31 +331,23 @@ def run_variance(s: StageStats, metric: str, machine: float) -> float:
     return calls + (c.get("var") or 0) / total ** 2 + 1 / total
 
 
-def _cpu_per_call(s: StageStats) -> Optional[Tuple[float, float]]:
-    """The stage's CPU time per call and the variance of its log from its calls."""
-    if not s.cpu_total or s.cpu_total <= 0 or not s.cpu_calls:
-        return None
-    return s.cpu_total / s.cpu_calls, spread(s) ** 2 / max(s.cpu_reads, 1) + s.cpu_var / s.cpu_total ** 2
-
-
 def common_change(before: Snapshot, after: Snapshot) -> Optional[_machine.Common]:
     """The change of CPU time per call that the stages share: the median of the members' log changes (each stage
     that holds no other, its CPU time per call well measured on both sides); None with fewer than COMMON_MIN."""
     parents = {s.path[:-1] for snap in (before, after) for s in snap}
-    members: List[Tuple[str, float]] = []
-    for b in before:
-        a = after.get(b.path)
-        ob, oa = _cpu_per_call(b), (_cpu_per_call(a) if a is not None else None)
-        if b.path not in parents and ob is not None and oa is not None and max(ob[1], oa[1]) <= MEMBER_NOISE ** 2:
-            members.append((path_text(b.path), math.log(oa[0] / ob[0])))
+
+    def member(s: Optional[StageStats]) -> bool:
+        return s is not None and bool(s.cpu_total) and s.cpu_total > 0 and bool(s.cpu_calls) and \
+            run_variance(s, "cpu", 0.0) <= MEMBER_NOISE ** 2
+    members = [(path_text(b.path), math.log((a.cpu_total / a.cpu_calls) / (b.cpu_total / b.cpu_calls)))
+               for b, a in ((b, after.get(b.path)) for b in before)
+               if b.path not in parents and member(b) and member(a)]
     if len(members) < COMMON_MIN:
         return None
-    changes = sorted(c for _, c in members)
-    k = len(changes) // 2
-    mid = changes[k] if len(changes) % 2 else (changes[k - 1] + changes[k]) / 2
-    devs = sorted(abs(c - mid) for c in changes)
-    mad = devs[k] if len(devs) % 2 else (devs[k - 1] + devs[k]) / 2
-    return _machine.Common(mid, tuple(m for m, _ in members), tuple(c for _, c in members), 1.4826 * mad)
+    changes = [c for _, c in members]
+    mid = statistics.median(changes)
+    mad = statistics.median(abs(c - mid) for c in changes)
+    return _machine.Common(mid, tuple(m for m, _ in members), tuple(changes), 1.4826 * mad)
 
 
 def _strays(common: _machine.Common) -> float:
@@ -398,7 +391,7 @@ class _Plan:
     seconds: Tuple[Optional[float], Optional[float]]
     reference: Optional[Tuple[StageStats, StageStats]]
     time_floor: float
-    common: Optional[_machine.Common] = None   # one run a side: CPU time judged against the stages' common change
+    common: Optional[_machine.Common] = None   # set with one run a side only: CPU time judged against it
 
 
 def _relative(figure: Callable[[Mapping[str, Any]], Optional[float]], ref: StageStats):
@@ -416,7 +409,7 @@ def _test(plan: _Plan, metric: str, b: StageStats, a: StageStats, alpha: float, 
     figure = figure_of(metric)
     time = metric in ("cpu", "wall")
     rb, ra = runs_of(b.all_windows()), runs_of(a.all_windows())
-    common = plan.common if metric == "cpu" and plan.basis == "runs" and len(rb) == len(ra) == 1 else None
+    common = plan.common if metric == "cpu" else None
     floor = max(min_change, plan.time_floor) if time and common is None else min_change
     if not time and len({figure(w) for w in rb + ra}) == 1:   # counted work that never moved
         return _sig.untested(f"{metric_text(metric)} the same in every window of both sides", alpha, floor)
