@@ -102,7 +102,9 @@ def test_c_histogram_allocates_per_block_seen_not_per_call():
         snap = instrument.snapshot()
         b2 = _blocks(snap, names)
         assert all(snap[n].calls == 32 for n in names)
-        assert b1 - b0 >= len(names)                        # every stage reached a new power of two
+        # nearly every stage reached a new power of two; a first call preempted for tens of
+        # µs (a loaded machine) already holds the block its 40 µs call lands in
+        assert b1 - b0 >= 0.9 * len(names), (b1 - b0, len(names))
         per_block = (m1[0] - m0) / (b1 - b0)
         assert 512 <= per_block <= 560, per_block          # HIST_SUB uint64 counters plus malloc's header
         # 45,000 more calls: growth only for the few blocks they reached for the first time
