@@ -91,12 +91,15 @@ static int bounded(int q) { return q == Q_CPU || q == Q_SYS || q == Q_RQ; }   /*
  * fit's error, each call's error taken as the fit's mean squared error.  Below FEW_READS reads, no smaller than a
  * guess: for a quantity bounded by the running time, the running time (where no call of the stratum was read, the
  * prediction is held to [0, w], and for calls that left the CPU the 99 % interval spans it); else as large as the
- * prediction itself, or as the largest error per running ns of any stratum with two reads (rel).  Where the stratum's reads fit exactly (a
+ * prediction itself, or as the largest error per running ns of any stratum with two reads (rel); for calls that
+ * left the CPU, no smaller than the mean per call of the reads that stayed on it weighted by their running time
+ * (onw): a preemption falls on a call in proportion to its time on a CPU, so under load the calls that left it are
+ * the longer ones, and a few reads of them need not show it.  Where the stratum's reads fit exactly (a
  * counter that read 0 on each), the unread calls may still hold a kind none of those reads saw, at a rate below
  * 3 / reads at 95 % (the rule of three): each call's error is then taken no smaller than that share of the spread
  * per call of all the stage's reads (pool), so a rare heavy kind read elsewhere widens the interval here too. */
 static void predict_unread(const Sums *m, double nb, int q, int switched, double n, double w, double rel, double pool,
-                           double *pred, double *var) {
+                           double onw, double *pred, double *var) {
     Fit f = fit(m, per_call(q, switched));
     *pred = f.a * n + f.r * w;
     double run = w / n, g = f.mse;
@@ -108,6 +111,7 @@ static void predict_unread(const Sums *m, double nb, int q, int switched, double
             return;
         }
         double one = bounded(q) ? run : fmax(fabs(*pred / n), sqrt(rel) * run);
+        if (switched && !bounded(q)) one = fmax(one, onw);
         g = fmax(g, one * one);
     }
     if (g == 0 && nb) g = pool * fmin(3 / nb, 1);
@@ -131,17 +135,28 @@ static double pooled_spread(const Cell *c) {
     return m.n >= 2 ? fmax(m.xx - m.x * m.x / m.n, 0) / (m.n - 1) : 0;
 }
 
+/* The mean per call of the read calls that stayed on the CPU, each weighted by its running time: what a call
+ * picked in proportion to its time on a CPU (a preempted one) holds on average (0 without such reads). */
+static double on_cpu_weighted_mean(const Cell *c) {
+    Sums m = sums(c, 0);
+    for (int b = 1; b < STRATA_RUN; b++) {
+        Sums o = sums(c, b);
+        m.xw += o.xw, m.w += o.w;
+    }
+    return m.w > 0 ? fabs(m.xw / m.w) : 0;
+}
+
 /* One side of the estimate (the totals, or self): the read calls' values, and the unread calls of each stratum
  * (un, uw: the node's, plus the calls that did not measure this quantity) predicted from its read calls. */
 static void estimate_side(const Cell *c, const double *un, const double *uw, int q, double *sum, double *var) {
-    double rel = worst_relative_error(c), pool = pooled_spread(c), pred, v;
+    double rel = worst_relative_error(c), pool = pooled_spread(c), onw = on_cpu_weighted_mean(c), pred, v;
     *sum = *var = 0;
     for (int b = 0; b < STRATA; b++) {
         double n = un[b] + c[b].un, w = uw[b] + c[b].uw;
         *sum += c[b].x;
         if (!n) continue;
         Sums m = sums(c, c[b].n ? b : -1);
-        predict_unread(&m, c[b].n, q, b >= STRATA_RUN, n, w, rel, pool, &pred, &v);
+        predict_unread(&m, c[b].n, q, b >= STRATA_RUN, n, w, rel, pool, onw, &pred, &v);
         *sum += pred;
         *var += v;
     }

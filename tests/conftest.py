@@ -68,6 +68,35 @@ def shared_core():
         hog.wait()
 
 
+NOW_AND_THEN = """import os, sys, time
+os.sched_setaffinity(0, {int(sys.argv[1])})
+while True:
+    t = time.perf_counter() + 0.0003
+    while time.perf_counter() < t:
+        pass
+    time.sleep(0.0047)
+"""
+
+
+@pytest.fixture
+def core_shared_now_and_then():
+    """This process pinned to one core with a process that wakes every 5 ms and spins for 0.3 ms there: each
+    wake preempts whatever call runs (a lightly loaded machine's preemptions: a few in a hundred ms)."""
+    import subprocess
+    import time
+    old = os.sched_getaffinity(0)
+    core = min(old)
+    hog = subprocess.Popen([sys.executable, "-c", NOW_AND_THEN, str(core)])
+    try:
+        os.sched_setaffinity(0, {core})
+        time.sleep(0.05)
+        yield core
+    finally:
+        os.sched_setaffinity(0, old)
+        hog.kill()
+        hog.wait()
+
+
 @pytest.fixture
 def hog_per_core():
     """A CPU hog pinned to each core this process may use, as a busy shared machine has."""

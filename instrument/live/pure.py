@@ -185,7 +185,7 @@ FEW_READS = 5   # below this many reads, a stratum's own spread is not trusted a
 
 
 def _predict_unread(m: Tuple[float, ...], nb: float, q: int, switched: bool, n: float, w: float,
-                    rel: float, pool: float) -> Tuple[float, float]:
+                    rel: float, pool: float, onw: float) -> Tuple[float, float]:
     """csrc/stats.c predict_unread(): (prediction, variance) of n unread calls of running time w in all."""
     a, r, g = _fit(m, _per_call(q, switched))
     pred, run = a * n + r * w, w / n
@@ -194,6 +194,8 @@ def _predict_unread(m: Tuple[float, ...], nb: float, q: int, switched: bool, n: 
             pred = min(max(pred, 0.0), w)
             return pred, (max(pred, w - pred) / 2.576) ** 2
         one = run if q in (Q_CPU, Q_SYS, Q_RQ) else max(abs(pred / n), math.sqrt(rel) * run)
+        if switched and q not in (Q_CPU, Q_SYS, Q_RQ):   # the longer calls are the ones a preemption falls on
+            one = max(one, onw)
         g = max(g, one * one)
     if g == 0 and nb:   # reads that fit exactly: a kind none of them saw, at a rate below 3 / reads (rule of three)
         g = pool * min(3 / nb, 1)
@@ -257,13 +259,15 @@ def _estimate_side(cells: List[list], un: List[float], uw: List[float], q: int) 
             rel = max(rel, mse / (m[2] / m[0]) ** 2)
     m = _cell_sums(cells, -1)
     pool = max(m[3] - m[1] * m[1] / m[0], 0.0) / (m[0] - 1) if m[0] >= 2 else 0.0   # csrc pooled_spread()
+    xw, w = sum(cells[b][4] for b in range(STRATA_RUN)), sum(cells[b][2] for b in range(STRATA_RUN))
+    onw = abs(xw / w) if w > 0 else 0.0   # csrc on_cpu_weighted_mean()
     total = var = 0.0
     for b in range(STRATA):
         n, w = un[b] + cells[b][UN], uw[b] + cells[b][UW]
         total += cells[b][1]
         if n:
             pred, v = _predict_unread(_cell_sums(cells, b if cells[b][0] else -1), cells[b][0], q, b >= STRATA_RUN,
-                                      n, w, rel, pool)
+                                      n, w, rel, pool, onw)
             total += pred
             var += v
     return total, var

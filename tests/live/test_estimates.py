@@ -47,7 +47,7 @@ def runs(n_runs, one):
 def covers_95(result, alpha=0.02):
     """Whether `result` (hits, runs) is consistent with a coverage of at least 95 %: a one-sided binomial test that
     fails when that many misses would be rarer than alpha at 95 % coverage (so a true 95 % fails 2 % of the time at
-    most; 40 runs with 7 misses or more, 20 with 4 or more, fail)."""
+    most; 40 runs with 6 misses or more, 20 with 4 or more, fail)."""
     hits, n = result
     misses = n - hits
     tail = sum(math.comb(n, k) * 0.05 ** k * 0.95 ** (n - k) for k in range(misses, n + 1))
@@ -79,6 +79,19 @@ def test_page_fault_estimates_cover_the_truth(backend, workload):
                else (lambda i, rng: 256 if i % 64 == 0 else 0))
     instrument.configure(overhead_budget=0.05)
     result = runs(20 if pure else 40, faults_run(pattern, 3000 if pure else 6000))
+    assert covers_95(result), result
+
+
+def test_page_fault_estimates_cover_the_truth_when_calls_are_preempted_now_and_then(backend,
+                                                                                    core_shared_now_and_then):
+    """Every 64th call faults 256 pages, and every 5 ms another process preempts whatever call runs.  A
+    preemption falls on a call in proportion to its time on the CPU, so the calls that left it are mostly the heavy
+    ones, and the few of them read may be light calls preempted by chance: their stratum's interval must still
+    reach the heavy calls' faults.  (It once held only the light ones': 9 to 11 misses in 80 runs here, and 7 in
+    40 beside one CPU hog.)"""
+    pure = backend.__name__.endswith("pure")
+    instrument.configure(overhead_budget=0.05)
+    result = runs(20 if pure else 80, faults_run(lambda i, rng: 256 if i % 64 == 0 else 0, 3000 if pure else 6000))
     assert covers_95(result), result
 
 
