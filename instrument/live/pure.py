@@ -1095,6 +1095,7 @@ def _enter(stage: "Stage") -> None:
                 _counters(slots)
             t0 = _perf_ns()   # the wall window holds the reads: a thread preempted in one loses that time in the call
             f.r0 = _read_boundary(slots, False)
+            f.sw0 = _switch_seq(slots)   # a read call's window is its running time's, between its reads (csrc)
             f.r0.t = t0
             f.w = w
             st.n_read += 1
@@ -1110,13 +1111,14 @@ def _enter(stage: "Stage") -> None:
 def _read_exit(slots: "_ThreadSlots", st: _Stack, f: _Frame) -> _Measure:
     """The readings at exit, in the reverse order of enter's, then the wall clock."""
     read = f.w > 0 and f.slots is slots
+    sw = _switch_seq(slots)   # before the reads: their own time is no part of a read call's running time
     r1 = _read_boundary(slots, True) if read else None
     if r1 is not None:
         r1.t = _perf_ns()   # where it serves as the reading a stage around the step resumes at
     m = _Measure(0)
     over = _task_exit(slots, st, f, r1, m)
     m.wall = _perf_ns() - f.r0.t
-    m.switched = f.slots is not slots or _switch_seq(slots) != f.sw0
+    m.switched = f.slots is not slots or (sw if read else _switch_seq(slots)) != f.sw0
     m.read = read and not over
     if m.read:
         _call_quantities(f.r0, r1, m)
