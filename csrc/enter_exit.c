@@ -157,7 +157,7 @@ void stage_enter(Stage *self) {
         if (g_ctr_n) counters_ready(ts);
         f->r0.t = now_ns();   /* the wall window holds the reads: a thread preempted in one loses that time in the call */
         read_boundary(ts, &f->r0, 0);
-        f->sw0 = ts_switches(ts);   /* a read call's window is its running time's, between its reads: as unread ones */
+        f->sw_in = ts_switches(ts);
         f->w = w;
         st->n_read++;
         memset(f->child, 0, sizeof(double) * (size_t)stats_quantities());
@@ -174,7 +174,7 @@ void stage_enter(Stage *self) {
 static void read_exit(ThreadState *ts, Stack *st, const Frame *f, int same_thread, CallMeasure *m) {
     Reading r1;
     int read = f->w > 0 && same_thread;
-    uint32_t sw = ts_switches(ts);   /* before the reads: the reads' own time is no part of a read call's running time */
+    uint32_t sw_in = ts_switches(ts);   /* before the reads: between the CPU reads */
     if (read) {
         read_boundary(ts, &r1, 1);
         r1.t = now_ns();   /* where it serves as the reading a stage around the step resumes at */
@@ -182,7 +182,8 @@ static void read_exit(ThreadState *ts, Stack *st, const Frame *f, int same_threa
     m->overlapped = taskclock_frame_exit(ts, st, f, read ? &r1 : NULL, m);   /* task-relative, time suspended */
     m->t1 = now_ns();
     m->wall = m->t1 - f->r0.t;
-    m->switched = !same_thread || (read ? sw : ts_switches(ts)) != f->sw0;
+    m->switched = !same_thread || ts_switches(ts) != f->sw0;
+    m->switched_in = read ? sw_in != f->sw_in : m->switched;
     m->read = read && !m->overlapped;
     m->have_ctr = 0;
     if (m->read) call_quantities(&f->r0, &r1, m), m->inner = r1.tq - f->r0.tq;

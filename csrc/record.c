@@ -62,7 +62,10 @@ static void estimate_call(NodeStats *s, const Frame *f, const CallMeasure *m, do
     if (m->read) run = fmax((double)(m->inner - m->susp - g_inner_bias), 0.0);
     double run_self = run - child;
     int nq = stats_quantities();
-    int b = stratum(run, m->switched);
+    /* A read call's stratum for its CPU time and counters is judged between its CPU reads, as their window is: its
+     * reads' own time (µs; tens in the pure twin under load) would mark it as having left the CPU more often than
+     * an unread call of the same work.  Its other quantities span the reads, and so does their stratum. */
+    int b = stratum(run, m->switched_in), b_out = stratum(run, m->switched);
     s->run_b[b] += run;
     s->calls_b[b] += 1;
     s->cpu_pred += (1 - s->off_cpu[b]) * run;
@@ -77,13 +80,14 @@ static void estimate_call(NodeStats *s, const Frame *f, const CallMeasure *m, do
     double W = f->w;   /* 1 / p */
     for (int q = 0; q < nq; q++) {
         Estimate *t = &s->est[q];
+        int inner = q == Q_CPU || q >= Q_CTR, bq = inner ? b : b_out;
         if (isnan(m->x[q])) {   /* not measured on this call: it counts as unread for this quantity */
-            t->tot[b].un += 1, t->tot[b].uw += run, t->own[b].un += 1, t->own[b].uw += run_self;
-            if (e) e[q] = stats_predict(t, q, run, m->switched);
+            t->tot[bq].un += 1, t->tot[bq].uw += run, t->own[bq].un += 1, t->own[bq].uw += run_self;
+            if (e) e[q] = stats_predict(t, q, run, inner ? m->switched_in : m->switched);
             continue;
         }
-        cell_add(&t->tot[b], m->x[q], run, W);
-        cell_add(&t->own[b], m->x[q] - f->child[q], run_self, W);
+        cell_add(&t->tot[bq], m->x[q], run, W);
+        cell_add(&t->own[bq], m->x[q] - f->child[q], run_self, W);
         t->reads++;
         if (e) e[q] = m->x[q];
     }

@@ -20,7 +20,7 @@ static void stack_abandon(Stack *st) {
         if (f->epoch != g_epoch) continue;
         CallMeasure m;
         taskclock_abandoned(st, f, &m);
-        m.switched = 1;
+        m.switched = m.switched_in = 1;
         record_call(ts, f, i > 0 ? &st->frames[i - 1] : NULL, &m);
     }
 }

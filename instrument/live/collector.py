@@ -432,10 +432,17 @@ def _hold(stages: List[StageStats]) -> List[StageStats]:
 
 def _hold_split(h: Dict[str, Any], st: StageStats, fields: Dict[str, Any]) -> None:
     """The estimated parts of the stage's own running time (on a CPU, run queue, blocked: the rest) never go down
-    either: each kept at least at its last value, the growth of the covered time shared among those that grew."""
+    either: each kept at least at its last value, the growth of the covered time shared among those that grew.
+    Of the totals, the run-queue time is held to the running time the CPU time leaves (the CPU time is held to the
+    threads' clocks; both are estimates where calls went unread, and their sum could pass the running time), and
+    never goes down either."""
     rq = st.runqueue
     if st.cpu_self is None or rq is None:
         return
+    left = max(st.covered_run - max(fields.get("cpu_total", st.cpu_total) or 0, 0), 0)
+    queued_total = max(min(rq["total"], left), h.get("rq_total", 0))
+    h["rq_total"] = queued_total
+    rq = dict(rq, total=queued_total)
     cov = max(st.covered_run_self, 0)
     parts = [max(fields.get("cpu_self", st.cpu_self), 0), max(rq["self"], 0)]
     if sum(parts) > cov:

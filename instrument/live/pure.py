@@ -465,7 +465,8 @@ def _slots() -> _ThreadSlots:
 # ----------------------------------------------------------------- the stack
 class _Frame:
     __slots__ = ("stage", "node", "parent", "slots", "epoch", "hook", "nvtx", "nvtx_id", "gen", "taint0", "susp0",
-                 "loop0", "child_wall", "child_susp", "child_loop", "child", "r0", "xm", "xm_child", "w", "sw0", "skipped")
+                 "loop0", "child_wall", "child_susp", "child_loop", "child", "r0", "xm", "xm_child", "w", "sw0", "sw_in",
+                 "skipped")
 
 
 class _Stack:
@@ -890,14 +891,15 @@ def _budget_read(slots: "_ThreadSlots", node: int) -> float:
 class _Measure:
     """A finished call as csrc/record.h CallMeasure describes it: the one thing _record takes, from a normal exit
     and from a call whose context died with it open."""
-    __slots__ = ("wall", "susp", "loop", "inner", "switched", "x", "mux", "read", "overlapped", "stand_in",
-                 "abandoned", "error")
+    __slots__ = ("wall", "susp", "loop", "inner", "switched", "switched_in", "x", "mux", "read", "overlapped",
+                 "stand_in", "abandoned", "error")
 
     def __init__(self, wall: int, susp: int = 0, loop: int = 0, read: bool = False, overlapped: bool = False,
                  stand_in: bool = False, abandoned: bool = False, error: bool = False) -> None:
         self.wall, self.susp, self.loop, self.read = wall, susp, loop, read
         self.inner = 0   # a read call: the time between its CPU reads (_Reading.tq), what its quantities span
         self.switched = True   # its thread left the CPU during it (or that is not known)
+        self.switched_in = True   # of a read call, between its CPU reads (csrc/record.h); else as switched
         self.x: Optional[list] = None   # per quantity: the call's value, None where not measured
         self.mux: Optional[list] = None  # per counter: (enabled, running) of the call
         self.overlapped, self.stand_in, self.abandoned, self.error = overlapped, stand_in, abandoned, error
@@ -941,7 +943,9 @@ def _estimate_call(s: _Slot, f: _Frame, m: _Measure, want: bool) -> Optional[lis
         run = max(m.inner - m.susp - _inner_bias, 0)
     run_self = run - child
     nq = Q_CTR + len(_ctr_events)
-    b = _stratum(run, m.switched)
+    # a read call's stratum for its CPU time and counters is judged between its CPU reads, their window; its other
+    # quantities span the reads, and so does their stratum (as csrc/record.c)
+    b, b_out = _stratum(run, m.switched_in), _stratum(run, m.switched)
     s.run_b[b] += run
     s.calls_b[b] += 1
     if not m.read:
@@ -954,12 +958,14 @@ def _estimate_call(s: _Slot, f: _Frame, m: _Measure, want: bool) -> Optional[lis
     out = [0.0] * nq
     for q in range(nq):
         t = s.est[q]
+        inner = q == Q_CPU or q >= Q_CTR
+        bq = b if inner else b_out
         x = m.x[q] if m.x is not None and q < len(m.x) else None
         if x is None:   # not measured on this call: it counts as unread for this quantity
-            t.unmeasured(b, run, run_self)
-            out[q] = t.predict(q, run, m.switched)
+            t.unmeasured(bq, run, run_self)
+            out[q] = t.predict(q, run, m.switched_in if inner else m.switched)
             continue
-        t.add(b, x, run, f.w, x - f.child[q], run_self)
+        t.add(bq, x, run, f.w, x - f.child[q], run_self)
         out[q] = x
     return out if want else None
 
@@ -1069,7 +1075,7 @@ def _enter(stage: "Stage") -> None:
         f.child_wall = f.child_susp = f.child_loop = 0
         f.hook = None
         f.xm, f.xm_child = None, 0
-        f.nvtx, f.w, f.sw0, f.skipped = 0, 0.0, 0, False
+        f.nvtx, f.w, f.sw0, f.sw_in, f.skipped = 0, 0.0, 0, 0, False
         f.r0 = _Reading(_perf_ns())
         f.taint0 = f.susp0 = f.loop0 = 0
         _stack.set(f)   # before the hook, as in the C backend: current_path() includes this stage
@@ -1095,7 +1101,7 @@ def _enter(stage: "Stage") -> None:
                 _counters(slots)
             t0 = _perf_ns()   # the wall window holds the reads: a thread preempted in one loses that time in the call
             f.r0 = _read_boundary(slots, False)
-            f.sw0 = _switch_seq(slots)   # a read call's window is its running time's, between its reads (csrc)
+            f.sw_in = _switch_seq(slots)
             f.r0.t = t0
             f.w = w
             st.n_read += 1
@@ -1111,14 +1117,15 @@ def _enter(stage: "Stage") -> None:
 def _read_exit(slots: "_ThreadSlots", st: _Stack, f: _Frame) -> _Measure:
     """The readings at exit, in the reverse order of enter's, then the wall clock."""
     read = f.w > 0 and f.slots is slots
-    sw = _switch_seq(slots)   # before the reads: their own time is no part of a read call's running time
+    sw_in = _switch_seq(slots)   # before the reads: between the CPU reads
     r1 = _read_boundary(slots, True) if read else None
     if r1 is not None:
         r1.t = _perf_ns()   # where it serves as the reading a stage around the step resumes at
     m = _Measure(0)
     over = _task_exit(slots, st, f, r1, m)
     m.wall = _perf_ns() - f.r0.t
-    m.switched = f.slots is not slots or (sw if read else _switch_seq(slots)) != f.sw0
+    m.switched = f.slots is not slots or _switch_seq(slots) != f.sw0
+    m.switched_in = sw_in != f.sw_in if read else m.switched
     m.read = read and not over
     if m.read:
         _call_quantities(f.r0, r1, m)
