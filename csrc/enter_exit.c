@@ -174,7 +174,7 @@ void stage_enter(Stage *self) {
 static void read_exit(ThreadState *ts, Stack *st, const Frame *f, int same_thread, CallMeasure *m) {
     Reading r1;
     int read = f->w > 0 && same_thread;
-    uint32_t sw_in = ts_switches(ts);   /* before the reads: between the CPU reads */
+    uint32_t sw_in = read ? ts_switches(ts) : 0;   /* before the reads: between the CPU reads */
     if (read) {
         read_boundary(ts, &r1, 1);
         r1.t = now_ns();   /* where it serves as the reading a stage around the step resumes at */

@@ -138,12 +138,9 @@ static double pooled_spread(const Cell *c) {
 /* The mean per call of the read calls that stayed on the CPU, each weighted by its running time: what a call
  * picked in proportion to its time on a CPU (a preempted one) holds on average (0 without such reads). */
 static double on_cpu_weighted_mean(const Cell *c) {
-    Sums m = sums(c, 0);
-    for (int b = 1; b < STRATA_RUN; b++) {
-        Sums o = sums(c, b);
-        m.xw += o.xw, m.w += o.w;
-    }
-    return m.w > 0 ? fabs(m.xw / m.w) : 0;
+    double xw = 0, w = 0;
+    for (int b = 0; b < STRATA_RUN; b++) xw += c[b].xw, w += c[b].w;
+    return w > 0 ? fabs(xw / w) : 0;
 }
 
 /* One side of the estimate (the totals, or self): the read calls' values, and the unread calls of each stratum

@@ -49,23 +49,28 @@ def run_python(code, env=None, timeout=120, cwd=None):
 HOG = "import os, sys; os.sched_setaffinity(0, {int(sys.argv[1])})\nwhile True: pass"
 
 
-@pytest.fixture
-def shared_core():
-    """This process and a CPU hog pinned to one core (the scheduler shares it between them); the process's
-    affinity is given back afterwards."""
+def _pinned_beside(code):
+    """This process and a process running `code` (given the core) pinned to one core; the process's affinity is
+    given back afterwards."""
     import subprocess
     import time
     old = os.sched_getaffinity(0)
     core = min(old)
-    hog = subprocess.Popen([sys.executable, "-c", HOG, str(core)])
+    other = subprocess.Popen([sys.executable, "-c", code, str(core)])
     try:
         os.sched_setaffinity(0, {core})
-        time.sleep(0.05)   # the hog runs
+        time.sleep(0.05)   # the other process runs
         yield core
     finally:
         os.sched_setaffinity(0, old)
-        hog.kill()
-        hog.wait()
+        other.kill()
+        other.wait()
+
+
+@pytest.fixture
+def shared_core():
+    """This process and a CPU hog pinned to one core (the scheduler shares it between them)."""
+    yield from _pinned_beside(HOG)
 
 
 NOW_AND_THEN = """import os, sys, time
@@ -82,19 +87,7 @@ while True:
 def core_shared_now_and_then():
     """This process pinned to one core with a process that wakes every 5 ms and spins for 0.3 ms there: each
     wake preempts whatever call runs (a lightly loaded machine's preemptions: a few in a hundred ms)."""
-    import subprocess
-    import time
-    old = os.sched_getaffinity(0)
-    core = min(old)
-    hog = subprocess.Popen([sys.executable, "-c", NOW_AND_THEN, str(core)])
-    try:
-        os.sched_setaffinity(0, {core})
-        time.sleep(0.05)
-        yield core
-    finally:
-        os.sched_setaffinity(0, old)
-        hog.kill()
-        hog.wait()
+    yield from _pinned_beside(NOW_AND_THEN)
 
 
 @pytest.fixture

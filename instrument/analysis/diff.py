@@ -337,7 +337,7 @@ def common_change(before: Snapshot, after: Snapshot) -> Optional[_machine.Common
     parents = {s.path[:-1] for snap in (before, after) for s in snap}
 
     def member(s: Optional[StageStats]) -> bool:
-        return s is not None and bool(s.cpu_total) and s.cpu_total > 0 and bool(s.cpu_calls) and \
+        return s is not None and (s.cpu_total or 0) > 0 and bool(s.cpu_calls) and \
             run_variance(s, "cpu", 0.0) <= MEMBER_NOISE ** 2
     members = [(path_text(b.path), math.log((a.cpu_total / a.cpu_calls) / (b.cpu_total / b.cpu_calls)))
                for b, a in ((b, after.get(b.path)) for b in before)

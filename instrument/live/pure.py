@@ -1117,7 +1117,7 @@ def _enter(stage: "Stage") -> None:
 def _read_exit(slots: "_ThreadSlots", st: _Stack, f: _Frame) -> _Measure:
     """The readings at exit, in the reverse order of enter's, then the wall clock."""
     read = f.w > 0 and f.slots is slots
-    sw_in = _switch_seq(slots)   # before the reads: between the CPU reads
+    sw_in = _switch_seq(slots) if read else 0   # before the reads: between the CPU reads
     r1 = _read_boundary(slots, True) if read else None
     if r1 is not None:
         r1.t = _perf_ns()   # where it serves as the reading a stage around the step resumes at
