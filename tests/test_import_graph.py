@@ -98,7 +98,11 @@ def test_cycle_finder_finds_one():
 
 
 def test_the_model_is_a_leaf():
-    assert GRAPH["instrument.snapshot"] == {"instrument.histogram"}
+    model = {m for m in GRAPH if m == "instrument.snapshot" or m.startswith("instrument.snapshot.")}
+    assert {"instrument.snapshot.model", "instrument.snapshot.schema", "instrument.snapshot.merge"} <= model
+    for m in model:
+        assert GRAPH[m] - model <= {"instrument.histogram"}, m
+    assert "instrument.histogram" in GRAPH["instrument.snapshot.model"]
     assert GRAPH["instrument.histogram"] == set()
     assert GRAPH["instrument.counters"] == set()
     assert GRAPH["instrument.config"] <= {"instrument.counters"}

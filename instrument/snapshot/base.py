@@ -1,0 +1,79 @@
+"""What every module of the snapshot package shares: its error, stage paths as text, and the rules for numbers
+(JSON integers, the 99 % interval of an estimate, sums and growth where a side may be unknown)."""
+from __future__ import annotations
+
+import math
+from typing import Any, Optional, Sequence, Tuple
+
+Z99 = 2.5758293035489   # the normal quantile of a two-sided 99 % interval
+
+
+class SnapshotError(ValueError):
+    """A snapshot file or dict that cannot be read, with the reason."""
+
+
+def name_text(name: str) -> str:
+    """A stage name as it appears in a path: a '\\' or '/' inside it escaped with '\\'."""
+    return name.replace("\\", "\\\\").replace("/", "\\/")
+
+
+def path_text(path: Sequence[str]) -> str:
+    """A path as one string: names joined by '/', each escaped by name_text, so a stage
+    named "a/b" (`a\\/b`) never reads like "b" nested in "a" (`a/b`)."""
+    return "/".join(name_text(n) for n in path)
+
+
+def parse_path(text: str) -> Tuple[str, ...]:
+    """The path a path_text string names (an unescaped '/' separates names)."""
+    names, cur, k = [], [], 0
+    while k < len(text):
+        c = text[k]
+        if c == "\\" and k + 1 < len(text) and text[k + 1] in "\\/":
+            cur.append(text[k + 1])
+            k += 2
+            continue
+        if c == "/":
+            names.append("".join(cur))
+            cur = []
+        else:
+            cur.append(c)
+        k += 1
+    names.append("".join(cur))
+    return tuple(names)
+
+
+def as_path(path: Any) -> Tuple[str, ...]:
+    """A path given as path_text or as a sequence of names."""
+    return parse_path(path) if isinstance(path, str) else tuple(path)
+
+
+def json_number(x: Any) -> Any:
+    """A number as saved: a float with an integer value as an int (below 2 ** 53, where floats are exact)."""
+    return None if x is None else (int(x) if isinstance(x, float) and x.is_integer() and abs(x) < 2 ** 53 else x)
+
+
+def ci99(total: Optional[float], var: float, upper: Optional[float] = None) -> Optional[Tuple[float, float]]:
+    """The 99 % interval of an estimated sum with this variance (normal approximation), within [0, upper]."""
+    if total is None:
+        return None
+    half = Z99 * math.sqrt(var) if var > 0 else 0.0
+    lo, hi = max(total - half, 0.0), total + half
+    if upper is not None:
+        hi = min(hi, max(upper, total))
+    return (lo, max(hi, lo))   # an estimate below 0 (a difference of clocks) has an interval of [0, 0] at least
+
+
+def sum_known(a: Optional[float], b: Optional[float]) -> Optional[float]:
+    """a + b, or the one that is known (None when neither is)."""
+    if a is None:
+        return b
+    if b is None:
+        return a
+    return a + b
+
+
+def growth(a: Optional[float], b: Optional[float]) -> Optional[float]:
+    """A sum's growth over a window, from `b` to `a`; never negative (estimates under the overhead budget may dip
+    a little); `a` where `b` is unknown."""
+    d = a if a is None or b is None else a - b
+    return None if d is None else max(d, 0)
