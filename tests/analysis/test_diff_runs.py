@@ -70,7 +70,7 @@ def waiting(path):
     """Share of the top-level stages' running time spent waiting for a CPU, from the snapshot file itself."""
     stages = [s for s in json.loads(path.read_text())["stages"] if len(s["path"]) == 1]
     rq = sum(s["wall_split_ns"]["runqueue"]["total"] for s in stages)
-    return rq / sum(s["wall_split_ns"]["covered_running"]["total"] for s in stages)
+    return rq / sum(s["covered_running_ns"]["total"] for s in stages)
 
 
 def test_plain_runs_with_a_hog_fail_the_gate_on_the_stage_made_slower(tmp_path):
