@@ -1,6 +1,9 @@
 """The model: merge, save and load with refusals, immutability, fold."""
+import asyncio
 import json
 import os
+import threading
+import time
 
 import numpy as np
 import pytest
@@ -185,6 +188,62 @@ def test_task_attribution_fields_round_trip_merge_and_window(tmp_path):
                     hist={k: 2 * v for k, v in a.hist.items()})
     w = snap(later).since(s1)["req"]
     assert (w.calls, w.overlapped_calls, w.suspended_total, w.suspended_self) == (10, 3, 4_000_000, 3_000_000)
+
+
+def test_the_parts_of_the_wall_split_add_up_to_the_wall_time(backend):
+    """A reader that sums the parts of `wall_split_ns` gets each stage's wall time, total and self, in a real
+    recording (nesting, a thread, asyncio): the running time CPU time covers is beside the split, not a part."""
+    def spin(ns):
+        t = time.thread_time_ns()
+        while time.thread_time_ns() - t < ns:
+            pass
+
+    def request():
+        with instrument.stage("request"):
+            with instrument.stage("compute"):
+                spin(300_000)
+            with instrument.stage("io"):
+                time.sleep(0.001)
+
+    async def handler():
+        with instrument.stage("handler"):
+            await asyncio.sleep(0.001)
+            spin(200_000)
+
+    async def main():
+        await asyncio.gather(*(handler() for _ in range(4)))
+
+    for _ in range(10):
+        request()
+    t = threading.Thread(target=lambda: [request() for _ in range(5)])
+    t.start()
+    t.join()
+    asyncio.run(main())
+    stages = [s for s in instrument.snapshot().to_dict()["stages"] if s["calls"]]
+    assert {tuple(s["path"]) for s in stages} >= {("request", "io"), ("handler",)}
+    for s in stages:
+        split = s["wall_split_ns"]
+        assert set(split) <= {"on_cpu", "runqueue", "blocked", "awaiting", "loop_ready", "unknown"}
+        for k in ("total", "self"):
+            assert sum(p[k] for p in split.values()) == pytest.approx(s["wall_ns"][k], rel=1e-9, abs=2), (s, k)
+        covered = sum(split[p]["total"] for p in ("on_cpu", "runqueue", "blocked") if p in split)
+        assert s["covered_running_ns"]["total"] == pytest.approx(covered, rel=1e-9, abs=2)
+
+
+def test_files_with_covered_running_inside_the_split_still_load(backend):
+    """Files written before covered_running left the split: it is read from there and written beside it."""
+    with instrument.stage("s"):
+        t = time.thread_time_ns()
+        while time.thread_time_ns() - t < 200_000:
+            pass
+    new = instrument.snapshot().to_dict()
+    old = json.loads(json.dumps(new))
+    st = old["stages"][0]
+    st["wall_split_ns"]["covered_running"] = st.pop("covered_running_ns")
+    loaded = Snapshot.from_dict(old)
+    assert loaded["s"].covered_run == new["stages"][0]["covered_running_ns"]["total"] > 0
+    assert loaded.to_dict() == Snapshot.from_dict(new).to_dict()
+    assert "covered_running" not in loaded.to_dict()["stages"][0]["wall_split_ns"]
 
 
 def test_since_of_a_live_process_is_exactly_the_interval(backend):
