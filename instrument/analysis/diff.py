@@ -32,7 +32,7 @@ from . import significance as _sig
 from .significance import Significance
 from .verdict import with_verdicts
 
-METRICS = ("calls", "total", "mean", "p50", "p99", "cpu")     # the values each row shows
+ROW_VALUES = ("calls", "total", "mean", "p50", "p99", "cpu")     # the values each row shows
 BASES = ("turns", "windows", "runs")
 WORK_COUNTERS = ("instructions", "page-faults", "minor-faults", "major-faults")   # counted work: load moves none
 REGRESSIONS = ("cpu", "wall") + WORK_COUNTERS                # more of these per call is a regression (items: other work)
@@ -80,7 +80,7 @@ class Change:
 class DiffRow:
     path: Tuple[str, ...]
     status: str                       # "both", "only before" or "only after"
-    metrics: Mapping[str, Change]     # METRICS, in ns (calls: a count)
+    metrics: Mapping[str, Change]     # ROW_VALUES, in ns (calls: a count)
     counters: Mapping[str, Change]    # each counter's total
     verdict: Tuple[Optional[str], Optional[str]] = (None, None)   # bottleneck verdict before, after
     tests: Mapping[str, Significance] = field(default_factory=dict)   # per figure: "cpu", "wall", counters, "item:…"
@@ -477,7 +477,7 @@ def _signed_us(ns: float) -> str:
 
 def _values(s: Optional[StageStats]) -> Dict[str, Optional[float]]:
     if s is None:
-        return dict.fromkeys(METRICS)
+        return dict.fromkeys(ROW_VALUES)
     return {"calls": s.calls, "total": s.wall_total, "mean": s.wall_mean, "p50": s.quantile(0.5),
             "p99": s.quantile(0.99), "cpu": s.cpu_total}
 
@@ -489,7 +489,7 @@ def _row(path, b: Optional[StageStats], a: Optional[StageStats], tests: Mapping[
     counters = {n: Change(b.counter(n) if b else None, a.counter(n) if a else None) for n in names}
     status = "both" if a is not None and b is not None else "only before" if b is not None else "only after"
     verdict = tuple((s.verdict or {}).get("verdict") if s is not None else None for s in (b, a))
-    return DiffRow(path, status, {k: Change(vb[k], va[k]) for k in METRICS}, counters, verdict, tests, not_evidence)
+    return DiffRow(path, status, {k: Change(vb[k], va[k]) for k in ROW_VALUES}, counters, verdict, tests, not_evidence)
 
 
 def _headline(rows: Dict[Tuple[str, ...], DiffRow]) -> Tuple[Optional[Tuple[str, ...]], Optional[float], Optional[str]]:

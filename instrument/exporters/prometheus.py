@@ -4,7 +4,7 @@
     REGISTRY.register(InstrumentCollector(instrument.snapshot))   # a snapshot at each scrape of your registry
     instrument.serve_metrics(9464)      # /metrics and /snapshot on 127.0.0.1:9464 (instrument.serve.metrics)
 
-Every metric family is in METRICS (docs/prometheus.md lists them with labels and
+Every metric family is in FAMILIES (docs/prometheus.md lists them with labels and
 units): per stage, labels `stage` (its name) and `path` ("a/b"; a '/' or '\\'
 inside a name escaped with '\\', so a stage named "a/b" has path "a\\/b"); names
 and units follow the Prometheus conventions (seconds, `_total` on counters, no
@@ -45,7 +45,7 @@ LABELS = ["stage", "path"]
 CLOCK_EVENTS = ("task-clock", "cpu-clock")      # perf software clocks count nanoseconds: exported in seconds
 
 #: every metric family: name -> (type, extra labels, unit, help); docs/prometheus.md lists the same
-METRICS = {
+FAMILIES = {
     "instrument_stage_duration_seconds": ("histogram", [], "seconds", "Wall time of completed calls of a stage"),
     "instrument_stage_self_seconds": ("counter", [], "seconds", "Wall time of a stage outside its child stages"),
     "instrument_stage_errors": ("counter", [], "calls", "Calls of a stage that exited by an exception"),
@@ -123,14 +123,14 @@ def with_exemplars(s: StageStats, snap: Snapshot, cumulative: List[tuple]) -> Li
 
 def _family(name: str) -> Any:
     from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
-    kind, extra, _unit, doc = METRICS[name]
+    kind, extra, _unit, doc = FAMILIES[name]
     labels = [] if extra is None else LABELS + extra
     cls = {"histogram": HistogramMetricFamily, "counter": CounterMetricFamily, "gauge": GaugeMetricFamily}[kind]
     return cls(name, doc, labels=labels)
 
 
 def families(snap: Snapshot) -> List[Any]:
-    fam = {name: _family(name) for name in METRICS}
+    fam = {name: _family(name) for name in FAMILIES}
     rank = rank_of(snap.meta)   # a rank's own process: its figures under its rank
     for s in snap:
         lab = [s.name, path_text(s.path)]

@@ -17,7 +17,7 @@ import textwrap
 from typing import Any, Callable, Dict, List, Optional, Sequence
 
 from ..analysis import metrics as _metrics
-from ..analysis.diff import METRICS, Change, Diff, DiffRow, metric_text
+from ..analysis.diff import ROW_VALUES, Change, Diff, DiffRow, metric_text
 from ..analysis.metrics import Metric, ordered
 from ..analysis.significance import Significance
 from ..analysis.tail import TailView
@@ -491,12 +491,12 @@ def render_diff(d: Diff, format: str = "table", limit: Optional[int] = None, wid
 
         def head(m: str, k: str) -> str:
             return f"{m}_{k}" if m == "calls" or k == "ratio" else f"{m}_{k}_ns"
-        w.writerow(["path", "status"] + [head(m, k) for m in METRICS for k in ("before", "after", "delta", "ratio")]
+        w.writerow(["path", "status"] + [head(m, k) for m in ROW_VALUES for k in ("before", "after", "delta", "ratio")]
                    + CSV_TESTS + [f"{f}_{k}" for f in CSV_FIGURES for k in ("significant", "evidence", "estimate_pct",
                                                                            "interval_low_pct", "interval_high_pct")]
                    + [f"counter:{n}_{k}" for n in names for k in ("before", "after")])
         for r in rows:
-            vals = [v for m in METRICS for v in r.metrics[m].to_dict().values()]
+            vals = [v for m in ROW_VALUES for v in r.metrics[m].to_dict().values()]
             sig = r.significance
             figures = []
             for f in CSV_FIGURES:

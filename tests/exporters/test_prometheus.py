@@ -118,7 +118,7 @@ def test_promtool_clean_on_a_rich_export(tmp_path):
     rc, out = promtool_check(text)
     assert (rc, out) == (0, ""), out
     fams = parse(text)
-    assert set(fams) == set(P.METRICS)   # every family present, no other
+    assert set(fams) == set(P.FAMILIES)   # every family present, no other
     gpu = samples(fams["instrument_stage_gpu_seconds"], "_total", "request/forward")
     assert gpu[0].value == pytest.approx(0.003)
     assert samples(fams["instrument_stage_gpu_samples"], "_total", "request/forward")[0].value == 5
@@ -208,13 +208,13 @@ def documented_metrics():
 def test_docs_list_every_metric_with_its_labels_and_unit():
     docs = documented_metrics()
     exported = set(parse(P.render([rich_snapshot()])))
-    for name, (kind, extra, unit, _help) in P.METRICS.items():
+    for name, (kind, extra, unit, _help) in P.FAMILIES.items():
         full = name + "_total" if kind == "counter" else name
         assert full in docs, f"{full} is not in docs/prometheus.md"
         labels = [] if extra is None else sorted(P.LABELS + extra + (["le"] if kind == "histogram" else []))
         assert docs[full] == (kind, labels, unit), full
         assert name in exported
-    assert len(docs) == len(P.METRICS)
+    assert len(docs) == len(P.FAMILIES)
 
 
 @needs_promtool
