@@ -30,7 +30,6 @@ def merge_estimate(a: Optional[Mapping[str, Any]], b: Optional[Mapping[str, Any]
     return out
 
 
-
 def join_windows(windows: Sequence[Mapping[str, Any]]) -> Tuple[Dict[str, Any], ...]:
     """At most MAX_WINDOWS windows: while there are more, neighbours are joined two by
     two (a joined window is still a window, only longer; its median is the larger
@@ -62,7 +61,6 @@ def join_windows(windows: Sequence[Mapping[str, Any]]) -> Tuple[Dict[str, Any], 
     return tuple(out)
 
 
-
 def merge_items(a: Mapping[str, Mapping[str, Any]], b: Mapping[str, Mapping[str, Any]]) -> Dict[str, Dict[str, Any]]:
     """Items of two stages as one: totals and calls added."""
     out = {k: dict(v) for k, v in a.items()}
@@ -71,7 +69,6 @@ def merge_items(a: Mapping[str, Mapping[str, Any]], b: Mapping[str, Mapping[str,
         d["total"] += v["total"]
         d["calls"] += v["calls"]
     return out
-
 
 
 def merge_counters(a: Mapping[str, Mapping[str, Any]], b: Mapping[str, Mapping[str, Any]]) -> Dict[str, Dict[str, Any]]:
@@ -200,7 +197,7 @@ def merge_ops(a: Optional[Mapping[str, Any]], b: Optional[Mapping[str, Any]]) ->
                       int(a.get("profiled_calls") or 0) + int(b.get("profiled_calls") or 0))
 
 
-# ---------------------------------------------------------------- windows
+# ------------------------------------------- since: what a later state added
 def _since_counters(a: Mapping[str, Mapping[str, Any]], b: Mapping[str, Mapping[str, Any]]) -> Dict[str, Dict[str, Any]]:
     out: Dict[str, Dict[str, Any]] = {}
     for k, v in a.items():
