@@ -44,6 +44,15 @@ def test_merge_equals_snapshot_of_both_workloads():
     assert [x["pid"] for x in m.meta["merged_from"]] == [1, 2]
 
 
+def test_merge_leaves_the_snapshots_merged_as_they_were():
+    exits = {"unmatched_exits": 1, "out_of_order_exits": 0, "cross_thread_exits": 2}
+    a = Snapshot([stats_from_values(("req",), [5, 7])], {"pid": 1, "exits": exits})
+    b = Snapshot([stats_from_values(("req",), [9])], {"pid": 2, "exits": exits})
+    before = a.to_dict(), b.to_dict()
+    assert a.merge(b).meta["exits"] == {"unmatched_exits": 2, "out_of_order_exits": 0, "cross_thread_exits": 4}
+    assert (a.to_dict(), b.to_dict()) == before
+
+
 def test_merge_of_live_processes_counts_exactly(tmp_path):
     code = ("import instrument, sys\nn=int(sys.argv[1]) if len(sys.argv)>1 else 0\n"
             "for i in range({n}):\n    with instrument.stage('req'):\n        with instrument.stage('tok'): pass\n")
