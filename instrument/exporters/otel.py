@@ -93,8 +93,7 @@ def resource_metrics(snap: Snapshot) -> Dict[str, Any]:
 
 
 def render(snaps: Sequence[Snapshot]) -> str:
-    """OTLP/JSON metrics (an ExportMetricsServiceRequest): a histogram of each stage's durations and a counter of
-    its errors.
+    """OTLP/JSON metrics (an ExportMetricsServiceRequest): each stage's duration histogram and error count.
 
     Each snapshot is one resource (its process), as a Collector keeps processes apart."""
     return json.dumps({"resourceMetrics": [resource_metrics(s) for s in snapshots(snaps)]}, allow_nan=False)
