@@ -245,10 +245,9 @@ def _cmd_report(a) -> int:
         print(OPERATORS.render(snap, fmt, **given))
     else:
         f = formats()[fmt]
-        stray = sorted(set(given) - {o.name for o in f.options})
+        stray = _stray_option(f, given)
         if stray:
-            owners = [g.name for g in formats().values() if any(o.name == stray[0] for o in g.options)]
-            raise CLIError(f"report: --{stray[0]} goes with --format {_either(owners)}, not {fmt}")
+            raise CLIError(f"report: --{stray[0]} goes with --format {_either(stray[1])}, not {fmt}")
         print(_render(f, [snap], f"report: --format {fmt}", a.files or a.since, given))
     if fmt == "table":
         if a.since:
@@ -263,6 +262,14 @@ def _cmd_report(a) -> int:
 def _either(names: Sequence[str]) -> str:
     """`table, json or markdown`."""
     return names[0] if len(names) == 1 else f"{', '.join(names[:-1])} or {names[-1]}"
+
+
+def _stray_option(fmt, given: Dict[str, Any]) -> Optional[Tuple[str, List[str]]]:
+    """The first option given that `fmt` does not take, and the formats that take it; None when it takes all."""
+    stray = sorted(set(given) - {o.name for o in fmt.options})
+    if not stray:
+        return None
+    return stray[0], [f.name for f in formats().values() if any(o.name == stray[0] for o in f.options)]
 
 
 def _view_format(view: View, fmt: str, what: str) -> None:
@@ -390,10 +397,9 @@ def _cmd_export(a) -> int:
     out = getattr(a, _format_dest(fmt.name))
     given = {o.name: getattr(a, _option_dest(o.name)) for f in fmts.values() for o in f.options
              if getattr(a, _option_dest(o.name)) not in (None, False)}
-    stray = sorted(set(given) - {o.name for o in fmt.options})
+    stray = _stray_option(fmt, given)
     if stray:
-        owners = [f"--{f.name}" for f in fmts.values() if any(o.name == stray[0] for o in f.options)]
-        raise CLIError(f"export: --{stray[0]} goes with {' or '.join(owners)}, not --{fmt.name}")
+        raise CLIError(f"export: --{stray[0]} goes with {' or '.join('--' + n for n in stray[1])}, not --{fmt.name}")
     _check_versions(a.files)
     _write(out, _render(fmt, [Snapshot.load(f) for f in a.files], f"export: --{fmt.name}", a.files, given))
     return 0

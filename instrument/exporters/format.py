@@ -7,7 +7,7 @@ from __future__ import annotations
 import bisect
 import math
 import textwrap
-from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence
+from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from .. import histogram as _hist
 from ..analysis import metrics as _metrics
@@ -223,7 +223,7 @@ DROPPABLE = ("cpu_per_wall", "p50", "self", "tail", "mean", "root")   # core col
 
 
 def breakdown(snaps: Sequence[Snapshot], sort: str = "tree", depth: Optional[int] = None,
-              fold: bool = False) -> "tuple[Snapshot, List[StageStats]]":
+              fold: bool = False) -> Tuple[Snapshot, List[StageStats]]:
     """The snapshot a breakdown shows (`snaps` merged, with verdicts, maybe folded) and its rows in order."""
     if depth is not None and (not isinstance(depth, int) or depth < 1):
         raise ValueError(f"depth must be a positive integer, got {depth!r}")
