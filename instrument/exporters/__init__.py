@@ -27,6 +27,7 @@ from typing import Any, Callable, Dict, Mapping, Optional, Sequence, Tuple
 
 from ..snapshot import Snapshot, merge_all
 
+VIEW_NAMES = ("diff", "tail", "advice", "operators", "ranks")   # what a format may render besides snapshots
 
 @dataclass(frozen=True)
 class Option:
@@ -63,7 +64,6 @@ class Format:
                    tuple(getattr(module, "OPTIONS", ())), views)
 
 
-VIEW_NAMES = ("diff", "tail", "advice", "operators", "ranks")
 _formats: Dict[str, Format] = {}
 
 
