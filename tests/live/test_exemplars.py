@@ -8,8 +8,8 @@ import time
 import pytest
 
 import instrument
-from instrument.analysis.tail import tail_of
 from instrument.analysis.metrics import ordered
+from instrument.analysis.tail import tail_of
 from instrument.exporters import table
 from instrument.snapshot import Snapshot
 from snapfactory import cli
