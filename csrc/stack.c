@@ -5,7 +5,6 @@
 
 #include "exemplars.h"
 #include "record.h"
-#include "stage.h"
 #include "taskclock.h"
 #include "threads.h"
 

@@ -53,12 +53,15 @@ def snapshot() -> Snapshot:
     return _collector.snapshot()
 
 
-def report(snap: Optional[Snapshot] = None, file=None, **options: Any) -> str:
+def report(snap: Optional[Snapshot] = None, file=None, format: str = "table", **options: Any) -> str:
     """Print the per-stage breakdown of `snap` (default: a snapshot now) to stdout
-    or `file`, and return it.  Options: those of instrument.exporters.table.render
-    (sort, depth, fold, format, width, columns, title)."""
-    from .exporters import table
-    text = table.render(with_verdicts(snap) if snap is not None else snapshot(), **options)
+    or `file` in `format` (one of instrument.exporters.formats()), and return it.
+    Options: those of that format's render (the table's: sort, depth, fold, width,
+    columns, title)."""
+    from .exporters import formats
+    if format not in formats():
+        raise ValueError(f"format must be one of {', '.join(formats())}, got {format!r}")
+    text = formats()[format].render([snap if snap is not None else snapshot()], **options)
     print(text, file=file or sys.stdout)
     return text
 

@@ -1,12 +1,12 @@
 """The `instrument` command.
 
     instrument run [-o run.json] [--trace-events N] [--no-report] [--keep-parts] -- python serve.py ...
-    instrument report FILE... [--sort total|self|calls|p99|cpu|...] [--depth N] [--fold] [--format ...] [--ops]
+    instrument report FILE... [--sort total|self|calls|p99|cpu|...] [--depth N] [--fold] [--format FORMAT] [--ops]
     instrument report --tail [--quantile Q] [--json] FILE...  |  report --since EARLIER LATER [...]
     instrument diff BEFORE AFTER [--basis turns|windows|runs] [--reference STAGE] [--fail-on-regression PCT]
                   [--summary FILE] [--format ...]
     instrument merge FILE... -o all.json
-    instrument export --chrome|--hatchet|--html|--prometheus OUT FILE... [--diff] [--title T] [--openmetrics]
+    instrument export --FORMAT OUT FILE... [the format's options]     (FORMAT: instrument.exporters.formats())
     instrument top URL [--interval S] [--sort KEY] [--once] [--json]
     instrument doctor [--json] | nsys ... | demo ... | advise ...
 
@@ -33,7 +33,8 @@ from .analysis.metrics import sort_keys
 from .analysis.ranks import rank_view
 from .analysis.tail import tail
 from .analysis.verdict import with_verdicts
-from .exporters import formats, ranks, table
+from .exporters import ADVICE, DIFF, OPERATORS, RANKS, TAIL, View, formats
+from .exporters.format import headline, ranks_summary, significance_text
 from .serve import multiproc
 from .snapshot import RANK_KEY, Snapshot, SnapshotError, atomic_write, load_many, merge_all, path_text, rank_of
 
@@ -233,22 +234,60 @@ def _cmd_report(a) -> int:
         return _report_ranks(a)
     snap = with_verdicts(_window(*a.since) if a.since else load_many(a.files))
     fmt = "json" if a.json else a.format
+    given = {k: v for k, v in (("sort", a.sort), ("depth", a.depth), ("fold", a.fold)) if v not in (None, False)}
     if a.tail:
-        if fmt not in table.TAIL_FORMATS:
-            raise CLIError(f"report --tail: --format {fmt} is not available; use table, markdown or json")
+        _view_format(TAIL, fmt, "report --tail")
         q = 0.99 if a.quantile is None else a.quantile
-        print(table.render_tail(tail(snap, q), format=fmt, snap=snap))
+        print(TAIL.render(tail(snap, q), fmt, snap=snap))
         return 0
-    render = table.render_with_ops if a.ops else table.render
-    print(render(snap, sort=a.sort, depth=a.depth, fold=a.fold, format=fmt))
+    if a.ops:
+        _view_format(OPERATORS, fmt, "report --ops")
+        print(OPERATORS.render(snap, fmt, **given))
+    else:
+        f = formats()[fmt]
+        stray = _stray_option(f, given)
+        if stray:
+            raise CLIError(f"report: --{stray[0]} goes with --format {_either(stray[1])}, not {fmt}")
+        print(_render(f, [snap], f"report: --format {fmt}", a.files or a.since, given))
     if fmt == "table":
         if a.since:
             w = snap.meta.get("window") or {}
             print(f"window: {(w.get('duration_ns') or 0) / 1e9:.3f} s between the two snapshots")
         print()
         about = f"{a.since[1]} since {a.since[0]}" if a.since else ", ".join(a.files)
-        print(table.render_advice(advise(snap), about=about))
+        print(ADVICE.render(advise(snap), "table", about=about))
     return 0
+
+
+def _either(names: Sequence[str]) -> str:
+    """`table, json or markdown`."""
+    return names[0] if len(names) == 1 else f"{', '.join(names[:-1])} or {names[-1]}"
+
+
+def _stray_option(fmt, given: Dict[str, Any]) -> Optional[Tuple[str, List[str]]]:
+    """The first option given that `fmt` does not take, and the formats that take it; None when it takes all."""
+    stray = sorted(set(given) - {o.name for o in fmt.options})
+    if not stray:
+        return None
+    return stray[0], [f.name for f in formats().values() if any(o.name == stray[0] for o in f.options)]
+
+
+def _view_format(view: View, fmt: str, what: str) -> None:
+    if fmt not in view.formats():
+        raise CLIError(f"{what}: --format {fmt} is not available; use {_either(view.formats())}")
+
+
+def _render(fmt, snaps: List[Snapshot], where: str, files: Sequence[str], options: Dict[str, Any]) -> str:
+    """`fmt.render(snaps, **options)`; a missing package or a bad input is a CLIError saying `where` (the command
+    and the flag) and, for a bad input, the files."""
+    try:
+        return fmt.render(snaps, **options)
+    except ImportError as e:
+        raise CLIError(f"{where}: {e}") from None
+    except ValueError as e:
+        if isinstance(e, SnapshotError):
+            raise
+        raise CLIError(f"{where} {' '.join(files)}: {e}") from None
 
 
 def _report_ranks(a) -> int:
@@ -256,14 +295,13 @@ def _report_ranks(a) -> int:
         raise CLIError("report: --ranks reads FILE... (a merge of ranks, or each rank's files); it does not go with "
                        "--since, --tail or --ops")
     fmt = "json" if a.json else a.format
-    if fmt not in ranks.FORMATS:
-        raise CLIError(f"report --ranks: --format {fmt} is not available; use table or json (--json)")
+    _view_format(RANKS, fmt, "report --ranks")
     snap = by_rank(a.files, "report --ranks")[0]
     try:
         view = rank_view(snap)
     except ValueError as e:
         raise CLIError(f"report --ranks: {', '.join(a.files)}: {e}") from None
-    print(ranks.render(view, format=fmt))
+    print(RANKS.render(view, fmt))
     return 0
 
 
@@ -281,7 +319,7 @@ def _diff_options(a) -> Dict[str, float]:
 
 
 def _regression_text(r, figure: str, t) -> str:
-    return f"{path_text(r.path)} {table.significance_text(t, metric_text(figure))}"
+    return f"{path_text(r.path)} {significance_text(t, metric_text(figure))}"
 
 
 def _cmd_diff(a) -> int:
@@ -294,8 +332,8 @@ def _cmd_diff(a) -> int:
         raise CLIError(f"diff: {e}") from None
     for w in d.warnings:
         _err(f"diff: {w}")
-    print(table.render_diff(d, format=a.format))
-    summary = dict(d.to_dict(), headline=table.headline(d))
+    print(DIFF.render(d, a.format))
+    summary = dict(d.to_dict(), headline=headline(d))
     failed = False
     if a.fail_on_regression is not None:
         pct = a.fail_on_regression / 100
@@ -338,7 +376,7 @@ def _merge_by_rank(a) -> int:
     if a.output != "-":
         view = rank_view(snap)
         _err(f"merge --by-rank: {len(snap.meta['merged_from'])} processes into {a.output}: "
-             f"{' '.join(ranks.summary(view)[:3])}"
+             f"{' '.join(ranks_summary(view)[:3])}"
              + (f" Left out (no rank and no calls, or an earlier snapshot of a process given again): "
                 f"{', '.join(skipped)}" if skipped else ""))
     return 0
@@ -359,20 +397,11 @@ def _cmd_export(a) -> int:
     out = getattr(a, _format_dest(fmt.name))
     given = {o.name: getattr(a, _option_dest(o.name)) for f in fmts.values() for o in f.options
              if getattr(a, _option_dest(o.name)) not in (None, False)}
-    stray = sorted(set(given) - {o.name for o in fmt.options})
+    stray = _stray_option(fmt, given)
     if stray:
-        owners = [f"--{f.name}" for f in fmts.values() if any(o.name == stray[0] for o in f.options)]
-        raise CLIError(f"export: --{stray[0]} goes with {' or '.join(owners)}, not --{fmt.name}")
+        raise CLIError(f"export: --{stray[0]} goes with {' or '.join('--' + n for n in stray[1])}, not --{fmt.name}")
     _check_versions(a.files)
-    try:
-        text = fmt.render([Snapshot.load(f) for f in a.files], **given)
-    except ImportError as e:
-        raise CLIError(f"export: --{fmt.name}: {e}") from None
-    except ValueError as e:
-        if isinstance(e, SnapshotError):
-            raise
-        raise CLIError(f"export: --{fmt.name} {' '.join(a.files)}: {e}") from None
-    _write(out, text)
+    _write(out, _render(fmt, [Snapshot.load(f) for f in a.files], f"export: --{fmt.name}", a.files, given))
     return 0
 
 
@@ -504,9 +533,9 @@ def _cmd_run(a) -> int:
     merged = merge_all(snaps)
     _save(merged, out)
     if not a.no_report:
-        print(table.render(with_verdicts(merged)), file=sys.stderr)
+        print(formats()["table"].render([merged]), file=sys.stderr)
         if any(st.ranks for st in merged.stages):
-            print("\n" + ranks.render(rank_view(merged)), file=sys.stderr)
+            print("\n" + RANKS.render(rank_view(merged)), file=sys.stderr)
     names = f"{', '.join(os.path.basename(p) for p in produced[:8])}{' …' if len(produced) > 8 else ''}"
     if a.keep_parts:
         where = f"; parts kept in {folder}"
@@ -553,7 +582,7 @@ def _cmd_top(a) -> int:
 
 def _cmd_advise(a) -> int:
     advice = advise(load_many(a.files), a.top)
-    print(json.dumps(advice, indent=2) if a.json else table.render_advice(advice, about=", ".join(a.files)))
+    print(ADVICE.render(advice, "json" if a.json else "table", about=", ".join(a.files)))
     return 0
 
 
@@ -617,11 +646,13 @@ def build_parser() -> argparse.ArgumentParser:
     rp.add_argument("--quantile", type=_fraction, metavar="Q", help="with --tail: slow calls are those at or above "
                     "this quantile of the top-level stage (default 0.99)")
     rp.add_argument("--json", action="store_true", help="the same as --format json")
-    rp.add_argument("--sort", choices=sort_keys(), default="tree", metavar="KEY",
+    rp.add_argument("--sort", choices=sort_keys(), metavar="KEY",
                     help=f"siblings in tree order, by name, or by a metric, largest first: {', '.join(sort_keys())}")
     rp.add_argument("--depth", type=_value(config.integer(1)), metavar="N")
     rp.add_argument("--fold", action="store_true", help="one row per stage name wherever it nested")
-    rp.add_argument("--format", choices=table.FORMATS, default="table")
+    rp.add_argument("--format", choices=list(formats()), default="table", metavar="FORMAT",
+                    help=f"the breakdown in one of the export formats: {', '.join(formats())} (--tail, --ops and "
+                    "--ranks: those their view comes in)")
     rp.add_argument("--ops", action="store_true", help="show the torch operators under each stage")
     rp.add_argument("--ranks", action="store_true", help="the ranks of a torch.distributed job side by side: each "
                     "stage's spread over ranks per step, the straggler, the wait it caused, missing ranks")
@@ -630,7 +661,8 @@ def build_parser() -> argparse.ArgumentParser:
     d = sub.add_parser("diff", help="compare two snapshots stage by stage")
     d.add_argument("before", metavar="BEFORE")
     d.add_argument("after", metavar="AFTER")
-    d.add_argument("--format", choices=table.FORMATS, default="table")
+    d.add_argument("--format", choices=DIFF.formats(), default="table", metavar="FORMAT",
+                   help=f"{', '.join(DIFF.formats())} (default table)")
     d.add_argument("--basis", choices=BASES, help="what the tests compare: windows taken in turns, windows, or "
                    "runs (default: the strongest both snapshots allow; the output says which and why)")
     d.add_argument("--reference", metavar="STAGE", help="a stage whose code did not change, run in the same calls "
@@ -666,6 +698,8 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("files", nargs="+", metavar="SNAPSHOT")
     for o, owners in options.values():
         kind: Dict[str, Any] = {"action": "store_true"} if o.metavar is None else {"metavar": o.metavar}
+        if o.parse is not None:
+            kind["type"] = _value(lambda _, text, parse=o.parse: parse(text))
         e.add_argument(f"--{o.name}", dest=_option_dest(o.name), help=f"with {' or '.join(owners)}: {o.help}", **kind)
     e.set_defaults(func=_cmd_export)
 

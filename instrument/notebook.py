@@ -21,7 +21,7 @@ from typing import Any, Callable
 from .analysis.diff import diff
 from .analysis.verdict import with_verdicts
 from .exporters import html as _report
-from .exporters.table import headline
+from .exporters.format import headline
 from .snapshot import Snapshot, SnapshotError
 
 ROW_PX = 34          # a table row of the report

@@ -28,8 +28,7 @@ from typing import Any, Callable, Dict, List, NamedTuple, Optional
 from . import config
 from .analysis.metrics import METRICS, Metric, ordered
 from .analysis.verdict import with_verdicts
-from .exporters.format import ESTIMATE, cell, dominant
-from .exporters.table import label
+from .exporters.format import ESTIMATE, cell, dominant, label
 from .snapshot import Snapshot, SnapshotError
 
 MAX_BODY = 80 << 20           # above what /snapshot ever sends (64 MiB)

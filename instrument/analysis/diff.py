@@ -1,5 +1,5 @@
 """Before/after comparison of two Snapshots, stage by stage (data only; the
-text, markdown, CSV and JSON forms are instrument.exporters.table.render_diff).
+text, markdown, CSV and JSON forms are the diff view, instrument.exporters.DIFF).
 
     d = instrument.diff(Snapshot.load("before.json"), Snapshot.load("after.json"))
     d.basis, d.basis_reason      # "runs", "one run a side (two plain runs): ..."

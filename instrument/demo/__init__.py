@@ -44,17 +44,17 @@ def _width():
 
 def render_breakdown(snap, width=None) -> str:
     from instrument.exporters.table import render
-    return render(snap, width=width or _width())
+    return render([snap], width=width or _width())
 
 
 def render_diff(before, after, width=None) -> str:
     """The SDK's diff: the headline (end-to-end request latency before → after), then every stage."""
-    from instrument.exporters.table import render_diff
-    return render_diff(instrument.diff(before, after), width=width or _width())
+    from instrument.exporters.table import diff
+    return diff(instrument.diff(before, after), width=width or _width())
 
 
 def headline(before, after) -> str:
-    from instrument.exporters.table import headline
+    from instrument.exporters.format import headline
     return headline(instrument.diff(before, after))
 
 
@@ -271,7 +271,7 @@ def run_demo(argv=None, parser_class=argparse.ArgumentParser) -> int:
     from instrument.analysis.advice import advise
     from instrument.analysis.verdict import with_verdicts
     from instrument.exporters import html
-    from instrument.exporters.table import render_advice
+    from instrument.exporters.table import advice as render_advice
     written = []
     for variant, snap in snapshots.items():
         snapshots[variant] = with_verdicts(snap)

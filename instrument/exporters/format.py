@@ -1,12 +1,24 @@
-"""Formatting shared by every text form: numbers in their units, and stage names
-that cannot move the cursor or break a table."""
+"""Formatting shared by every text form: numbers in their units, stage names
+that cannot move the cursor or break a table, and the parts of each view that
+the text table and markdown both show (the breakdown's columns, a diff's cells
+and sentences, the tail's head line, the ranks' summary)."""
 from __future__ import annotations
 
+import bisect
 import math
-from typing import Any, Callable, Dict, Mapping, Optional, Sequence
+import textwrap
+from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
-from ..analysis.metrics import Bar, Metric
+from .. import histogram as _hist
+from ..analysis import metrics as _metrics
+from ..analysis.diff import Change, Diff, DiffRow, metric_text as _figure
+from ..analysis.metrics import Bar, Metric, ordered
+from ..analysis.ranks import RankView
+from ..analysis.significance import Significance
+from ..analysis.tail import TailView
+from ..analysis.verdict import with_verdicts
 from ..snapshot import Snapshot, StageStats, name_text, path_text as _path_text
+from . import Option, merged
 
 MINUS = "\u2212"
 ESTIMATE = "~"   # marks a figure estimated from the calls read under the overhead budget
@@ -172,7 +184,362 @@ def metric_text(kind: str, value: Any) -> str:
     return KINDS[kind](value)
 
 
+#: the duration buckets of the Prometheus and OTel formats: le is inclusive and times are integer ns, so
+#: 2**k - 1 == "below 2**k", and no bucket of the snapshot's histogram straddles one
+DURATION_BOUNDS_NS = [(1 << k) - 1 for k in range(10, 37)]
+
+
+def duration_buckets(s: StageStats) -> List[int]:
+    """A stage's calls in each bucket of DURATION_BOUNDS_NS (not cumulative), those above the last at the end."""
+    out = [0] * (len(DURATION_BOUNDS_NS) + 1)
+    for i, c in s.hist.items():
+        out[bisect.bisect_left(DURATION_BOUNDS_NS, _hist.bounds(i)[1] - 1)] += c
+    return out
+
+
 def cell(m: Metric, snap: Snapshot, s: StageStats) -> str:
     """A stage's figure as a table shows it, marked with ESTIMATE when estimated from sampled calls."""
     text = metric_text(m.kind, m.value(snap, s))
     return ESTIMATE + text if text not in ("", "n/a") and m.estimated(s) else text
+
+
+# ------------------------------------------------------------------ breakdown
+def _depth(text: str) -> int:
+    if not text.strip().isdigit() or int(text) < 1:
+        raise ValueError(f"must be a positive integer, got {text!r}")
+    return int(text)
+
+
+#: the options of the breakdown, which the table, markdown, CSV and JSON formats share
+BREAKDOWN_OPTIONS = (
+    Option("sort", f"siblings in tree order, by name, or by a metric, largest first: {', '.join(_metrics.sort_keys())}",
+           metavar="KEY"),
+    Option("depth", "only stages at most this deep", metavar="N", parse=_depth),
+    Option("fold", "one row per stage name wherever it nested"))
+NAME_MIN = 14                    # the stage name column narrows to this before a core column is left out
+NAME_MAX = 40                    # and is never wider
+DROPPABLE = ("cpu_per_wall", "p50", "self", "tail", "mean", "root")   # core columns left out, in this order, when
+#                                                                       the terminal is too narrow
+
+
+def breakdown(snaps: Sequence[Snapshot], sort: str = "tree", depth: Optional[int] = None,
+              fold: bool = False) -> Tuple[Snapshot, List[StageStats]]:
+    """The snapshot a breakdown shows (`snaps` merged, with verdicts, maybe folded) and its rows in order."""
+    if depth is not None and (not isinstance(depth, int) or depth < 1):
+        raise ValueError(f"depth must be a positive integer, got {depth!r}")
+    snap = with_verdicts(merged(snaps))
+    if fold:
+        snap = snap.fold()
+    return snap, ordered(snap, sort, depth)
+
+
+def label(s: StageStats, width: Optional[int] = None) -> str:
+    """A stage's name as the first column shows it: indented by its depth, cut to `width` with '…'."""
+    text = "  " * s.depth + name(s.name)
+    return text if width is None or len(text) <= width else text[: width - 1] + "…"
+
+
+def choose_columns(snap: Snapshot, width: Optional[int], names: Optional[Sequence[str]] = None,
+            width_of: Callable[[Metric], int] = lambda m: m.column_width):
+    """The columns (metrics) that fit `width` (each `width_of(metric)` wide), and those with data that did not fit."""
+    if names:
+        by: Dict[str, Metric] = {}
+        for m in _metrics.METRICS.values():
+            by.update({m.header.lower(): m, m.field: m, m.name: m})
+        bad = [n for n in names if n.lower() not in by]
+        if bad:
+            raise ValueError(f"unknown column {', '.join(bad)}; the columns are: "
+                             f"{', '.join(m.name for m in _metrics.METRICS.values())}")
+        return [by[n.lower()] for n in names], []
+    shown = _metrics.wanted(snap)
+    cols = [m for m in shown if m.core]
+    extra = [m for m in shown if not m.core]
+    if width is None:
+        return cols + extra, []
+    dropped = []
+    for col in DROPPABLE:
+        if NAME_MIN + sum(width_of(m) + 1 for m in cols) > width:
+            dropped += [m for m in cols if m.name == col]
+            cols = [m for m in cols if m.name != col]
+    longest = max((len(label(s)) for s in snap), default=0)
+    used = max(16, min(NAME_MAX, longest)) + sum(width_of(m) + 1 for m in cols)   # names stay whole if they can
+    for m in extra:
+        if used + width_of(m) + 1 <= width:
+            cols.append(m)
+            used += width_of(m) + 1
+        else:
+            dropped.append(m)
+    order = list(_metrics.METRICS.values())
+    return sorted(cols, key=order.index), dropped
+
+
+def item_names(snap: Snapshot) -> List[str]:
+    return list(dict.fromkeys(n for s in snap for n in s.items))
+
+
+def item_lines(s: StageStats, indent: str) -> List[str]:
+    """`tokens: 8,000 in 400 adds · 2.51 µs/token · 398k tokens/s` for each item of the stage."""
+    out = []
+    for item, it in s.items.items():
+        line = f"{indent}{printable(item)}: {count(it['total'])} in {count(it['calls'])} add{'s' if it['calls'] != 1 else ''}"
+        if it["total"] and s.wall_total:
+            line += f" · {per_unit(s.per_item_ns(item), item)} · {rate(s.item_rate(item), item)}"
+        out.append(line)
+    return out
+
+
+def ops_lines(ops: Any, indent: str) -> List[str]:
+    """The torch operators of a stage, as far as the record has them; device time
+    only where a device ran (a CPU-only profile has none to show)."""
+    if not isinstance(ops, dict):
+        return []
+    rows_of = {k: [r for r in (ops.get(k) or []) if isinstance(r, dict)] if isinstance(ops.get(k), list) else []
+               for k in ("by_self_cpu", "by_device")}
+    device = bool(ops.get("device_total_ns")) or any(r.get("device_ns") for rows in rows_of.values() for r in rows)
+    out = []
+    for key, title in (("by_self_cpu", "ops by self CPU"), ("by_device", "ops by device time")):
+        rows = rows_of[key]
+        if not rows:
+            continue
+        out.append(f"{indent}{title}:")
+        for r in rows[:10]:
+            op = printable(str(r.get("name", "?")))
+            op = op if len(op) <= 40 else op[:39] + "…"
+            line = f"{indent}  {op:<40} {r.get('calls', 0):>7} calls  {ms(r.get('self_cpu_ns')):>8} ms CPU"
+            if device:
+                line += f"  {ms(r.get('device_ns')):>8} ms device"
+            out.append(line)
+    if device:
+        out.append(f"{indent}device total: {ms(ops['device_total_ns'])} ms" if ops.get("device_total_ns") is not None
+                   else f"{indent}device total: n/a")
+    return out
+
+
+def with_ops(s: StageStats, indent: str) -> List[str]:
+    """Under a stage's row in the operators view: its items, then its torch operators."""
+    return item_lines(s, indent) + ops_lines(s.ops, indent)
+
+
+def no_ops_note(snap: Snapshot, width: Optional[int]) -> str:
+    """What the operators view adds where no operators were recorded (empty where some were)."""
+    if any(s.ops for s in snap):
+        return ""
+    return "\n" + textwrap.fill("no torch operators in this snapshot: they are recorded inside `with "
+                                "instrument.profile():` (torch.profiler) around the calls", width or 80)
+
+
+# ------------------------------------------------------------------------ tail
+def tail_head(v: TailView, snap: Optional[Snapshot]) -> str:
+    """The lines above a root stage's tail table: its calls, the slow ones, and why they were slow."""
+    q = f"p{v.quantile * 100:g}".replace(".", "")
+    head = (f"Tail of {path_text(v.stage)}: {v.calls:,} calls, p50 {human(v.p50_ns)}, p99 {human(v.p99_ns)}; "
+            f"{v.slow_calls} kept call{'s' if v.slow_calls != 1 else ''} at or above {q} ({human(v.threshold_ns)}), "
+            f"mean {human(v.slow_mean_ns)}")
+    if v.typical_mean_ns is not None:
+        head += (f", against a typical call (mean of the middle half of {v.typical_calls} sampled) of "
+                 f"{human(v.typical_mean_ns)}: {human(v.total_excess_ns)} more")
+    why = v.sentence(snap)
+    if why:
+        head += f"\n{why[0].upper() + why[1:]}."
+    return head
+
+
+TAIL_HEADERS = ["stage", "slow ms", "typical ms", "excess ms", "share%", "grew most"]
+NO_EXEMPLARS = ("No exemplars in this snapshot: record with the `exemplars` option above 0 (the default is 32) "
+                "to see which stage slow calls lose their time in.")
+
+
+def tail_cells(v: TailView, limit: Optional[int]) -> List[List[str]]:
+    """A row of cells per stage of the tail (at most `limit`), largest excess first."""
+    rows = v.excess[:limit] if limit else v.excess
+    return [[path_text(e.path), ms(e.slow_ns), ms(e.typical_ns),
+             ("+" if e.ns > 0 else MINUS if e.ns < 0 else "") + ms(abs(e.ns)), pct(e.share),
+             f"{e.component} +{ms(e.parts[e.component])}" if e.component else ""] for e in rows]
+
+
+# ------------------------------------------------------------------------ diff
+DIFF_HEADERS = ["calls", "total ms", "→", "Δ ms", "Δ%", "mean ms", "→", "Δ%", "p50 Δ%", "p99 ms", "→", "Δ%",
+                "CPU/call Δ%", "change"]
+NOISE = "~"   # marks a change not shown to be beyond noise
+
+
+def percent(c: Change) -> str:
+    if c.ratio is None:
+        return "n/a" if c.before is None or c.after is None or not c.after else "new"
+    return signed_percent(c.ratio)
+
+
+def relative(x: Optional[float]) -> str:
+    """A relative change as a signed percentage: 0.1 -> +10.0%; unbounded ends as ∞."""
+    if x is None:
+        return "n/a"
+    if x == float("inf"):
+        return "+∞"
+    return signed_percent(1 + x)
+
+
+def _level(x: float) -> str:
+    return f"{100 * x:.2f}".rstrip("0").rstrip(".") + "%"
+
+
+def significance_text(sig: Significance, what: str = "typical call") -> str:
+    """`CPU per call +11.2% (99.9% interval +10.4% … +12.0%, 40 turns)`."""
+    if sig.basis == "none":
+        return f"{what} untested ({sig.reason})"
+    lo, hi = sig.interval or (None, None)
+    n = f"{sig.n[0]} turns" if sig.basis == "turns" else f"{sig.n[0]} → {sig.n[1]} {sig.basis}"
+    return f"{what} {relative(sig.estimate)} ({_level(sig.level)} interval {relative(lo)} … {relative(hi)}, {n})"
+
+
+def judgement_text(r: DiffRow) -> str:
+    """`slower beyond noise: CPU per call +23.5% (…)`, `within noise: …`, `untested: …`."""
+    metric, sig = r.decision
+    what = _figure(metric) if metric else "change"
+    if sig.basis == "none":
+        return f"untested: {sig.reason}"
+    if metric in r.not_evidence:
+        return f"not judged: {significance_text(sig, what)}, not evidence ({r.not_evidence[metric]})"
+    word = r.judgement
+    if word in ("slower", "faster", "mixed"):
+        return f"{word} beyond noise: {significance_text(sig, what)}"
+    return f"within noise: {significance_text(sig, what)}"
+
+
+def headline(d: Diff) -> str:
+    """One line on the top-level stage: `request: 25.0 ms → 18.1 ms (−27.6%); faster beyond noise: CPU per call
+    −27.2% (99.9% interval …)`, or `…; within noise: …`."""
+    top = d.row(d.stage) if d.stage else None
+    if top is None:
+        return "no stages on either side"
+    stage = name(top.name)
+    tot = top.metrics["total"]
+    if top.status != "both":
+        side = tot.before if top.status == "only before" else tot.after
+        return f"{stage}: {top.status} ({human(side)} total)"
+    mean, calls = top.metrics["mean"], top.metrics["calls"]
+    if d.change_of != "mean":
+        text = f"{stage}: total {human(tot.before)} → {human(tot.after)} ({percent(tot)})"
+    else:
+        text = f"{stage}: {human(mean.before)} → {human(mean.after)} ({percent(mean)})"
+        if calls.before != calls.after:
+            text += (f" per call; total {human(tot.before)} → {human(tot.after)} ({percent(tot)}) over "
+                     f"{calls.before:.0f} → {calls.after:.0f} calls")
+    return f"{text}; {judgement_text(top)}"
+
+
+def _ms_or_dash(x: Optional[float]) -> str:
+    return ms(x) if x is not None else "-"
+
+
+def _int_or_dash(x: Optional[float]) -> str:
+    return "-" if x is None else f"{x:.0f}"
+
+
+def _signed_ms(x: Optional[float]) -> str:
+    if x is None:
+        return "-"
+    return "0" if x == 0 else ("+" if x > 0 else MINUS) + ms(abs(x))
+
+
+def _marked(text: str, judged: bool) -> str:
+    return text if judged or text in ("n/a", "new", "-") else NOISE + text
+
+
+def _cpu_cell(r: DiffRow) -> str:
+    t = r.tests.get("cpu")
+    if t is None or t.estimate is None:
+        return "-"
+    return _marked(relative(t.estimate), t.significant)
+
+
+def diff_cells(r: DiffRow) -> List[str]:
+    """A diff row's cells under DIFF_HEADERS; a change not shown beyond noise marked with NOISE."""
+    m = r.metrics
+    calls = m["calls"]
+    wall = r.tests.get("wall")
+    timed = wall is not None and wall.significant and "wall" not in r.not_evidence   # wall judged beyond noise
+    change = {"within noise": NOISE + "noise"}.get(r.judgement, r.judgement)
+    return [f"{_int_or_dash(calls.before)}→{_int_or_dash(calls.after)}",
+            _ms_or_dash(m["total"].before), _ms_or_dash(m["total"].after), _signed_ms(m["total"].delta),
+            _marked(percent(m["total"]), timed) if calls.before == calls.after else percent(m["total"]),
+            _ms_or_dash(m["mean"].before), _ms_or_dash(m["mean"].after),
+            _marked(percent(m["mean"]), timed), _marked(percent(m["p50"]), timed), _ms_or_dash(m["p99"].before),
+            _ms_or_dash(m["p99"].after), _marked(percent(m["p99"]), timed), _cpu_cell(r),
+            "-" if r.status != "both" else change]
+
+
+def diff_label(r: DiffRow) -> str:
+    return path_text(r.path) + ("" if r.status == "both" else f" ({r.status})")
+
+
+def diff_notes(r: DiffRow) -> List[str]:
+    """Under a row: its bottleneck verdict, what judged it, wall time where the machine explains it, each
+    counted figure per call and the counters no test judges."""
+    lines = []
+    if any(r.verdict):
+        b, a = (v or "-" for v in r.verdict)
+        lines.append(f"verdict: {b}" + ("" if a == b else f" → {a}"))
+    if r.status == "both" and r.tests:
+        lines.append(judgement_text(r))
+    for k, t in r.tests.items():
+        if k in ("cpu", "wall") or t is r.significance:
+            continue
+        if t.basis == "none":
+            lines.append(f"{NOISE}{_figure(k)} untested ({t.reason})")
+        else:
+            lines.append(("" if t.significant else NOISE) + significance_text(t, _figure(k)))
+    wall = r.tests.get("wall")
+    if wall is not None and "wall" in r.not_evidence and wall.significant and wall is not r.significance:
+        lines.append(f"{significance_text(wall)}: not evidence ({r.not_evidence['wall']})")
+    for n, c in r.counters.items():
+        if n in r.tests or n == "task-clock" or not (c.before or c.after):   # judged, CPU time, or never counted
+            continue
+        lines.append(f"{n}: {count(c.before)} → {count(c.after)} ({percent(c)}; not judged: load moves it)")
+    return lines
+
+
+def legend(d: Diff) -> List[str]:
+    tests = (f"each of the {d.tests} tests at {_level(1 - d.alpha / d.tests)}, so that all hold together at {_level(1 - d.alpha)} "
+             "(Bonferroni)" if d.tests else "no figure of any stage could be tested")
+    return [f"basis: {d.basis_reason}", f"machine: {d.machine.line}",
+            f"judged on CPU time, instructions, page faults and items per call first, wall time where the machine "
+            f"does not explain it; {tests}",
+            f"{NOISE} not shown beyond noise: the interval of the change includes no change or reaches within "
+            f"±{d.min_change:.0%}, the smallest change claimed"] + [f"warning: {w}" for w in d.warnings]
+
+
+# ----------------------------------------------------------------------- ranks
+def _ranks(rs: Sequence[int]) -> str:
+    return ("rank " if len(rs) == 1 else "ranks ") + ", ".join(map(str, rs))
+
+
+def ranks_summary(v: RankView) -> List[str]:
+    """The ranks view's headline sentences: ranks, missing and stopped ranks, the straggler."""
+    hosts = len(set(v.hosts.values())) or 1
+    of = f" of a world of {v.world_size}" if v.world_size else ""
+    out = [f"Ranks: {len(v.ranks)}{of} on {hosts} host{'s' if hosts != 1 else ''}"
+           + (f"; steps are calls of {path_text(v.step_path)}" if v.step_path else "") + "."]
+    if v.missing:
+        out.append(f"Missing: {_ranks(v.missing)}: no snapshot (the process died before writing one, or its file "
+                   "was not given).")
+    if v.stopped:
+        most = max(v.steps.values())
+        out.append("Stopped early: " + "; ".join(f"rank {r} after {v.steps[r]} of {most} steps" for r in v.stopped)
+                   + " (killed, crashed, or not finished when its snapshot was taken).")
+    if v.failed:
+        out.append("Calls that raised: " + "; ".join(
+            f"{path_text(p)} on " + ", ".join(f"rank {r} ({n})" for r, n in d.items()) for p, d in v.failed.items())
+            + ".")
+    s = v.straggler
+    if s is None:
+        out.append("Straggler: none (one rank, or no stage ran on more than one).")
+        return out
+    line = (f"Straggler: rank {s.rank} in {path_text(s.path)}, +{ms(s.excess_ns)} ms per step of its own time over "
+            f"the other ranks' median" + (f" ({pct(s.step_share)}% of a step)" if s.step_share is not None else ""))
+    if s.collective is not None and s.waits:
+        line += (f"; the other ranks waited {ms(s.wait_ns)} ms per step (median of {len(s.waits)}) in "
+                 f"{path_text(s.collective)} beyond its own time there")
+    elif s.collective is None:
+        line += "; no collective follows it"
+    out.append(line + ".")
+    return out

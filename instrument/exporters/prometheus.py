@@ -31,16 +31,15 @@ from __future__ import annotations
 import importlib
 from typing import Any, Callable, Dict, Iterator, List, Sequence
 
-from .. import histogram as _hist
 from ..snapshot import SPLIT, Z99, Snapshot, StageStats, path_text, rank_figures, rank_of
 from . import Option, merged
+from .format import DURATION_BOUNDS_NS, duration_buckets
 
 NAME = "prometheus"
 EXTENSION = ".prom"
 OPTIONS = (Option("openmetrics", "the OpenMetrics format, which carries the slowest calls as exemplars"),)
 
-POWERS = range(10, 37)
-BOUNDS_NS = [(1 << k) - 1 for k in POWERS]   # le is inclusive and times are integer ns: 2**k - 1 == "below 2**k"
+BOUNDS_NS = DURATION_BOUNDS_NS
 LABELS = ["stage", "path"]
 CLOCK_EVENTS = ("task-clock", "cpu-clock")      # perf software clocks count nanoseconds: exported in seconds
 
@@ -88,12 +87,9 @@ def client() -> None:
 def buckets(s: StageStats) -> List[tuple]:
     """Cumulative (le, count) pairs, +Inf last with the call count."""
     from prometheus_client.utils import floatToGoString
-    ends = sorted((_hist.bounds(i)[1], c) for i, c in s.hist.items() if c)
-    out, acc, j = [], 0, 0
-    for b in BOUNDS_NS:
-        while j < len(ends) and ends[j][0] <= b + 1:
-            acc += ends[j][1]
-            j += 1
+    out, acc = [], 0
+    for b, c in zip(BOUNDS_NS, duration_buckets(s)):
+        acc += c
         out.append((floatToGoString(b / 1e9), min(acc, s.calls)))
     out.append(("+Inf", s.calls))
     return out

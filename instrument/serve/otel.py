@@ -5,22 +5,19 @@
     bridge.record()                     # call periodically: records what is new since the previous call
     bridge.start(10.0)                  # or: a daemon thread doing it every 10 s
 
-Instruments: `instrument.stage.duration` (histogram, unit "s") and
-`instrument.stage.errors` (counter), attributes `stage` and `path` (names joined by
-'/', a '/' or '\\' inside a name escaped with '\\').  Each call
-is recorded at its histogram bucket's midpoint (within 0.78 %), so the OTel
-counts equal the snapshot's calls exactly.
+The instruments, their attributes and bucket edges are those of the OTLP
+exporter (instrument.exporters.otel), which writes a snapshot as OTLP/JSON without
+a meter.  Each call is recorded at its histogram bucket's midpoint (within
+0.78 %), so the OTel counts equal the snapshot's calls exactly.
 """
 from __future__ import annotations
 
 import threading
 from typing import Any, Callable, Dict, Optional, Tuple
 
-from .. import histogram as _hist
 from .._version import __version__
-from ..snapshot import Snapshot, path_text
-
-BOUNDS_S = [((1 << k) - 1) / 1e9 for k in range(10, 37)]   # the same edges as the Prometheus exporter
+from ..exporters.otel import BOUNDS_S, DURATION, ERRORS, SCOPE, attributes, value_s
+from ..snapshot import Snapshot
 
 
 class OTelBridge:
@@ -28,15 +25,13 @@ class OTelBridge:
         self.source = source
         if meter is None:
             from opentelemetry import metrics
-            meter = metrics.get_meter("instrument", __version__)
-        kw = dict(unit="s", description="Wall time of completed calls of a stage")
+            meter = metrics.get_meter(SCOPE, __version__)
+        kw = dict(unit=DURATION.unit, description=DURATION.description)
         try:
-            self.duration = meter.create_histogram("instrument.stage.duration", explicit_bucket_boundaries_advisory=BOUNDS_S,
-                                                   **kw)
+            self.duration = meter.create_histogram(DURATION.name, explicit_bucket_boundaries_advisory=BOUNDS_S, **kw)
         except TypeError:   # opentelemetry-api before 1.23 has no bucket advice
-            self.duration = meter.create_histogram("instrument.stage.duration", **kw)
-        self.errors = meter.create_counter("instrument.stage.errors", unit="{call}",
-                                           description="Calls of a stage that exited by an exception")
+            self.duration = meter.create_histogram(DURATION.name, **kw)
+        self.errors = meter.create_counter(ERRORS.name, unit=ERRORS.unit, description=ERRORS.description)
         self._seen: Dict[Tuple[str, ...], Tuple[int, int, Dict[int, int]]] = {}
         self._lock = threading.Lock()
         self._stop: Optional[threading.Event] = None
@@ -55,13 +50,11 @@ class OTelBridge:
                 calls, errors, hist = self._seen.get(s.path, (0, 0, {}))
                 if s.calls < calls:
                     calls, errors, hist = 0, 0, {}
-                attrs = {"stage": s.name, "path": path_text(s.path)}
+                attrs = attributes(s)
                 for i, c in sorted(s.hist.items()):
                     k = c - hist.get(i, 0)
                     if k > 0:
-                        v = _hist.midpoint(i)
-                        v = min(max(v, s.wall_min if s.wall_min is not None else v),
-                                s.wall_max if s.wall_max is not None else v) / 1e9
+                        v = value_s(s, i)
                         for _ in range(k):
                             self.duration.record(v, attrs)
                         n += k

@@ -11,7 +11,8 @@ import pytest
 from instrument import cli
 from instrument.analysis import diff as D
 from instrument.analysis import machine as M
-from instrument.exporters import table
+from instrument.exporters import DIFF
+from instrument.exporters.format import headline, legend
 from instrument.snapshot import Snapshot
 from snapfactory import snap, st
 
@@ -32,7 +33,7 @@ def pair(after_calls=100, after_ms=18.1):
 def test_headline_from_the_top_stage_judged_on_load_free_figures_first():
     d = D.diff(*pair())
     # two plain runs: CPU time −25 % is within what a machine moves between runs; 20 % fewer instructions is not
-    assert table.headline(d).startswith("request: 25.0 ms → 18.1 ms (−27.6%); faster beyond noise: instructions per "
+    assert headline(d).startswith("request: 25.0 ms → 18.1 ms (−27.6%); faster beyond noise: instructions per "
                                         "call −20.0% (99.83% interval ")
     assert d.stage == ("request",) and d.change == pytest.approx(-0.276) and d.change_of == "mean"
     r = d.row("request")
@@ -43,7 +44,7 @@ def test_headline_from_the_top_stage_judged_on_load_free_figures_first():
 
 def test_headline_adds_totals_when_calls_differ():
     d = D.diff(*pair(after_calls=50))
-    assert table.headline(d).startswith("request: 25.0 ms → 18.1 ms (−27.6%) per call; total 2.50 s → 905 ms "
+    assert headline(d).startswith("request: 25.0 ms → 18.1 ms (−27.6%) per call; total 2.50 s → 905 ms "
                                         "(−63.8%) over 100 → 50 calls; faster beyond noise")
 
 
@@ -66,31 +67,31 @@ def test_rows_union_sorted_by_absolute_change_with_one_sided_stages():
 
 def test_render_formats():
     d = D.diff(*pair())
-    t = table.render_diff(d)
+    t = DIFF.render(d)
     lines = t.splitlines()
-    assert lines[0] == table.headline(d)
+    assert lines[0] == headline(d)
     assert lines[1].startswith("basis: runs, the strongest these snapshots allow: one run a side")
     assert lines[2].startswith("machine: the snapshots do not describe their machines")
     req = next(l for l in lines if l.startswith("request "))
     assert "2500.0" in req and "1810.0" in req and "~−25.0%" in req and req.split()[-1] == "faster"
     assert "request/legacy (only before)" in t and "request/cache (only after)" in t
     assert "    faster beyond noise: instructions per call −20.0% (" in t
-    rows = list(csv.DictReader(io.StringIO(table.render_diff(d, "csv"))))
+    rows = list(csv.DictReader(io.StringIO(DIFF.render(d, "csv"))))
     r = next(x for x in rows if x["path"] == "request/model")
     assert float(r["total_before_ns"]) == 2000 * MS and float(r["total_after_ns"]) == 1400 * MS
     assert r["judgement"] == "within noise" and r["wall_significant"] == "False" and r["cpu_significant"] == ""
-    j = json.loads(table.render_diff(d, "json"))
-    assert j["headline"] == table.headline(d) and j["rows"][0]["total_ns"]["delta"] == -690 * MS
+    j = json.loads(DIFF.render(d, "json"))
+    assert j["headline"] == headline(d) and j["rows"][0]["total_ns"]["delta"] == -690 * MS
     assert j["basis"] == "runs" and j["machine"]["differed"] is False
-    assert table.render_diff(d, "markdown").startswith("**request: 25.0 ms")
+    assert DIFF.render(d, "markdown").startswith("**request: 25.0 ms")
     with pytest.raises(ValueError):
-        table.render_diff(d, "xml")
+        DIFF.render(d, "xml")
 
 
 def test_headline_when_the_top_stage_is_on_one_side():
     d = D.diff(snap(st("old", 3, 10 * MS)), snap(st("new", 1, MS)))
-    assert table.headline(d) == "old: only before (30.0 ms total)" and d.change is None
-    assert d.tests == 0 and table.legend(d)[2].endswith("; no figure of any stage could be tested")
+    assert headline(d) == "old: only before (30.0 ms total)" and d.change is None
+    assert d.tests == 0 and legend(d)[2].endswith("; no figure of any stage could be tested")
 
 
 # ------------------------------------------------------------------------ the basis
@@ -142,7 +143,7 @@ def test_a_basis_that_cannot_hold_is_warned_about_never_silent():
     assert d.warnings == ("basis turns cannot hold: the windows do not alternate in time (0 of 1 make turns; 8+ "
                           "pairs taking in 80 % of each side are needed); judged on runs instead",)
     assert d.basis_reason.startswith("runs (asked for turns, which cannot hold): one run a side")
-    assert "warning: basis turns cannot hold" in table.render_diff(d)
+    assert "warning: basis turns cannot hold" in DIFF.render(d)
     with pytest.raises(ValueError, match="basis must be one of turns, windows, runs, got 'calls'"):
         D.diff(b, a, basis="calls")
     # a stage present in too few windows of a turns comparison is left untested, not judged another way
@@ -189,7 +190,7 @@ def test_wall_is_not_evidence_where_the_machine_differed():
         "wall": "the machines differed; on a CPU or waiting for one 94 % of its time: CPU time judges it"}
     assert r.judgement == "within noise" and r.decision[0] == "cpu" and not d.regressions(0.05)
     assert d.tests == 2                                                # only the CPU tests count
-    text = table.render_diff(d)
+    text = DIFF.render(d)
     assert "typical call +60.0%" in text and "not evidence (the machines differed; on a CPU or waiting" in text
     slower = D.diff(run(10, 9, 0.02, 80.0), run(22, 18, 0.38, 81.0))   # CPU per call twice: the code's
     assert slower.row("request/model").judgement == "slower"
@@ -291,16 +292,16 @@ def test_diff_cli_formats_basis_and_warning(tmp_path, capsys):
 
 def test_diff_table_fits_a_width_and_names_what_it_dropped():
     d = D.diff(*pair(after_calls=50))
-    full = table.render_diff(d).splitlines()
+    full = DIFF.render(d).splitlines()
     assert max(map(len, full)) > 80
     for width in (80, 100):
-        lines = table.render_diff(d, width=width).splitlines()
+        lines = DIFF.render(d, width=width).splitlines()
         assert max(map(len, lines)) <= width
         head = next(l for l in lines if l.startswith("stage "))
         assert "mean" in head and "change" in head
-    footer = " ".join(table.render_diff(d, width=80).splitlines()[-2:])
+    footer = " ".join(DIFF.render(d, width=80).splitlines()[-2:])
     assert "not shown at 80 columns: total ms before/after/Δ" in footer
-    assert "not shown at" not in table.render_diff(d, width=400)
+    assert "not shown at" not in DIFF.render(d, width=400)
 
 
 # ------------------------------------------------------------------------ the machine probe
@@ -353,7 +354,7 @@ def test_a_reference_stage_takes_the_machine_out():
     assert model.judgement == "slower" and model.tests["cpu"].estimate == pytest.approx(0.3, abs=0.002)
     ref = d.row("request/tokenize")
     assert ref.judgement == "untested" and ref.not_evidence["cpu"] == "the reference: its change is taken as the machine's"
-    assert json.loads(table.render_diff(d, "json"))["reference"] == ["request", "tokenize"]
+    assert json.loads(DIFF.render(d, "json"))["reference"] == ["request", "tokenize"]
     with pytest.raises(ValueError, match="reference stage 'nope' needs calls and CPU time in both snapshots"):
         D.diff(before, after, reference="nope")
 
@@ -394,7 +395,7 @@ def test_one_run_a_side_judges_cpu_against_the_change_the_stages_share():
     # request holds model: 16 → 26.6 ms, +18.75 % beyond the machine's +40 %
     assert d.row("request").tests["cpu"].estimate == pytest.approx(26.6 / 16 / 1.4 - 1)
     assert d.row("request").judgement == "slower"
-    j = json.loads(table.render_diff(d, "json"))
+    j = json.loads(DIFF.render(d, "json"))
     assert j["machine"]["common"]["change"] == pytest.approx(0.4)
     assert j["machine"]["common"]["members"]["request/model"] == pytest.approx(1.4 * 1.3 - 1)
     # a named reference stage takes the machine out in its place

@@ -15,7 +15,7 @@ from instrument import cli, top
 from instrument.analysis import metrics
 from instrument.analysis.metrics import Bar, Metric
 from instrument.analysis.verdict import with_verdicts
-from instrument.exporters import html, table
+from instrument.exporters import csv as as_csv, html, json as as_json, table
 from snapfactory import ROOT, snap, st
 from browser import browse, chromium  # noqa: F401
 
@@ -100,30 +100,30 @@ def toy_snapshot():
 
 def test_a_new_metric_shows_in_table_csv_and_json(toys):
     s = toy_snapshot()
-    lines = table.render(s, width=400).splitlines()
+    lines = table.render([s], width=400).splitlines()
     head = lines[0]
     assert "err/call" in head and "own ms / kids ms" in head and "mean±half range ms" in head
     req = lines[2]
     assert "0.25" in req and "own 16.00 kids 104.0" in req and "15.00±10.00" in req   # 2 errors of 8; 120 ms
     model = next(x for x in lines if x.strip().startswith("model "))
     assert "~0.12" in model                                        # estimated, as the metric says, and marked
-    narrow = table.render(s, width=80)
+    narrow = table.render([s], width=80)
     foot = " ".join(narrow[narrow.index("not shown at 80 columns"):].split())
     assert "err/call" in foot and "err/call" not in narrow.splitlines()[0]        # named, not shown
-    rows = {r["path"]: r for r in csv.DictReader(io.StringIO(table.render(s, format="csv")))}
+    rows = {r["path"]: r for r in csv.DictReader(io.StringIO(as_csv.render([s])))}
     assert float(rows["request"]["errs"]) == 0.25 and float(rows["request/io"]["errs"]) == 0.5
     assert float(rows["request"]["split_own_ns"]) == 16 * MS and float(rows["request"]["split_kids_ns"]) == 104 * MS
     assert float(rows["request"]["spread_ns"]) == 15 * MS and float(rows["request"]["spread_ns_error"]) == 10 * MS
-    js = {tuple(r["path"]): r for r in json.loads(table.render(s, format="json"))}
+    js = {tuple(r["path"]): r for r in json.loads(as_json.render([s]))}
     assert js[("request",)]["errs"] == 0.25 and js[("request",)]["split_ns"] == {"own": 16 * MS, "kids": 104 * MS}
     assert js[("request",)]["spread_ns"] == {"value": 15 * MS, "error": 10 * MS}
-    judged = json.loads(table.render(with_verdicts(s), format="json"))[0]
+    judged = json.loads(as_json.render([with_verdicts(s)]))[0]
     assert set(judged["verdict"]) >= {"verdict", "reason"}    # where the record has the key, the record's is kept
 
 
 def test_a_new_metric_sorts_the_same_in_the_table_top_and_the_command_line(toys, tmp_path, capsys):
     s = toy_snapshot()
-    by_table = [x.split()[0] for x in table.render(s, sort="errs", width=400).splitlines()[2:5]]
+    by_table = [x.split()[0] for x in table.render([s], sort="errs", width=400).splitlines()[2:5]]
     assert by_table == ["request", "io", "model"]                        # 0.5 before 0.125
     by_top = [x.split()[0] for x in top.table_lines(s, 60.0, sort="errs", width=400)[1:4]]
     assert by_top == by_table
@@ -138,10 +138,10 @@ def test_every_sort_key_has_one_meaning(toys):
     s = snap(st("a", 10, 10 * MS, cpu_ns=10 * MS), st("a/x", 10, MS, cpu_ns=9 * MS), st("a/y", 10, 5 * MS, cpu_ns=10 * MS),
              st("a/z", 10, 2 * MS))
     for key in metrics.sort_keys():
-        t = [x.split()[0] for x in table.render(s, sort=key, width=400).splitlines()[2:6]]
+        t = [x.split()[0] for x in table.render([s], sort=key, width=400).splitlines()[2:6]]
         assert [x.split()[0] for x in top.table_lines(s, 60.0, sort=key, width=400)[1:5]] == t, key
-    assert [x.split()[0] for x in table.render(s, sort="cpu").splitlines()[3:6]] == ["y", "x", "z"]
-    assert [x.split()[0] for x in table.render(s, sort="cpu_per_wall").splitlines()[3:6]] == ["x", "y", "z"]
+    assert [x.split()[0] for x in table.render([s], sort="cpu").splitlines()[3:6]] == ["y", "x", "z"]
+    assert [x.split()[0] for x in table.render([s], sort="cpu_per_wall").splitlines()[3:6]] == ["x", "y", "z"]
     assert top.KEYS["u"] == "cpu_per_wall"
 
 
@@ -183,5 +183,5 @@ def test_the_split_of_a_stages_own_time_adds_up_to_it():
                                    "loop_ready": 0.0625})
     assert sum(split.values()) == pytest.approx(1.0)
     assert metrics.METRICS["wall_split"].value(snap(st("x", 1, MS)), st("x", 1, MS)) is None   # no CPU time read
-    line = table.render(snap(s), width=300).splitlines()[2]
+    line = table.render([snap(s)], width=300).splitlines()[2]
     assert "on_cpu 25.0 runqueue 12.5 blocked 50.0 awaiting 6.2 loop_ready 6.2" in line

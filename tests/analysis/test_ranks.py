@@ -5,7 +5,8 @@ import statistics
 import pytest
 
 from instrument.analysis.ranks import rank_view
-from instrument.exporters import ranks as text
+from instrument.exporters import RANKS
+from instrument.exporters.format import ranks_summary
 from instrument.snapshot import Snapshot, merge_all
 from snapfactory import snap, st
 
@@ -70,7 +71,7 @@ def test_the_following_collective_is_the_next_one_after_the_stage_in_its_step():
     assert s.waits == {1: 8 * MS, 2: 8 * MS} and s.excess_ns == 8 * MS
     alone = rank_view(merge_all([rank_snap(r, st("load", 3, (5 if r else 1) * MS), world=2) for r in range(2)]))
     assert alone.straggler.path == ("load",) and alone.straggler.collective is None and alone.straggler.waits == {}
-    assert "no collective follows it" in "\n".join(text.summary(alone))
+    assert "no collective follows it" in "\n".join(ranks_summary(alone))
 
 
 def test_collectives_are_measured_on_the_device_when_every_rank_has_device_time():
@@ -84,7 +85,7 @@ def test_collectives_are_measured_on_the_device_when_every_rank_has_device_time(
     coll = v.stage("step/dist.all_reduce")
     assert coll.device and coll.per_step == {0: 25 * MS, 1: 5 * MS} and coll.wait == {0: 20 * MS, 1: 0}
     assert v.straggler.rank == 1 and v.straggler.waits == {0: 20 * MS}
-    assert "ᵍ device time" in text.render(v)
+    assert "ᵍ device time" in RANKS.render(v)
     parts[1] = rank_snap(1, st("step", STEPS, 30 * MS), st("step/dist.all_reduce", STEPS, MS // 10), world=2)
     assert not rank_view(merge_all(parts)).stage("step/dist.all_reduce").device    # one rank without: host
 
@@ -96,7 +97,7 @@ def test_missing_ranks_ranks_that_stopped_early_and_calls_that_raised():
     assert v.ranks == (0, 1, 3, 4) and v.missing == (2,)
     assert v.steps == {0: 10, 1: 10, 3: 7, 4: 10} and v.stopped == (3,)
     assert v.failed == {("step",): {0: 1, 4: 1}, ("step", "dist.all_reduce"): {0: 1, 4: 1}}
-    lines = text.summary(v)
+    lines = ranks_summary(v)
     assert "Missing: rank 2: no snapshot" in lines[1] and lines[2].startswith("Stopped early: rank 3 after 7 of 10")
     assert lines[3].startswith("Calls that raised: step on rank 0 (1), rank 4 (1)")
 
@@ -108,19 +109,19 @@ def test_a_snapshot_without_rank_figures_is_refused_with_the_reason():
 
 def test_text_and_json():
     v = rank_view(straggler_job([1.0, 1.2, 21.0, 0.9], [20.6, 20.3, 0.5, 20.8]))
-    out = text.render(v)
+    out = RANKS.render(v)
     assert all(len(line) <= 80 for line in out.splitlines())
     assert "Straggler: rank 2 in step/preprocess, +20.00 ms per step" in " ".join(out.split())
     assert "waited 20.10 ms per step (median of 3) in step/dist.all_reduce" in " ".join(out.split())
     grid = out.splitlines()[out.splitlines().index("") + 1:]
     row = next(line for line in grid[grid.index(""):] if line.strip().startswith("preprocess"))
     assert row.split() == ["preprocess", "1.00", "1.20", "*21.00", "0.900"]
-    d = json.loads(text.render(v, "json"))
+    d = json.loads(RANKS.render(v, "json"))
     assert d == json.loads(json.dumps(v.to_dict()))
     assert d["straggler"]["rank"] == 2 and d["straggler"]["wait_ns_per_step"] == 20_100_000
     assert d["stages"][2]["wait_ns_per_step"] == {"0": 20_100_000, "1": 19_800_000, "2": 0, "3": 20_300_000}
     wide = rank_view(straggler_job([1.0] * 15 + [9.0], [9.0] * 15 + [1.0]))
-    out = text.render(wide)
+    out = RANKS.render(wide)
     assert all(len(line) <= 80 for line in out.splitlines()) and "(--json has all)" in out
     with pytest.raises(ValueError, match="format must be one of table, json"):
-        text.render(v, "csv")
+        RANKS.render(v, "csv")

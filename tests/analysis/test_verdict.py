@@ -11,7 +11,7 @@ import pytest
 
 import instrument
 from instrument.analysis import advice, verdict
-from instrument.exporters import table
+from instrument.exporters import ADVICE, DIFF
 from instrument.live import perf
 from instrument.snapshot import Snapshot, StageStats
 
@@ -132,7 +132,7 @@ def test_advice_names_the_right_next_step(backend):
     io = next(a for a in adv if a["path"] == ["request", "io"])
     assert io["verdict"] == "waiting" and "instrument nsys --capture io" in io["next"]
     assert 0.5 < top["saving_upper_bound"] < 1
-    text = table.render_advice(adv)
+    text = ADVICE.render(adv)
     assert f"request/tokenize: {top['verdict']}" in text and "at most" in text
 
 
@@ -147,7 +147,7 @@ def test_diff_shows_each_stage_verdict_before_and_after():
     idle = StageStats(("req",), 10, 0, 30_000_000, 30_000_000, 1, 9, 1_000_000, 1_000_000, 10, {})
     d = diff(Snapshot([busy]), Snapshot([idle]))
     assert d.rows[0].verdict == ("compute-bound", "waiting")
-    assert "verdict: compute-bound → waiting" in table.render_diff(d)
+    assert "verdict: compute-bound → waiting" in DIFF.render(d)
 
 
 def test_saved_snapshot_is_judged_by_the_thresholds_it_was_recorded_with(tmp_path):

@@ -1,6 +1,7 @@
 """The exporter contract: every format declares its name, file extension and
-render(snaps, **options); `instrument export` builds its flags from the registry,
-so a new format is one module that shows in `--help` and works."""
+render(snaps, **options); `instrument export` builds its flags and `report --format`
+its choices from the registry, so a new format is one module that shows in both
+`--help`s and works; each view is rendered by the formats that list it."""
 import inspect
 import json
 import types
@@ -12,9 +13,12 @@ from instrument.exporters import Option
 from snapfactory import snap, st
 
 
+ALL = ["table", "csv", "json", "markdown", "otel", "chrome", "hatchet", "html", "prometheus"]
+
+
 def test_the_formats_of_the_package_keep_the_contract():
     found = exporters.formats()
-    assert {"chrome", "hatchet", "html", "prometheus"} <= set(found)
+    assert sorted(found) == sorted(ALL) and next(iter(found)) == "table"   # the default leads
     for f in found.values():
         assert f.extension.startswith(".") and f.summary and f.name in f.render.__module__
         first = next(iter(inspect.signature(f.render).parameters))
@@ -24,7 +28,7 @@ def test_the_formats_of_the_package_keep_the_contract():
             f.render.__doc__, f"{f.name}: say what the format does with more than one snapshot"
 
 
-@pytest.mark.parametrize("name", ["chrome", "hatchet", "html", "prometheus"])
+@pytest.mark.parametrize("name", ALL)
 def test_a_single_snapshot_instead_of_a_sequence_is_refused_in_one_line(name):
     with pytest.raises(TypeError, match=r"^render takes a sequence of Snapshots, such as \[snap\]$"):
         exporters.formats()[name].render(snap(st("a", 1, 1000)))
@@ -92,3 +96,54 @@ def test_a_new_format_works_from_the_command_line(toy, tmp_path, capsys):
 def test_not_a_format():
     with pytest.raises(TypeError, match="is not a format: it has no NAME, EXTENSION"):
         exporters.register(types.SimpleNamespace(render=lambda snaps: ""))
+
+
+def test_a_new_format_is_a_choice_of_report_format(toy, tmp_path, capsys):
+    snap(st("req", 3, 1000), st("req/tok", 3, 10)).save(tmp_path / "a.json")
+    assert cli.main(["report", "--help"]) == 0
+    assert "stagelines" in capsys.readouterr().out
+    assert cli.main(["report", str(tmp_path / "a.json"), "--format", "stagelines"]) == 0
+    assert capsys.readouterr().out == "req 3\nreq/tok 3\n"
+    assert cli.main(["report", str(tmp_path / "a.json"), "--format", "stagelines", "--depth", "1"]) == 2
+    assert capsys.readouterr().err == ("instrument: report: --depth goes with --format table, csv, json or markdown, "
+                                       "not stagelines\n")
+
+
+def test_report_and_export_write_the_same_breakdown(tmp_path, capsys):
+    import csv
+    snap(st("req", 3, 1000), st("req/tok", 3, 10), st("req/tok/x", 3, 5), st("req/big", 3, 900)).save(tmp_path / "a.json")
+    for fmt in ("table", "csv", "json", "markdown", "hatchet"):
+        assert cli.main(["report", str(tmp_path / "a.json"), "--format", fmt] +
+                        (["--sort", "total", "--depth", "2"] if fmt != "hatchet" else [])) == 0
+        reported = capsys.readouterr().out
+        if fmt == "table":
+            reported = reported[:reported.index("\n\nWhere to look next")] + "\n"   # report adds the advice
+        assert cli.main(["export", f"--{fmt}", "-", str(tmp_path / "a.json")] +
+                        (["--sort", "total", "--depth", "2"] if fmt != "hatchet" else [])) == 0
+        assert capsys.readouterr().out.rstrip("\n") == reported.rstrip("\n"), fmt   # print adds a line to CSV
+    rows = list(csv.DictReader(reported_csv(tmp_path, capsys).splitlines()))
+    assert [r["path"] for r in rows] == ["req", "req/big", "req/tok"]        # by total, two deep
+    assert cli.main(["export", "--csv", "-", str(tmp_path / "a.json"), "--depth", "0"]) == 2
+    assert "argument --depth: must be a positive integer, got '0'" in capsys.readouterr().err
+
+
+def reported_csv(tmp_path, capsys):
+    assert cli.main(["export", "--csv", "-", str(tmp_path / "a.json"), "--sort", "total", "--depth", "2"]) == 0
+    return capsys.readouterr().out
+
+
+def test_each_view_in_the_formats_that_render_it():
+    assert exporters.DIFF.formats() == ("table", "csv", "json", "markdown")
+    assert exporters.TAIL.formats() == ("table", "json", "markdown")
+    assert exporters.RANKS.formats() == ("table", "json")
+    assert exporters.ADVICE.formats() == ("table", "json")
+    assert exporters.OPERATORS.formats() == ("table", "json", "markdown")
+    with pytest.raises(ValueError, match=r"^format must be one of table, json, got 'csv'$"):
+        exporters.ADVICE.render([], "csv")
+    assert json.loads(exporters.ADVICE.render([], "json")) == []
+
+
+def test_a_format_that_names_an_unknown_view_is_refused():
+    bad = types.SimpleNamespace(NAME="bad", EXTENSION=".txt", render=lambda snaps: "", VIEWS={"flame": str})
+    with pytest.raises(TypeError, match="'bad' renders unknown views flame; the views are: diff, tail, advice"):
+        exporters.register(bad)

@@ -13,7 +13,8 @@ import pytest
 import instrument
 from instrument.analysis.advice import advise
 from instrument.analysis.diff import diff
-from instrument.exporters import chrome, hatchet, html, table
+from instrument.exporters import ADVICE, DIFF, chrome, hatchet, html, table
+from instrument.exporters import csv as as_csv, json as as_json, markdown as as_markdown
 from instrument.snapshot import parse_path, path_text
 from browser import browse, chromium  # noqa: F401  (the page read back by a real browser)
 
@@ -56,30 +57,30 @@ def test_snapshot_holds_both_shapes_and_finds_each_by_its_text(shapes):
 
 
 def test_table_csv_json_markdown(shapes):
-    text = table.render(shapes, width=120)
+    text = table.render([shapes], width=120)
     rows = [l.split()[0] for l in text.splitlines()[2:8]]
     assert rows == ["a\\/b", "a", "b", "c\\\\", "d", "c\\\\\\/d"]        # names escaped, nesting by indent
-    got = {r["path"] for r in csv.DictReader(io.StringIO(table.render(shapes, format="csv")))}
+    got = {r["path"] for r in csv.DictReader(io.StringIO(as_csv.render([shapes])))}
     assert got == set(SHAPES.values()) and {parse_path(p) for p in got} == set(SHAPES)
-    assert {tuple(r["path"]) for r in json.loads(table.render(shapes, format="json"))} == set(SHAPES)
+    assert {tuple(r["path"]) for r in json.loads(as_json.render([shapes]))} == set(SHAPES)
     markdown_it = pytest.importorskip("markdown_it")
-    page = markdown_it.MarkdownIt("commonmark").enable("table").render(table.render(shapes, format="markdown"))
+    page = markdown_it.MarkdownIt("commonmark").enable("table").render(as_markdown.render([shapes]))
     cells = [htmllib.unescape(c).replace("\xa0", "") for c in re.findall(r"<td>([^<]*)</td>", page)]
     assert {"a\\/b", "a", "b", "c\\\\", "d", "c\\\\\\/d"} <= set(cells)   # what a markdown reader shows
 
 
 def test_diff_and_advice(shapes):
     d = diff(shapes, shapes)
-    labels = {l.split()[0] for l in table.render_diff(d).splitlines()[3:] if l and not l.startswith(" ")}
+    labels = {l.split()[0] for l in DIFF.render(d).splitlines()[3:] if l and not l.startswith(" ")}
     assert set(SHAPES.values()) <= labels
-    got = [r["path"] for r in csv.DictReader(io.StringIO(table.render_diff(d, "csv")))]
+    got = [r["path"] for r in csv.DictReader(io.StringIO(DIFF.render(d, "csv")))]
     assert sorted(got) == sorted(SHAPES.values())
-    assert {tuple(r["path"]) for r in json.loads(table.render_diff(d, "json"))["rows"]} == set(SHAPES)
-    assert "| a\\\\/b" in table.render_diff(d, "markdown")
+    assert {tuple(r["path"]) for r in json.loads(DIFF.render(d, "json"))["rows"]} == set(SHAPES)
+    assert "| a\\\\/b" in DIFF.render(d, "markdown")
     for path, text in SHAPES.items():
         assert d.row(text).path == path
     advice = advise(shapes, top=10)
-    lines = [l for l in table.render_advice(advice).splitlines() if re.match(r"\d+\. ", l)]
+    lines = [l for l in ADVICE.render(advice).splitlines() if re.match(r"\d+\. ", l)]
     shown = {re.match(r"\d+\. (.*): \S+ — ", l).group(1) for l in lines}
     assert shown == {path_text(a["path"]) for a in advice} and len(shown) == len(advice)
 

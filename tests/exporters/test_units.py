@@ -9,7 +9,8 @@ import re
 import pytest
 
 from instrument.analysis.diff import diff
-from instrument.exporters import chrome, hatchet, html, table
+from instrument.exporters import DIFF, chrome, hatchet, html, table
+from instrument.exporters import csv as as_csv, json as as_json, markdown as as_markdown
 from snapfactory import snap, st
 from browser import browse, chromium  # noqa: F401
 
@@ -25,7 +26,7 @@ def sample():
 
 def test_breakdown_csv_fields_name_their_units():
     s = sample()
-    rows = {r["path"]: r for r in csv.DictReader(io.StringIO(table.render(s, format="csv")))}
+    rows = {r["path"]: r for r in csv.DictReader(io.StringIO(as_csv.render([s])))}
     req, model = rows["request"], rows["request/model"]
     assert float(req["total_ns"]) == 2500 * MS and float(req["mean_ns"]) == 25 * MS
     assert float(req["self_ns"]) == 400 * MS and float(req["cpu_ns"]) == 2000 * MS
@@ -35,23 +36,23 @@ def test_breakdown_csv_fields_name_their_units():
     assert float(req["cache_miss_pct"]) == pytest.approx(12.5) and float(req["branch_miss_pct"]) == pytest.approx(2.5)
     assert float(req["page_faults"]) == 12 and float(req["context_switches"]) == 3               # counts
     assert float(req["page_faults_per_call"]) == pytest.approx(0.12)                             # per call
-    for field in next(csv.reader(io.StringIO(table.render(s, format="csv")))):
+    for field in next(csv.reader(io.StringIO(as_csv.render([s])))):
         assert field in ("path", "calls", "cpu_per_wall", "ipc", "mpki", "page_faults", "context_switches",
                          "verdict") or field.endswith(("_ns", "_pct", "_per_call")), field
 
 
 def test_breakdown_table_markdown_json_units():
     s = sample()
-    text = table.render(s, width=160).splitlines()
+    text = table.render([s], width=160).splitlines()
     head = text[0]
     for h in ("total ms", "mean ms", "p50 ms", "p99 ms", "self ms", "CPU ms", "%root", "miss%", "brmiss%"):
         assert h in head
     row = text[2].split()
     assert row[:4] == ["request", "100", "2500.0", "100.0"] and row[4] == "25.00"   # ms and percent
-    md = table.render(s, format="markdown").splitlines()
+    md = as_markdown.render([s]).splitlines()
     assert "| total ms | %root | mean ms | p50 ms | p99 ms |" in md[0]
     assert "| 2500.0 | 100.0 | 25.00 |" in md[2]
-    j = {tuple(r["path"]): r for r in json.loads(table.render(s, format="json"))}
+    j = {tuple(r["path"]): r for r in json.loads(as_json.render([s]))}
     assert j[("request",)]["wall_ns"]["total"] == 2500 * MS and j[("request", "model")]["root_pct"] == 84.0
 
 
@@ -59,12 +60,12 @@ def test_diff_csv_and_json_units():
     b = sample()
     a = snap(st("request", 100, 20 * MS, cpu_ns=1600 * MS), st("request/model", 100, 16 * MS))
     d = diff(b, a)
-    rows = {r["path"]: r for r in csv.DictReader(io.StringIO(table.render_diff(d, "csv")))}
+    rows = {r["path"]: r for r in csv.DictReader(io.StringIO(DIFF.render(d, "csv")))}
     req = rows["request"]
     assert float(req["total_before_ns"]) == 2500 * MS and float(req["total_after_ns"]) == 2000 * MS
     assert float(req["mean_delta_ns"]) == -5 * MS and float(req["mean_ratio"]) == pytest.approx(0.8)
     assert req["calls_before"] == "100"
-    j = json.loads(table.render_diff(d, "json"))
+    j = json.loads(DIFF.render(d, "json"))
     row = next(r for r in j["rows"] if r["path"] == ["request"])
     assert row["mean_ns"]["before"] == 25 * MS and row["p99_ns"]["after"] == pytest.approx(20 * MS, rel=0.008)
     assert float(req["estimate_pct"]) == pytest.approx(100 * row["significance"]["estimate"])       # percent

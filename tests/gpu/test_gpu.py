@@ -156,7 +156,7 @@ def test_gpu_time_shows_in_every_output():
     import json
     import re
     from instrument import top
-    from instrument.exporters import html, table
+    from instrument.exporters import csv as as_csv, html, json as as_json, table
     from instrument.exporters.format import ms
     ref = matmuls_beside_events(10)
     torch.cuda.synchronize()
@@ -164,11 +164,11 @@ def test_gpu_time_shows_in_every_output():
     truth = sum(e0.elapsed_time(e1) for e0, e1 in ref) * 1e6
     gpu = snap["matmul"].gpu["total_ns"]
     assert gpu == pytest.approx(truth, rel=0.10)
-    text = table.render(snap, width=300).splitlines()
+    text = table.render([snap], width=300).splitlines()
     assert "GPU ms" in text[0] and ms(gpu) in text[2].split(), text[:3]
-    row = next(csv.DictReader(io.StringIO(table.render(snap, format="csv"))))
+    row = next(csv.DictReader(io.StringIO(as_csv.render([snap]))))
     assert float(row["gpu_ns"]) == gpu
-    assert json.loads(table.render(snap, format="json"))[0]["gpu_ns"] == gpu
+    assert json.loads(as_json.render([snap]))[0]["gpu_ns"] == gpu
     page = html.render([snap])
     data = json.loads(re.search(r'<script type="application/json" id="data">(.*?)</script>', page, re.S).group(1))
     assert data["after"]["stages"][0]["cells"]["gpu"][0] == gpu

@@ -8,6 +8,7 @@ import time
 import pytest
 
 import instrument
+from instrument.analysis.metrics import ordered
 from instrument.analysis.tail import tail_of
 from instrument.exporters import table
 from instrument.snapshot import Snapshot
@@ -99,7 +100,7 @@ def test_the_tail_report_finds_the_slow_path_the_mean_hides(backend, tmp_path):
     instrument.configure(counters="none", cpu_clock=False, trace_events=10_000)
     snap = clean_run()
     # the mean view: forward holds most of the time
-    by_total = table.ordered(snap, sort="total")
+    by_total = ordered(snap, sort="total")
     assert [s.path for s in by_total[:2]] == [("request",), ("request", "forward")]
     # the tail view: pre holds the p99 excess
     v = tail_of(snap, "request")
@@ -109,7 +110,7 @@ def test_the_tail_report_finds_the_slow_path_the_mean_hides(backend, tmp_path):
     slowest = max(snap.exemplars, key=lambda e: e["wall_ns"])
     pre = next(b for b in slowest["breakdown"] if b["path"] == ["request", "pre"])
     assert pre["wall_ns"] >= 9 * MS
-    text = table.render(snap, width=100)
+    text = table.render([snap], width=100)
     head = text.splitlines()[0].split()
     assert head[head.index("%root") + 1] == "tail%"
     pre_row = next(line for line in text.splitlines() if line.strip().startswith("pre "))

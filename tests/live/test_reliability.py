@@ -377,7 +377,7 @@ def test_hostile_names_round_trip_and_print_safely(name, backend, tmp_path):
     snap = instrument.snapshot()
     back = instrument.Snapshot.load(snap.save(tmp_path / "x.json"))
     assert back[(name,)].calls == 1
-    text = table.render(snap, width=160)
+    text = table.render([snap], width=160)
     assert "\x1b" not in text and "\t" not in text
     if name.isprintable():
         assert name.replace("/", "\\/") in text   # a '/' inside a name shown escaped, as in every path

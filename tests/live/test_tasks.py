@@ -450,7 +450,7 @@ def test_without_a_hook_overlapping_calls_are_marked_not_summed(backend):
         assert s.to_dict()["cpu_ns"]["overlapped_calls"] == 10
     assert snap["alone"].overlapped_calls == 0 and snap["alone"].cpu_total >= 500_000
     from instrument.exporters import table
-    assert "20 calls overlapped other asyncio tasks" in table.render(snap)
+    assert "20 calls overlapped other asyncio tasks" in table.render([snap])
     meta = snap.meta["tasks"]
     assert meta["attribution"] == "overlapped calls marked" and meta["overlapped_calls"] >= 20
     instrument.configure(task_attribution=True)

@@ -30,9 +30,7 @@ from ...analysis.tail import tail
 from ...analysis.verdict import with_verdicts
 from ...snapshot import SPLIT, Snapshot, StageStats
 from .. import Option, merged, snapshots
-from ..format import cell, counter_text, unit
-from ..ranks import summary
-from ..table import headline, legend
+from ..format import cell, counter_text, headline, legend, ranks_summary, unit
 
 NAME = "html"
 EXTENSION = ".html"
@@ -128,7 +126,7 @@ def render(snaps: Sequence[Snapshot], diff: bool = False, title: Optional[str] =
         d = view.to_dict()
         for row, x in zip(d["stages"], view.stages):
             row["path"] = list(x.path)
-        data["ranks"] = dict(d, summary=summary(view))
+        data["ranks"] = dict(d, summary=ranks_summary(view))
     if before is not None:
         data["before"] = _side(before, "before", shown)
         opts = {k: v for k, v in (("alpha", alpha), ("min_change", min_change)) if v is not None}
