@@ -42,8 +42,8 @@ def test_the_check_sees_a_heavy_import():
     assert "starlette" in run("import starlette")
 
 
-def test_the_middleware_uses_the_framework_only_when_used():
-    """Wrapping an app and serving a request imports Starlette's router: the module did not, the call does."""
+def test_the_middleware_imported_by_name_records_a_request():
+    """`from instrument.asgi import Middleware` around a real Starlette app: a request is a stage by its route."""
     pytest.importorskip("starlette")
     code = ("import asyncio\nfrom instrument.asgi import Middleware\nfrom starlette.applications import Starlette\n"
             "from starlette.responses import PlainTextResponse\nfrom starlette.routing import Route\n"
@@ -58,7 +58,7 @@ def test_the_middleware_uses_the_framework_only_when_used():
             "asyncio.run(call())\n"
             "import instrument\n"
             "assert [s.name for s in instrument.snapshot()] == ['GET /x/{n}'], list(instrument.snapshot())")
-    assert "starlette" in run(code)
+    run(code)
 
 
 # Checked once the OTel exporter (instrument/exporters/otel.py) is merged: fails until then.
