@@ -59,3 +59,8 @@ def test_every_package_data_pattern_matches_a_file():
     for package, patterns in PYPROJECT["tool"]["setuptools"]["package-data"].items():
         for pattern in patterns:
             assert glob.glob(os.path.join(ROOT, *package.split("."), pattern)), f"{package}: {pattern}"
+
+
+def test_the_tests_import_this_checkout():
+    """An install under another distribution name (`instrument`, the old one) would shadow this checkout."""
+    assert os.path.dirname(os.path.abspath(instrument.__file__)) == os.path.join(ROOT, "instrument"), instrument.__file__
