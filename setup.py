@@ -35,6 +35,7 @@ setup(
         Extension(
             "instrument._native",
             sources=sources,
+            depends=sorted(glob.glob("csrc/*.h")),   # rebuilt when a header changes; shipped in the sdist
             include_dirs=include_dirs,
             define_macros=define_macros,
             extra_compile_args=extra_compile_args,

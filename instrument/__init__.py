@@ -169,10 +169,11 @@ def load_ipython_extension(ipython) -> None:
     notebook.load(ipython, snapshot, stage)
 
 
-# Instrumentation without code edits (instrument/auto/), imported on first use: those modules build on this
-# facade, and torch, transformers or a web framework are imported only by what is used.
-_AUTO = {"modules": ("instrument.auto.modules", "modules"), "asgi": ("instrument.auto.asgi", None),
-         "wsgi": ("instrument.auto.wsgi", None), "transformers": ("instrument.auto.transformers", None)}
+# Instrumentation without code edits, imported on first use: those modules build on this facade, and torch,
+# transformers or a web framework are imported only by what is used.  asgi, wsgi and transformers are
+# submodules, so `from instrument.asgi import Middleware` works too; `modules` is a function of auto/.
+_AUTO = {"modules": ("instrument.auto.modules", "modules"), "asgi": ("instrument.asgi", None),
+         "wsgi": ("instrument.wsgi", None), "transformers": ("instrument.transformers", None)}
 
 
 def __getattr__(name: str):

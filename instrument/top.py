@@ -266,7 +266,7 @@ def live(url: str, interval: float, sort: str = "total", timeout: float = 10.0) 
         from rich.live import Live
         from rich.text import Text
     except ImportError:
-        raise TopError("the live view needs rich: pip install 'instrument[top]' (or use --once)") from None
+        raise TopError("the live view needs rich: pip install 'instrument-sdk[top]' (or use --once)") from None
     u = snapshot_url(url)
     last = fetch(u, timeout)
     t_last = time.monotonic()

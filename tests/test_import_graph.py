@@ -6,6 +6,8 @@ command line, every environment variable of the package read in config.py."""
 import ast
 import os
 
+import instrument
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PKG = os.path.join(ROOT, "instrument")
 
@@ -167,10 +169,17 @@ def test_what_serves_reads_no_environment():
             assert not reads_environment(path), m
 
 
+# The integrations users import as modules (instrument.asgi, ...): the facade's lazily imported submodules.
+AUTO_MODULES = {module for module, attr in instrument._AUTO.values() if attr is None}
+
+
 def test_instrumentation_without_code_edits_builds_on_the_facade_only():
-    auto = {m for m in GRAPH if m.startswith("instrument.auto")}
-    assert "instrument.auto.modules" in auto
+    auto = {m for m in GRAPH if m.startswith("instrument.auto")} | AUTO_MODULES
+    assert {"instrument.auto.modules", "instrument.auto.http"} <= auto and AUTO_MODULES <= set(GRAPH)
+    assert "instrument.asgi" in AUTO_MODULES and "instrument.auto.http" in GRAPH["instrument.asgi"]
     for m in auto:
         bad = GRAPH[m] - auto - {"instrument"}
         assert not bad, f"{m} imports {sorted(bad)}"
     assert not GRAPH["instrument"] & auto   # imported on first use (instrument.__getattr__), never with the facade
+    for m, deps in GRAPH.items():           # the package itself never builds on them
+        assert m in auto or not deps & auto, f"{m} imports {sorted(deps & auto)}"

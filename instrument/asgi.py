@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Any, Callable, Optional, Sequence
 
-from .http import RequestMiddleware, record
+from .auto.http import RequestMiddleware, record
 
 
 def starlette_template(routes: Sequence[Any], scope: dict) -> Optional[str]:

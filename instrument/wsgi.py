@@ -8,7 +8,7 @@ from __future__ import annotations
 import sys
 from typing import Any, Callable, Iterable, Iterator, List, Optional
 
-from .http import RequestMiddleware, record
+from .auto.http import RequestMiddleware, record
 
 
 def flask_template(app: Any, environ: dict) -> Optional[str]:
