@@ -100,6 +100,14 @@ def overhead_line(snap: Snapshot) -> Optional[str]:
             f"{o.get('calls', 0):,} calls read)")
 
 
+def backend_line(snap: Snapshot) -> Optional[str]:
+    """Where a backend other than the C core recorded the snapshot: which, why, and what it lacks (meta.backend)."""
+    b = snap.meta.get("backend")
+    if not isinstance(b, dict) or not b.get("missing"):
+        return None
+    return f"recorded by the {b.get('name')} backend ({b.get('reason')}); it lacks: {', '.join(b['missing'])}"
+
+
 def _json_row(snap: Snapshot, s: StageStats, cols: Sequence[Metric]) -> Dict[str, Any]:
     """The stage as the snapshot records it, plus each metric's field; where the record has that key (calls,
     verdict) the record's is kept: the same figure, or more of it (the verdict with its reason)."""
@@ -181,9 +189,9 @@ def render(snap: Snapshot, sort: str = "tree", depth: Optional[int] = None, fold
                                "for a read on every call within "
                                f"the overhead budget had {reads:,} of {calls:,} calls read (overhead_budget=None reads "
                                "every call)", width or 80)
-    own = overhead_line(snap)
-    if own:
-        lines += textwrap.wrap(own, width or 80)
+    for note in (overhead_line(snap), backend_line(snap)):
+        if note:
+            lines += textwrap.wrap(note, width or 80)
     if dropped:
         lines += textwrap.wrap(f"not shown at {width} columns: {', '.join(m.header for m in dropped)} (a wider "
                                "terminal, COLUMNS=160, or --format csv/json shows them)", width)

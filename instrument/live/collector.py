@@ -307,7 +307,7 @@ def _meta(raw: Dict[str, Any]) -> Dict[str, Any]:
         "duration_ns": raw["clock_ns"] - _start_clock,
         "python": platform.python_version(), "platform": platform.platform(),
         "torch": getattr(torch, "__version__", None) if torch else None,
-        "instrument": __version__, "backend": _backend.name, "backend_reason": _backend.reason,
+        "instrument": __version__, "backend": _backend.describe(),
         "config": _config_now.to_dict(), "verdict_thresholds": _config.verdict_thresholds(_config_now),
         "threads_live": raw.get("threads"),
         "exits": {k: raw.get(k, 0) for k in ("unmatched_exits", "out_of_order_exits", "cross_thread_exits")},

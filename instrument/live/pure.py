@@ -28,11 +28,9 @@ except ImportError:      # not on this platform: no system time, no context swit
 from .. import histogram as _hist
 from . import callsite
 
-MISSING = ("overhead budget (every call is read)", "estimates (exact totals only, variance 0)", "exemplars",
-           "asyncio task attribution (per-task CPU time, suspended and loop-ready time)", "machine probe",
-           "run-queue time", "helper-thread CPU time", "detection of calls that left the CPU",
-           "calibration (the SDK's own cost is neither measured nor taken out of the figures)")
-WHY_MISSING = "the pure-Python fallback records exact sums only; the C extension is the full recorder"
+# what the C core records and this fallback does not: every call is read, nothing estimated or corrected
+MISSING = ("overhead budget", "estimates", "exemplars", "asyncio task attribution", "machine probe", "run-queue time",
+           "helper-thread CPU time", "switch detection", "calibration")
 
 MAX_NAME_LEN = 1024
 HIST_SUB_BITS = _hist.SUB_BITS

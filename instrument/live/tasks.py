@@ -75,11 +75,12 @@ def configure(cfg) -> None:
 
 def apply(enabled: bool, backend) -> None:
     global _wanted, _reason
-    if not enabled:
+    if not enabled or not hasattr(backend, "step_runner"):
         _wanted = None
         importwatch.forget("asyncio")
         uninstall()
-        _reason = "the task_attribution option is off"
+        _reason = ("the task_attribution option is off" if not enabled else
+                   "the pure-Python fallback has no task clock; the C extension has one")
         return
     _wanted = backend
     if _targets() is None:
