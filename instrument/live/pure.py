@@ -434,9 +434,10 @@ def _item_value(value: Any) -> tuple:
     if isinstance(value, bool):
         raise TypeError("add() value must be a number of items (int or float), not bool")
     if type(value) is int or isinstance(value, float):
-        if not math.isfinite(value) or value < 0:
-            raise ValueError(f"add() value must be a finite number >= 0 (items are counted, not taken back), "
-                             f"got {value!r}")
+        if not math.isfinite(value):
+            raise ValueError(f"add() value must be a finite number >= 0, got {value!r}")
+        if value < 0:
+            raise ValueError(f"add() value must be >= 0 (items are counted, not taken back), got {value!r}")
         return (value, 0.0, 0) if type(value) is int else (0, float(value), 1)
     if hasattr(type(value), "__index__"):
         return _item_value(operator.index(value))
@@ -449,8 +450,10 @@ def add(name: str, value: Any = 1) -> None:
     """add(name, value=1): items (tokens, samples, bytes, ...) of the innermost open stage of this context."""
     if not isinstance(name, str):
         raise TypeError(f"add() item name must be a str, not {type(name).__name__}")
-    if not name or len(name) > ITEM_NAME_MAX:
-        raise ValueError(f"add() item name must be 1 to {ITEM_NAME_MAX} characters long, got {len(name)}")
+    if not name:
+        raise ValueError("add() item name must not be empty")
+    if len(name) > ITEM_NAME_MAX:
+        raise ValueError(f"add() item name is {len(name)} characters long; at most {ITEM_NAME_MAX} are allowed")
     n, x, fl = _item_value(value)
     if not _enabled:
         return

@@ -11,6 +11,8 @@ import pytest
 import instrument
 from instrument.snapshot import ci99
 
+pytestmark = pytest.mark.native_only   # what only the C core records (conftest.py)
+
 PAGE = mmap.PAGESIZE
 
 

@@ -16,6 +16,8 @@ import instrument
 from instrument.snapshot import ci99
 from test_budget import minor_faults, touch_pages
 
+pytestmark = pytest.mark.native_only   # what only the C core records (conftest.py)
+
 
 def touch(pages):
     if pages:

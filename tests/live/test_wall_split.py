@@ -14,6 +14,8 @@ import instrument
 from conftest import run_delay_ns
 from instrument.snapshot import SPLIT
 
+pytestmark = pytest.mark.native_only   # what only the C core records (conftest.py)
+
 
 def spin_ns(ns):
     """Burn `ns` of this thread's CPU; returns the thread CPU time it measured itself."""
