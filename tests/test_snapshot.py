@@ -187,6 +187,7 @@ def test_task_attribution_fields_round_trip_merge_and_window(tmp_path):
     assert (w.calls, w.overlapped_calls, w.suspended_total, w.suspended_self) == (10, 3, 4_000_000, 3_000_000)
 
 
+@pytest.mark.native_only   # it checks the exemplars of the interval too: the C core's
 def test_since_of_a_live_process_is_exactly_the_interval(backend):
     """Two snapshots of this process: the window has the calls made between them, its percentiles those of
     the durations the trace ring recorded for that interval (within the histogram's error)."""

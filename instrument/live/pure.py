@@ -402,6 +402,7 @@ def stage(name: str) -> Stage:
 
 class Region:
     """Region(stage, func): func called inside stage."""
+    __slots__ = ("stage", "__dict__")   # a slot: `stage` is a member of the type, as on the C one
 
     def __init__(self, stage: Stage, func) -> None:
         if not isinstance(stage, Stage):
