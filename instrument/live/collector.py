@@ -75,7 +75,8 @@ def use_backend(module) -> None:
 
 
 def _on_backend_switch(module) -> None:
-    global backend
+    global backend, _calibration
+    _calibration = {}   # the other backend's costs are not this one's
     backend.set_probe_hook(None)
     if _root_exit is not None:
         backend.set_root_exit_hook(None)
