@@ -32,27 +32,20 @@ from . import callsite
 MISSING = ("overhead budget", "estimates", "exemplars", "asyncio task attribution", "machine probe", "run-queue time",
            "helper-thread CPU time", "switch detection", "calibration")
 
-MAX_NAME_LEN = 1024
-HIST_SUB_BITS = _hist.SUB_BITS
-HIST_BLOCKS = _hist.BLOCKS
-OTHER_NAME = "(other)"
-ITEMS_MAX, ITEM_NAME_MAX = 32, 200
-MAX_COUNTERS = 16
+MAX_NAME_LEN, HIST_SUB_BITS, HIST_BLOCKS = 1024, _hist.SUB_BITS, _hist.BLOCKS
+OTHER_NAME, ITEMS_MAX, ITEM_NAME_MAX, MAX_COUNTERS = "(other)", 32, 200, 16
 NQ = 4 + MAX_COUNTERS   # per call: CPU time, system time, voluntary and involuntary switches, then the counters
 SCALARS = ("cpu", "sys", "vcsw", "ivcsw")
 
-_perf_ns = time.perf_counter_ns
-_thread_ns = time.thread_time_ns
-now_ns = time.perf_counter_ns
-hist_index = _hist.index
+_perf_ns, _thread_ns = time.perf_counter_ns, time.thread_time_ns
+now_ns, hist_index = time.perf_counter_ns, _hist.index
 
 _lock = threading.Lock()   # guards the node table and the sums; taken once per call, at its record
 _options: Dict[str, Any] = {"enabled": True, "cpu_clock": True, "cpu_split": True, "nvtx": False, "max_stages": 10000,
                             "trace_events": 0, "exemplars": 32, "overhead_budget": None, "run_queue": False,
                             "helper_cpu": False}
 _enabled = _cpu_clock = _cpu_split = True
-_nvtx = None                     # instrument.live.nvtx while NVTX emission is on
-_hook_enter = _hook_exit = _root_exit_hook = None
+_nvtx = _hook_enter = _hook_exit = _root_exit_hook = None   # _nvtx: instrument.live.nvtx while NVTX emission is on
 _ctr_events: List[tuple] = []    # [(type, config)] every thread opens
 _ctr_excl, _ctr_taskclock, _ctr_gen = False, -1, 1
 _ctr_first: Optional[dict] = None   # what the first thread's open gave: errno per event, exclude_kernel
@@ -63,7 +56,7 @@ _warned: set = set()
 # the node table: id -> (parent, name, is "(other)"); (parent, name) -> id.  Node 0 is the root.
 _nodes: List[tuple] = [(-1, None, 0)]
 _node_ids: Dict[tuple, int] = {}
-_named = 0
+_named, _node_gen = 0, 1         # distinct stages named; bumped when the table is rebuilt (older frames name no node)
 _open = 0                        # frames open anywhere: the node table is rebuilt by reset() only at 0
 _stats: Dict[int, "_Sums"] = {}
 _ring: List[Optional[tuple]] = []   # the trace ring: (node, tid, t0, wall, cpu0, cpu)
@@ -112,24 +105,16 @@ class _Sums:
                  "cov_run_self", "q", "mux", "items")
 
     def __init__(self) -> None:
-        self.calls = self.errors = self.wall_total = self.wall_self = self.wall_max = 0
-        self.covered = self.cov_run = self.cov_run_self = 0
-        self.wall_min = sys.maxsize
+        self.calls = self.errors = self.wall_total = self.wall_self = self.wall_max = self.covered = self.cov_run = 0
+        self.cov_run_self, self.wall_min = 0, sys.maxsize
         self.hist: Dict[int, int] = {}
         self.q: Optional[List[list]] = None     # made on the first call read
         self.mux = [[0, 0, 0] for _ in range(MAX_COUNTERS)]   # per counter: enabled, running, calls scaled
         self.items: Dict[str, list] = {}        # name -> [int total, float total, adds, float adds]
 
 
-def _sums(node: int) -> _Sums:
-    s = _stats.get(node)
-    if s is None:
-        s = _stats[node] = _Sums()
-    return s
-
-
 class _Thread:
-    """A thread's counter group (opened on its first stage, or after the events changed), closed with the thread."""
+    """A thread's counter group: opened on its first stage, or after the events changed; its fds close with it."""
     __slots__ = ("perf", "gen", "tid", "__weakref__")
 
     def __init__(self) -> None:
@@ -146,13 +131,6 @@ class _Thread:
             if _ctr_first is None:
                 _ctr_first = {"errno": list(self.perf.status), "exclude_kernel": bool(self.perf.exclude_kernel)}
         return self.perf
-
-    def __del__(self) -> None:
-        try:
-            if self.perf is not None:
-                self.perf.close()
-        except Exception:
-            pass
 
 
 _threads: "weakref.WeakSet[_Thread]" = weakref.WeakSet()
@@ -184,7 +162,7 @@ def _read(th: _Thread) -> Optional[tuple]:
 
 
 def _quantities(r0: tuple, r1: tuple) -> tuple:
-    """A call's values, as the first of NQ (None where a quantity was not read at both ends, or by the same source), and its
+    """A call's values (the first of NQ; None where not read at both ends, or not by the same source) and its
     counters' (enabled, running) time."""
     x: List[Optional[float]] = [None] * 4
     mux = []
@@ -208,7 +186,6 @@ class _Frame:
 
 _current: contextvars.ContextVar = contextvars.ContextVar("instrument_frame", default=None)   # this context's innermost
 _early: contextvars.ContextVar = contextvars.ContextVar("instrument_early", default=())   # closed with an outer stage
-_node_gen = 1
 
 
 def _enter(stage: "Stage") -> None:
@@ -229,21 +206,14 @@ def _enter(stage: "Stage") -> None:
                 f.hook = _hook_enter(stage.name)
             except Exception:
                 _internal_failure("integration enter hook")
-        if _nvtx is not None:
-            if _in_event_loop():   # a task's range may end on another thread's stack of ranges
-                f.nvtx = _nvtx.start(stage.name, stage.color, stage.category)
-            else:
-                _nvtx.push(stage.name, stage.color, stage.category)
-                f.nvtx = -1
+        if _nvtx is not None:   # in an event loop a process range: a task's may end on another thread's stack
+            ev = sys.modules.get("asyncio.events")
+            f.nvtx = (_nvtx.start(stage.name, stage.color, stage.category) if ev and ev._get_running_loop() else
+                      (_nvtx.push(stage.name, stage.color, stage.category), -1)[1])
         f.t0 = _perf_ns()   # the wall window holds the reads, the CPU window none of the wall's
         f.r0 = _read(th)
     except Exception:
         _internal_failure("stage enter")
-
-
-def _in_event_loop() -> bool:
-    ev = sys.modules.get("asyncio.events")
-    return ev is not None and ev._get_running_loop() is not None
 
 
 def _close(f: _Frame, error: bool) -> None:
@@ -265,14 +235,13 @@ def _close(f: _Frame, error: bool) -> None:
         if p is not None:
             p.child_wall += wall
             if x is not None:
-                if p.child is None:
-                    p.child = [0.0] * NQ
+                p.child = p.child or [0.0] * NQ
                 for k, v in enumerate(x):
                     if v is not None:
                         p.child[k] += v
         if f.gen == _node_gen:
             with _lock:
-                _record(_sums(f.node), f, wall, x, mux, error)
+                _record((_stats.get(f.node) or _stats.setdefault(f.node, _Sums())), f, wall, x, mux, error)
                 if _ring:
                     cpu = x[0] if x is not None and x[0] is not None else None
                     _ring[_ring_next] = (f.node, th.tid, f.t0, wall, f.r0[0] if cpu is not None else -1,
@@ -299,27 +268,21 @@ def _close(f: _Frame, error: bool) -> None:
 def _record(s: _Sums, f: _Frame, wall: int, x: Optional[list], mux: Optional[list], error: bool) -> None:
     """One finished call into its node's sums: exact, every call read (no estimate, no correction)."""
     own = wall - f.child_wall   # not clamped per call: totals add up exactly (as csrc/record.c)
-    s.calls += 1
-    s.errors += bool(error)
-    s.wall_total += wall
-    s.wall_self += own
+    s.calls, s.errors = s.calls + 1, s.errors + bool(error)
+    s.wall_total, s.wall_self = s.wall_total + wall, s.wall_self + own
     s.wall_min, s.wall_max = min(s.wall_min, wall), max(s.wall_max, wall)
     i = _hist.index(wall)
     s.hist[i] = s.hist.get(i, 0) + 1
     if x is None:
         return
-    s.covered += 1
-    s.cov_run += wall
-    s.cov_run_self += own
+    s.covered, s.cov_run, s.cov_run_self = s.covered + 1, s.cov_run + wall, s.cov_run_self + own
     if s.q is None:
         s.q = [[0.0, 0.0, 0] for _ in range(NQ)]
     child = f.child
     for k, v in enumerate(x):
         if v is not None:
             q = s.q[k]
-            q[0] += v
-            q[1] += v - (child[k] if child is not None else 0.0)
-            q[2] += 1
+            q[0], q[1], q[2] = q[0] + v, q[1] + v - (child[k] if child is not None else 0.0), q[2] + 1
     for k, (de, dr) in enumerate(mux or ()):
         if x[4 + k] is not None:
             m = s.mux[k]
@@ -336,8 +299,8 @@ def _exit(stage: "Stage", error: bool) -> None:
             _early.set(tuple(s for s in early if s is not stage))
         elif _enabled:
             _counts["unmatched_exits"] += 1
-            _warn_once("unmatched", f"instrument: stage {stage.name!r} exited on a different thread or task than it was "
-                       "entered on (or exited twice); that call is not recorded")
+            _warn_once("unmatched", f"instrument: stage {stage.name!r} exited on a different thread or task than it "
+                       "was entered on (or exited twice); that call is not recorded")
         return
     if f is not g:   # inner stages still open: they close with this one, so none outlives it
         _counts["out_of_order_exits"] += 1
@@ -369,8 +332,7 @@ class Stage:
             raise ValueError(f"color must be an int 0xRRGGBB or 0xAARRGGBB, got {color!r}")
         elif color <= 0xFFFFFF:
             color |= 0xFF000000
-        self.color = color
-        self.category = int(category)
+        self.color, self.category = color, int(category)
 
     @property
     def name(self) -> str:
@@ -460,7 +422,8 @@ def add(name: str, value: Any = 1) -> None:
         return
     f = _current.get()
     with _lock:
-        items = _sums(f.node if f is not None and f.gen == _node_gen else 0).items
+        node = f.node if f is not None and f.gen == _node_gen else 0
+        items = (_stats.get(node) or _stats.setdefault(node, _Sums())).items
         if name not in items and len(items) >= ITEMS_MAX:
             _warn_once("items", f"instrument: more than {ITEMS_MAX} distinct item names in one stage; the others are "
                        f"added up as '{OTHER_NAME}'")
@@ -469,22 +432,24 @@ def add(name: str, value: Any = 1) -> None:
         it[0], it[1], it[2], it[3] = it[0] + n, it[1] + x, it[2] + 1, it[3] + fl
 
 
-def _check_int(name: str, lo: int, hi: int):
+def _check(name: str, ok, allowed: str):
     def check(v: Any) -> None:
-        if isinstance(v, bool) or not isinstance(v, int) or not lo <= v <= hi:
-            raise ValueError(f"{name} must be an integer from {lo} to {hi}, got {v!r}")
+        if isinstance(v, bool) or not ok(v):
+            raise ValueError(f"{name} must be {allowed}, got {v!r}")
     return check
-
-
-def _check_budget(v: Any) -> None:
-    if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 <= v <= 1):
-        raise ValueError(f"overhead_budget must be None (read every call) or a number from 0 to 1, got {v!r}")
 
 
 # the hot-path options (config.py marks them hot) and their checks, as csrc/module.c's table; exemplars,
 # overhead_budget, run_queue and helper_cpu are taken and given back, and change nothing here (MISSING)
-_CHECKS = {"max_stages": _check_int("max_stages", 1, 10_000_000), "trace_events": _check_int("trace_events", 0, 100_000_000),
-           "exemplars": _check_int("exemplars", 0, 1024), "overhead_budget": _check_budget}
+_CHECKS = {"max_stages": _check("max_stages", lambda v: isinstance(v, int) and 1 <= v <= 10_000_000,
+                                "an integer from 1 to 10000000"),
+           "trace_events": _check("trace_events", lambda v: isinstance(v, int) and 0 <= v <= 100_000_000,
+                                  "an integer from 0 to 100000000"),
+           "exemplars": _check("exemplars", lambda v: isinstance(v, int) and 0 <= v <= 1024,
+                               "an integer from 0 to 1024"),
+           "overhead_budget": _check("overhead_budget",
+                                     lambda v: v is None or isinstance(v, (int, float)) and 0 <= v <= 1,
+                                     "None (read every call) or a number from 0 to 1")}
 
 
 def configure(**options: Any) -> None:
@@ -546,24 +511,24 @@ def set_hooks(enter, exit) -> None:
     _hook_enter, _hook_exit = enter, exit
 
 
+def _hook(name: str, hook):
+    if hook is not None and not callable(hook):
+        raise TypeError(f"{name} needs a callable or None, not {type(hook).__name__}")
+    return hook
+
+
 def set_root_exit_hook(hook) -> None:
     global _root_exit_hook
-    if hook is not None and not callable(hook):
-        raise TypeError(f"set_root_exit_hook needs a callable or None, not {type(hook).__name__}")
-    _root_exit_hook = hook
+    _root_exit_hook = _hook("set_root_exit_hook", hook)
 
 
 def set_probe_hook(hook) -> None:
-    """Taken and never called: the fallback has no machine probe (MISSING)."""
-    if hook is not None and not callable(hook):
-        raise TypeError(f"set_probe_hook needs a callable or None, not {type(hook).__name__}")
+    _hook("set_probe_hook", hook)   # taken and never called: the fallback has no machine probe (MISSING)
 
 
 def _exact(q: Optional[list]) -> Optional[Dict[str, Any]]:
     """A quantity's row in the C core's estimate shape: the exact total and self, variance 0."""
-    if q is None or not q[2]:
-        return None
-    return {"total": q[0], "self": q[1], "var": 0.0, "var_self": 0.0, "reads": q[2]}
+    return {"total": q[0], "self": q[1], "var": 0.0, "var_self": 0.0, "reads": q[2]} if q is not None and q[2] else None
 
 
 def _row(nid: int, s: _Sums) -> Dict[str, Any]:
@@ -593,44 +558,36 @@ def collect() -> Dict[str, Any]:
         start = 0 if _ring_total < len(_ring) else _ring_next
         events = [_ring[(start + k) % len(_ring)] for k in range(n)]
         dropped = _ring_total - n
-    res: Dict[str, Any] = {"counter_errno": [None] * len(_ctr_events) if _ctr_first is None else list(_ctr_first["errno"])}
-    if _ctr_first is not None:
-        res["counter_open"] = {"exclude_kernel": _ctr_first["exclude_kernel"], "rdpmc": False}
+    opened = _ctr_first
+    res: Dict[str, Any] = {"counter_errno": [None] * len(_ctr_events) if opened is None else list(opened["errno"])}
+    if opened is not None:
+        res["counter_open"] = {"exclude_kernel": opened["exclude_kernel"], "rdpmc": False}
     return dict(res, nodes=nodes, stats=stats, events=events, events_dropped=dropped,
                 max_stages=_options["max_stages"], threads=len(_threads), clock_ns=_perf_ns(),
-                tasks=dict.fromkeys(("steps", "switch_reads", "unhooked_changes", "overlapped_calls", "abandoned_calls"),
-                                    0), **_counts)
-
-
-def _zero() -> None:
-    global _ring_next, _ring_total
-    with _lock:
-        _stats.clear()
-        for k in _counts:
-            _counts[k] = 0
-        _ring_next = _ring_total = 0
+                tasks=dict.fromkeys(("steps", "switch_reads", "unhooked_changes", "overlapped_calls",
+                                     "abandoned_calls"), 0), **_counts)
 
 
 def reset() -> None:
-    global _named, _node_gen
-    _zero()
+    global _named, _node_gen, _ring_next, _ring_total
     with _lock:
+        _stats.clear()
+        _counts.update(dict.fromkeys(_counts, 0))
+        _ring_next = _ring_total = 0
         if _open == 0:   # open frames keep their node ids valid until they close
-            _node_gen += 1
+            _node_gen, _named = _node_gen + 1, 0
             del _nodes[1:]
             _node_ids.clear()
-            _named = 0
 
 
 def after_fork_child() -> None:
     global _lock, _ctr_first
-    _lock = threading.Lock()   # another thread may have held it at the fork
-    _zero()
+    _lock, _ctr_first = threading.Lock(), None   # another thread may have held it at the fork
+    reset()
     for t in list(_threads):
         if t.perf is not None:
             t.perf.close()     # the inherited fds count the parent's threads
         t.perf, t.gen, t.tid = None, 0, threading.get_native_id()
-    _ctr_first = None
 
 
 def current_path() -> tuple:
