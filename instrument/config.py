@@ -249,7 +249,8 @@ BY_NAME: Dict[str, Option] = {o.name: o for o in OPTIONS}
 SHARED_FOLDER_VARIABLE = "PROMETHEUS_MULTIPROC_DIR"   # prometheus_client's name for the workers' shared folder
 ENV_ONLY = {
     "INSTRUMENT_DISABLE": "1 turns every stage into a no-op (same as configure(enabled=False))",
-    "INSTRUMENT_PURE_PYTHON": "1 uses the pure-Python backend even when the C extension is built (read at import)",
+    "INSTRUMENT_PURE_PYTHON": "1 uses the small pure-Python fallback even when the C extension is built (read at "
+                              "import): every call read, exact sums, no budget, estimates, exemplars or task clock",
     "INSTRUMENT_DEBUG": "1 lets the command line show the traceback of an internal error",
     SHARED_FOLDER_VARIABLE: "the folder where each worker of a service keeps its snapshot "
                                 "(instrument.start_snapshot_writer); serve_metrics then serves their merge",
@@ -397,7 +398,7 @@ def launcher_rank(environ: Optional[Mapping[str, str]] = None) -> Optional[Dict[
 
 
 def pure_python_requested(environ: Optional[Mapping[str, str]] = None) -> bool:
-    """INSTRUMENT_PURE_PYTHON=1: the backend is the pure-Python twin even when the C extension is built."""
+    """INSTRUMENT_PURE_PYTHON=1: the backend is the pure-Python fallback even when the C extension is built."""
     env = os.environ if environ is None else environ
     try:
         return _bool("INSTRUMENT_PURE_PYTHON", env.get("INSTRUMENT_PURE_PYTHON", "0") or "0")
