@@ -70,7 +70,7 @@ def _apply(cfg: _config.Config, explicit_counters: bool = False) -> None:
 
 
 def use_backend(module) -> None:
-    """Switch the hot path to `module` (the C extension or the pure twin) and apply the configuration to it."""
+    """Switch the hot path to `module` (the C extension or the pure-Python fallback) and apply the configuration to it."""
     _backend.use(module)
 
 

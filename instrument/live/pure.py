@@ -181,7 +181,7 @@ def _quantities(r0: tuple, r1: tuple) -> tuple:
 
 
 class _Frame:
-    __slots__ = ("stage", "node", "gen", "parent", "th", "t0", "r0", "child_wall", "child", "hook", "nvtx", "open")
+    __slots__ = ("stage", "node", "gen", "parent", "th", "t0", "r0", "child_wall", "child", "hook", "nvtx", "open", "tok")
 
 
 _current: contextvars.ContextVar = contextvars.ContextVar("instrument_frame", default=None)   # this context's innermost
@@ -199,7 +199,7 @@ def _enter(stage: "Stage") -> None:
         f.stage, f.parent, f.th, f.gen, f.open = stage, parent, th, _node_gen, True
         f.node = _node_child(parent.node if parent is not None and parent.gen == _node_gen else 0, stage.name)
         f.child_wall, f.child, f.hook, f.nvtx, f.r0 = 0, None, None, 0, None
-        _current.set(f)   # before the hook, as in the C core: current_path() includes this stage
+        f.tok = _current.set(f)   # before the hook, as in the C core: current_path() includes this stage
         _open += 1
         if _hook_enter is not None:
             try:
@@ -225,7 +225,6 @@ def _close(f: _Frame, error: bool) -> None:
         wall = _perf_ns() - f.t0
         f.open = False
         _open -= 1
-        _current.set(f.parent)
         if f.th is not th:
             _counts["cross_thread_exits"] += 1
             _warn_once("thread", f"instrument: stage {f.stage.name!r} was exited on another thread than it was "
@@ -293,11 +292,14 @@ def _exit(stage: "Stage", error: bool) -> None:
     f = g = _current.get()
     while g is not None and g.stage is not stage:
         g = g.parent
-    if g is None or not g.open:
-        early = _early.get()
-        if stage in early:   # closed early with an outer stage: its exit was expected
-            _early.set(tuple(s for s in early if s is not stage))
-        elif _enabled:
+    early = _early.get() if g is None or not g.open else ()
+    if stage in early:   # closed early with an outer stage: its exit was expected
+        _early.set(tuple(s for s in early if s is not stage))
+        return
+    try:   # back to g's parent; refused unless this context entered g (not a copy of it)
+        _current.reset(g.tok if g is not None and g.open else None)
+    except (TypeError, ValueError, RuntimeError):   # no open frame of it here
+        if _enabled:
             _counts["unmatched_exits"] += 1
             _warn_once("unmatched", f"instrument: stage {stage.name!r} exited on a different thread or task than it "
                        "was entered on (or exited twice); that call is not recorded")
@@ -375,15 +377,8 @@ class Region:
         self.__wrapped__ = func
 
     def __call__(self, *args, **kwargs):
-        st = self.stage
-        _enter(st)
-        try:
-            r = self.__wrapped__(*args, **kwargs)
-        except BaseException:
-            _exit(st, True)
-            raise
-        _exit(st, False)
-        return r
+        with self.stage:
+            return self.__wrapped__(*args, **kwargs)
 
     def __get__(self, obj, objtype=None):
         return self if obj is None else types.MethodType(self, obj)

@@ -51,7 +51,7 @@ def _targets():
 
 
 def _ours(m) -> bool:
-    """A stand-in of ours: the C extension's _Runner, or the pure twin's function."""
+    """A stand-in of ours: the C extension's _Runner."""
     t = type(m)
     return (t.__module__ == "instrument._native" and t.__name__ == "_Runner") or getattr(m, "_instrument_runner", False)
 
