@@ -181,7 +181,12 @@ def _quantities(r0: tuple, r1: tuple) -> tuple:
 
 
 class _Frame:
-    __slots__ = ("stage", "node", "gen", "parent", "th", "t0", "r0", "child_wall", "child", "hook", "nvtx", "open", "tok")
+    __slots__ = ("stage", "node", "gen", "parent", "th", "t0", "r0", "child_wall", "child", "hook", "nvtx", "open",
+                 "tok")
+
+    def __del__(self) -> None:   # its context died with it open (a task destroyed pending): reset() may forget it
+        global _open
+        _open -= self.open is True
 
 
 _current: contextvars.ContextVar = contextvars.ContextVar("instrument_frame", default=None)   # this context's innermost
