@@ -176,7 +176,8 @@ OPTIONS: Tuple[Option, ...] = (
     Option("overhead_budget", "INSTRUMENT_OVERHEAD_BUDGET", 0.01, _budget,
            "share of a stage's own time its counter and CPU-time reads may cost: stages too short for a read on "
            "every call are read on a random subset of calls and their CPU time and counters estimated (calls and "
-           "wall time stay exact); none: read every call", hot=True),
+           "wall time stay exact); none: read every call (as the pure-Python fallback does whatever it says)",
+           hot=True),
     Option("cpu_split", "INSTRUMENT_CPU_SPLIT", True, _bool,
            "split each stage's CPU time into user and system (kernel) time from the thread's rusage, read with "
            "the CPU time", hot=True),

@@ -42,8 +42,8 @@ now_ns, hist_index = time.perf_counter_ns, _hist.index
 
 _lock = threading.Lock()   # guards the node table and the sums; taken once per call, at its record
 _options: Dict[str, Any] = {"enabled": True, "cpu_clock": True, "cpu_split": True, "nvtx": False, "max_stages": 10000,
-                            "trace_events": 0, "exemplars": 32, "overhead_budget": None, "run_queue": False,
-                            "helper_cpu": False}
+                            "trace_events": 0, "exemplars": 32, "overhead_budget": None, "run_queue": True,
+                            "helper_cpu": True}
 _enabled = _cpu_clock = _cpu_split = True
 _nvtx = _hook_enter = _hook_exit = _root_exit_hook = None   # _nvtx: instrument.live.nvtx while NVTX emission is on
 _ctr_events: List[tuple] = []    # [(type, config)] every thread opens
