@@ -92,7 +92,7 @@ def main(argv=None) -> int:
                 instrument.stop_snapshot_writer()
     med = {k: statistics.median(v) for k, v in results.items()}
     print(f"{platform.node()} {platform.machine()} python {platform.python_version()}, {a.rounds} rounds, "
-          f"backend {instrument.snapshot().meta['backend']}")
+          f"backend {instrument.snapshot().meta['backend']['name']}")
     for k, v in med.items():
         print(f"  {k:<55} {v / 1e3:10.1f} µs")
     for kids in (5, 60):

@@ -1,9 +1,14 @@
 """Typed interface of the compiled hot path (csrc/).
 
-instrument.live.pure implements the same stage interface (everything here but
-CounterGroup, the nvtx_* functions and _perf_mmap_decode).
-tests/test_native_interface.py checks that this file names what the module exports,
-and that collect() of both backends gives exactly the rows declared here.
+instrument.live.pure, the small pure-Python fallback, implements a declared subset: everything
+here but CounterGroup, the nvtx_* functions, the asyncio runners (step_runner, iteration_runner,
+ready_runner) and the _perf_mmap_* decoders.  It reads every call and reports exact sums in
+the same rows (estimate rows with var 0 and reads equal to the calls read); configure() takes
+every option, and overhead_budget, exemplars, run_queue and helper_cpu change nothing there;
+calibrate() gives the same keys, saying what it does not measure.
+tests/test_native_interface.py checks that this file names what the module exports, that the
+fallback has the declared subset, and that collect() of both backends gives exactly the rows
+declared here.
 """
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, TypedDict, Union
 

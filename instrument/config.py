@@ -176,7 +176,8 @@ OPTIONS: Tuple[Option, ...] = (
     Option("overhead_budget", "INSTRUMENT_OVERHEAD_BUDGET", 0.01, _budget,
            "share of a stage's own time its counter and CPU-time reads may cost: stages too short for a read on "
            "every call are read on a random subset of calls and their CPU time and counters estimated (calls and "
-           "wall time stay exact); none: read every call", hot=True),
+           "wall time stay exact); none: read every call (as the pure-Python fallback does whatever it says)",
+           hot=True),
     Option("cpu_split", "INSTRUMENT_CPU_SPLIT", True, _bool,
            "split each stage's CPU time into user and system (kernel) time from the thread's rusage, read with "
            "the CPU time", hot=True),
@@ -249,7 +250,8 @@ BY_NAME: Dict[str, Option] = {o.name: o for o in OPTIONS}
 SHARED_FOLDER_VARIABLE = "PROMETHEUS_MULTIPROC_DIR"   # prometheus_client's name for the workers' shared folder
 ENV_ONLY = {
     "INSTRUMENT_DISABLE": "1 turns every stage into a no-op (same as configure(enabled=False))",
-    "INSTRUMENT_PURE_PYTHON": "1 uses the pure-Python backend even when the C extension is built (read at import)",
+    "INSTRUMENT_PURE_PYTHON": "1 uses the small pure-Python fallback even when the C extension is built (read at "
+                              "import): every call read, exact sums, no budget, estimates, exemplars or task clock",
     "INSTRUMENT_DEBUG": "1 lets the command line show the traceback of an internal error",
     SHARED_FOLDER_VARIABLE: "the folder where each worker of a service keeps its snapshot "
                                 "(instrument.start_snapshot_writer); serve_metrics then serves their merge",
@@ -397,7 +399,7 @@ def launcher_rank(environ: Optional[Mapping[str, str]] = None) -> Optional[Dict[
 
 
 def pure_python_requested(environ: Optional[Mapping[str, str]] = None) -> bool:
-    """INSTRUMENT_PURE_PYTHON=1: the backend is the pure-Python twin even when the C extension is built."""
+    """INSTRUMENT_PURE_PYTHON=1: the backend is the pure-Python fallback even when the C extension is built."""
     env = os.environ if environ is None else environ
     try:
         return _bool("INSTRUMENT_PURE_PYTHON", env.get("INSTRUMENT_PURE_PYTHON", "0") or "0")

@@ -14,9 +14,24 @@ except ImportError:  # reported by test_native_extension_is_built
 BACKENDS = {"native": _native, "pure": _pure}
 
 
+def pytest_configure(config):
+    config.addinivalue_line("markers", "native_only: a test of what only the C core records (estimates, the overhead "
+                            "budget, task attribution, exemplars, the probe, calibration): its `backend` is native only")
+
+
+def pytest_collection_modifyitems(config, items):
+    """A native_only test runs on the C extension alone: its pure-Python run is deselected."""
+    pure = [i for i in items if i.get_closest_marker("native_only")
+            and getattr(getattr(i, "callspec", None), "params", {}).get("backend") == "pure"]
+    if pure:
+        config.hook.pytest_deselected(items=pure)
+        items[:] = [i for i in items if i not in pure]
+
+
 @pytest.fixture(params=["native", "pure"])
 def backend(request):
-    """Runs the test once against the C extension and once against the pure-Python twin."""
+    """Runs the test once against the C extension and once against the pure-Python fallback (marked native_only:
+    against the C extension only)."""
     mod = BACKENDS[request.param]
     if mod is None:
         pytest.skip("C extension not built")

@@ -43,6 +43,25 @@ def test_every_declaration_is_exported(stub):
     assert not extra, f"declared in {STUB.name} but not exported by instrument._native: {sorted(extra)}"
 
 
+# what the C extension alone has: the perf group type, NVTX emission (live/nvtx.py emits for the fallback), the
+# asyncio runners (task attribution) and the perf mmap decoders
+NATIVE_ONLY = {"CounterGroup", "step_runner", "iteration_runner", "ready_runner"}
+
+
+def test_the_fallback_implements_the_declared_subset(stub):
+    """instrument.live.pure has every declared name but the native-only ones, with the same members on its classes,
+    and names what it lacks."""
+    from instrument.live import pure
+    subset = {n for n in public(declared(stub.body)) if not n.startswith("nvtx_")} - NATIVE_ONLY
+    assert subset - public(dir(pure)) == set(), "declared in the stub, missing from the fallback"
+    assert not NATIVE_ONLY & public(dir(pure)), "the fallback must not pretend to have what it lacks"
+    for cls in (n for n in stub.body if isinstance(n, ast.ClassDef) and n.name in subset):
+        if cls.name.startswith("_"):
+            continue
+        assert public(declared(cls.body)) <= public(dir(getattr(pure, cls.name))), cls.name
+    assert "estimates" in pure.MISSING and "overhead budget" in pure.MISSING
+
+
 def typed_dicts(stub):
     """The stub's TypedDicts: {name: [fields declared]} (rows the module builds, not types it exports)."""
     out = {}

@@ -199,6 +199,7 @@ def test_task_attribution_fields_round_trip_merge_and_window(tmp_path):
     assert (w.calls, w.overlapped_calls, w.suspended_total, w.suspended_self) == (10, 3, 4_000_000, 3_000_000)
 
 
+@pytest.mark.native_only   # the fallback splits no wall time
 def test_the_parts_of_the_wall_split_add_up_to_the_wall_time(backend):
     """A reader that sums the parts of `wall_split_ns` gets each stage's wall time, total and self, in a real
     recording (nesting, a thread, asyncio): the running time CPU time covers is beside the split, not a part."""
@@ -255,6 +256,7 @@ def test_files_with_covered_running_inside_the_split_still_load(backend):
     assert "covered_running" not in loaded.to_dict()["stages"][0]["wall_split_ns"]
 
 
+@pytest.mark.native_only   # it checks the exemplars of the interval too: the C core's
 def test_since_of_a_live_process_is_exactly_the_interval(backend):
     """Two snapshots of this process: the window has the calls made between them, its percentiles those of
     the durations the trace ring recorded for that interval (within the histogram's error)."""

@@ -255,6 +255,7 @@ def _schedstat():
     return int(on), int(queued)
 
 
+@pytest.mark.native_only   # the blocked part needs run-queue time: the C core's
 def test_children_never_above_parents_and_the_largest_part_of_own_time(backend):
     """A window that opens inside one `request` call and closes inside the next: the children's calls completed
     in it outweigh the one request call that did, yet no child's time% exceeds its parent's; and each stage shows

@@ -67,13 +67,21 @@ def render(snaps: Sequence[Snapshot], sort: str = "tree", depth: Optional[int] =
                                "for a read on every call within "
                                f"the overhead budget had {reads:,} of {calls:,} calls read (overhead_budget=None reads "
                                "every call)", width)
-    own = overhead_line(snap)
-    if own:
-        lines += textwrap.wrap(own, width)
+    for note in (overhead_line(snap), backend_line(snap)):
+        if note:
+            lines += textwrap.wrap(note, width)
     if dropped:
         lines += textwrap.wrap(f"not shown at {width} columns: {', '.join(m.header for m in dropped)} (a wider "
                                "terminal, COLUMNS=160, or --format csv/json shows them)", width)
     return "\n".join(lines)
+
+
+def backend_line(snap: Snapshot) -> Optional[str]:
+    """Where a backend other than the C core recorded the snapshot: which, why, and what it lacks (meta.backend)."""
+    b = snap.meta.get("backend")
+    if not isinstance(b, dict) or not b.get("missing"):
+        return None
+    return f"recorded by the {b.get('name')} backend ({b.get('reason')}); it lacks: {', '.join(b['missing'])}"
 
 
 def overhead_line(snap: Snapshot) -> Optional[str]:

@@ -1,4 +1,4 @@
-"""What runs inside the user's process: the backend (C extension or pure twin), the
+"""What runs inside the user's process: the backend (C extension or pure-Python fallback), the
 collector, hooks, NVTX and capture windows, perf counters and the torch, CUDA-event and
 torch.distributed integrations.  Only the facades (instrument, instrument.distributed) and
 the command line import from here."""

@@ -1,12 +1,15 @@
 """The hot path's implementation, chosen once at import: the C extension
-(`instrument._native`) or its pure-Python twin (`instrument.live.pure`), which
-have the same interface (`instrument/_native.pyi`).
+(`instrument._native`), the recorder, or where it cannot be imported the small
+pure-Python fallback (`instrument.live.pure`), which implements the stage
+interface of `instrument/_native.pyi` with exact sums and lacks what `pure.MISSING`
+names.
 
-`current` is the module in use; `use()` switches it (the tests run both)."""
+`current` is the module in use; `use()` switches it (the tests run both);
+`describe()` is what meta.backend and doctor say of it."""
 from __future__ import annotations
 
 from types import ModuleType
-from typing import Callable, List, Optional
+from typing import Any, Callable, Dict, List, Optional
 
 from .. import config
 
@@ -26,6 +29,11 @@ def _choose():
     except ImportError as e:
         from . import pure
         return pure, "pure", f"C extension not importable: {e}"
+
+
+def describe() -> Dict[str, Any]:
+    """The backend in use, why, and what it lacks against the C core (meta.backend, doctor, the report's footer)."""
+    return {"name": name, "reason": reason, "missing": list(getattr(current, "MISSING", ()))}
 
 
 def on_switch(listener: Callable[[ModuleType], None]) -> None:

@@ -70,12 +70,13 @@ def _apply(cfg: _config.Config, explicit_counters: bool = False) -> None:
 
 
 def use_backend(module) -> None:
-    """Switch the hot path to `module` (the C extension or the pure twin) and apply the configuration to it."""
+    """Switch the hot path to `module` (the C extension or the pure-Python fallback) and apply the configuration to it."""
     _backend.use(module)
 
 
 def _on_backend_switch(module) -> None:
-    global backend
+    global backend, _calibration
+    _calibration = {}   # the other backend's costs are not this one's
     backend.set_probe_hook(None)
     if _root_exit is not None:
         backend.set_root_exit_hook(None)
@@ -307,7 +308,7 @@ def _meta(raw: Dict[str, Any]) -> Dict[str, Any]:
         "duration_ns": raw["clock_ns"] - _start_clock,
         "python": platform.python_version(), "platform": platform.platform(),
         "torch": getattr(torch, "__version__", None) if torch else None,
-        "instrument": __version__, "backend": _backend.name, "backend_reason": _backend.reason,
+        "instrument": __version__, "backend": _backend.describe(),
         "config": _config_now.to_dict(), "verdict_thresholds": _config.verdict_thresholds(_config_now),
         "threads_live": raw.get("threads"),
         "exits": {k: raw.get(k, 0) for k in ("unmatched_exits", "out_of_order_exits", "cross_thread_exits")},

@@ -89,7 +89,9 @@ def _integrations():
     """Backend, NVTX, torch and CUDA status (doctor may import torch; the SDK never does)."""
     import importlib.util
     import sys
-    out = {"instrument": {"backend": backend.name, "reason": backend.reason, "version": collector.__version__}}
+    b = backend.describe()
+    out = {"instrument": {"backend": b["name"], "reason": b["reason"], "missing": b["missing"],
+                          "version": collector.__version__}}
     cfg = collector.current_config()
     out["nvtx"] = {"emitter": nvtx.backend(), "enabled": bool(cfg.nvtx), "domain": cfg.nvtx_domain,
                    "tool": os.environ.get("NVTX_INJECTION64_PATH") or None}
@@ -141,16 +143,19 @@ def format_text(d):
     ins, nv, tc, cu = (d.get(k) or {} for k in ("instrument", "nvtx", "torch", "cuda"))
     if ins:
         lines.append("instrument        %s backend%s" % (ins.get("backend"), " (%s)" % ins["reason"] if ins.get("reason") else ""))
+        if ins.get("missing"):
+            lines.append("  lacks           %s (the C extension has them)" % "; ".join(ins["missing"]))
     if nv:
         lines.append("NVTX              %s, emitter %s, domain %r, tool %s" % (
             "on" if nv.get("enabled") else "off (the nvtx option)", nv.get("emitter"), nv.get("domain"),
             nv.get("tool") or "none attached (ranges cost a null check; run under nsys to record them)"))
     ov = d.get("overhead") or {}
     if ov.get("read_ns") is not None:
-        budget = ov.get("budget")
         lines.append("CPU time          from %s; thread clock: %s; system time: %s" % (
             ov.get("cpu_source"), ov.get("thread_clock", "clock_gettime"),
             "the thread's rusage" if ov.get("sys") else "off (cpu_split) or unavailable"))
+    if ov.get("base_ns") is not None:
+        budget = ov.get("budget")
         lines.append("overhead          a stage call %.0f ns; one call's reads %.0f ns (%.0f ns of them taken out of its "
                      "CPU time); %s" % (
                          ov.get("base_ns") or 0, ov["read_ns"], ov.get("cpu_bias_ns") or 0,

@@ -51,7 +51,7 @@ def _targets():
 
 
 def _ours(m) -> bool:
-    """A stand-in of ours: the C extension's _Runner, or the pure twin's function."""
+    """A stand-in of ours: the C extension's _Runner."""
     t = type(m)
     return (t.__module__ == "instrument._native" and t.__name__ == "_Runner") or getattr(m, "_instrument_runner", False)
 
@@ -75,11 +75,12 @@ def configure(cfg) -> None:
 
 def apply(enabled: bool, backend) -> None:
     global _wanted, _reason
-    if not enabled:
+    if not enabled or not hasattr(backend, "step_runner"):
         _wanted = None
         importwatch.forget("asyncio")
         uninstall()
-        _reason = "the task_attribution option is off"
+        _reason = ("the task_attribution option is off" if not enabled else
+                   "the pure-Python fallback has no task clock; the C extension has one")
         return
     _wanted = backend
     if _targets() is None:

@@ -62,6 +62,7 @@ def test_no_exemplars_no_view():
     assert tail_of(snap(st("request", 10, MS)), "request") is None
 
 
+@pytest.mark.native_only   # the tail view reads exemplars: the C core keeps them
 def test_a_tail_made_by_a_busy_loop_says_so_in_one_sentence(backend):
     """Requests await a 10 ms sleep inside stage io; early on, two bursts of 40 ms CPU work run on the loop in stage
     burst.  The slow requests are the ones that waited for the loop: the tail's excess is io's, its component

@@ -66,6 +66,7 @@ def starved(v):
         v["evidence"]["split"]["runqueue"] >= instrument.current_config().verdict_runqueue_share
 
 
+@pytest.mark.native_only   # a loaded machine's calls judged by their run-queue time: the C core's
 def test_random_stride_vs_streaming_is_honest_about_missing_counters(backend):
     a = np.arange(1 << 23, dtype=np.int64)           # 64 MiB: larger than the caches
     idx = np.random.default_rng(0).permutation(a.size)
@@ -105,6 +106,7 @@ def test_memory_bound_from_crafted_counters():
     assert gpu["verdict"] == "gpu-bound"
 
 
+@pytest.mark.native_only   # cpu-starved needs run-queue time: the C core's
 def test_thresholds_come_from_configuration(backend):
     with instrument.stage("half"):
         spin(0.02)
@@ -115,6 +117,7 @@ def test_thresholds_come_from_configuration(backend):
     assert instrument.snapshot().meta["verdict_thresholds"]["compute_cpu"] == 0.02
 
 
+@pytest.mark.native_only   # a loaded machine's calls judged by their run-queue time: the C core's
 def test_advice_names_the_right_next_step(backend):
     with instrument.stage("request"):
         with instrument.stage("tokenize"):

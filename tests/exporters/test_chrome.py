@@ -111,6 +111,7 @@ def test_cli_export_of_a_multiprocess_run(tmp_path):
     assert len(xs) == len(merged.events) == 3
 
 
+@pytest.mark.native_only   # the slowest-calls lane is made of exemplars: the C core's
 def test_slowest_calls_lane_and_item_counter_tracks(backend, tmp_path):
     """Without trace events too: the slowest calls open in Perfetto on a lane of their own."""
     instrument.configure(exemplars=4, trace_events=0)

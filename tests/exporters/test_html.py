@@ -169,6 +169,7 @@ return out;
 """
 
 
+@pytest.mark.native_only   # the split bar's blocked part needs run-queue time: the C core's
 def test_stage_and_verdict_stay_in_view_at_1400_px_with_the_split_bar(backend, chromium, tmp_path):
     """Measured in the browser at 1,400 px: a table wider and taller than its box keeps the stage name and the
     verdict in view at rest and scrolled to its far corner; each stage's bar is its own wall time by part; counters

@@ -235,6 +235,7 @@ def test_cpu_time_by_mode_adds_up_and_lints(tmp_path):
 
 
 @needs_promtool
+@pytest.mark.native_only   # blocked time needs run-queue time, the interval a sampled estimate: the C core's
 def test_wall_split_and_cpu_interval_of_a_live_stage(backend):
     """A live stage that sleeps and spins: its own wall time by component adds up to its self seconds, the sleep
     shows as blocked (at least what time.sleep asked for), and a sampled stage's CPU carries its interval."""

@@ -39,6 +39,7 @@ def _top_stage(e):
     return path_text(max(e["breakdown"], key=lambda b: b["wall_ns"])["path"])
 
 
+@pytest.mark.native_only   # exemplars: the C core's
 def test_openmetrics_exemplars_and_item_counters(backend, tmp_path):
     s = workload()
     fams = {f.name: f for f in text_string_to_metric_families(P.render([s], openmetrics=True))}

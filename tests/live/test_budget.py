@@ -11,6 +11,8 @@ import pytest
 import instrument
 from instrument.snapshot import ci99
 
+pytestmark = pytest.mark.native_only   # what only the C core records (conftest.py)
+
 PAGE = mmap.PAGESIZE
 
 
@@ -118,14 +120,14 @@ def test_a_stage_long_enough_is_read_on_every_call(backend):
 
 def test_sampled_cpu_of_a_200us_stage_matches_the_thread_clock(backend):
     """A stage sampled under the budget: its CPU against the thread clock of the same work, within its own
-    99 % interval and the correction's precision (3 %; the pure twin's 6 %)."""
+    99 % interval and the correction's precision (3 %)."""
     o = instrument.snapshot().meta["overhead"]
     ns = min(200_000, 0.3 * o["per_read_ns"] / o["budget"])   # short enough to be sampled on either backend
     rounds = []
     interleaved(instrument.stage("spin"), iterations_for(ns), 100, 9, per_round=rounds, recalibrate=True)
     s = instrument.snapshot()["spin"]
     assert s.cpu_calls == 100 and s.cpu_estimated
-    assert_median_round(rounds, 0.06 if backend.__name__.endswith("pure") else 0.03)
+    assert_median_round(rounds, 0.03)
 
 
 def assert_median_round(rounds, precision):
@@ -144,8 +146,7 @@ def test_alternating_costs_are_not_biased_by_the_sampling(backend):
                 recalibrate=True)
     s = instrument.snapshot()["alt"]
     assert s.cpu_reads < s.cpu_calls, "the stage should be short enough to be sampled under the 1 % budget"
-    # a sampler in step with the pattern would be off by 80 % (the pure twin's reads cost 10-25 µs: coarser)
-    assert_median_round(rounds, 0.08 if backend.__name__.endswith("pure") else 0.04)
+    assert_median_round(rounds, 0.04)   # a sampler in step with the pattern would be off by 80 %
 
 
 def test_the_reads_stay_within_the_budget(backend):
@@ -200,8 +201,6 @@ def test_bad_budget_in_the_environment_keeps_the_default():
 @pytest.mark.parametrize("ns", [5_000, 20_000, 1_000_000])
 def test_cpu_of_short_stages_matches_the_thread_clock(backend, counters, ns):
     """Before the correction 1.2 to 2 µs of the reads' own cost landed in every call (+25 to +40 % on 5 µs)."""
-    if backend.__name__.endswith("pure") and ns <= 20_000:
-        pytest.skip("the pure twin's reads cost 10 to 25 µs each here: its correction is not finer than 20 µs")
     calls = max(10, min(1_000, 10_000_000 // ns))
     rounds = []
     for _ in range(20):

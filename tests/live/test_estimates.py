@@ -16,6 +16,8 @@ import instrument
 from instrument.snapshot import ci99
 from test_budget import minor_faults, touch_pages
 
+pytestmark = pytest.mark.native_only   # what only the C core records (conftest.py)
+
 
 def touch(pages):
     if pages:
@@ -74,11 +76,10 @@ def test_page_fault_estimates_cover_the_truth(backend, workload):
     period, or one that misses the rare heavy calls, would be far off; the interval says how far it may be.  At a
     5 % budget a run reads a few dozen of its heavy calls (at the default 1 %, a few: the interval widens, and a run
     that reads none of them cannot know of them; docs/estimates.md)."""
-    pure = backend.__name__.endswith("pure")
     pattern = ((lambda i, rng: 256 if rng.random() < 0.05 else 0) if workload == "bimodal"
                else (lambda i, rng: 256 if i % 64 == 0 else 0))
     instrument.configure(overhead_budget=0.05)
-    result = runs(20 if pure else 40, faults_run(pattern, 3000 if pure else 6000))
+    result = runs(40, faults_run(pattern, 6000))
     assert covers_95(result), result
 
 
@@ -89,9 +90,8 @@ def test_page_fault_estimates_cover_the_truth_when_calls_are_preempted_now_and_t
     ones, and the few of them read may be light calls preempted by chance: their stratum's interval must still
     reach the heavy calls' faults.  (It once held only the light ones': 9 to 11 misses in 80 runs here, and 7 in
     40 beside one CPU hog.)"""
-    pure = backend.__name__.endswith("pure")
     instrument.configure(overhead_budget=0.05)
-    result = runs(20 if pure else 80, faults_run(lambda i, rng: 256 if i % 64 == 0 else 0, 3000 if pure else 6000))
+    result = runs(80, faults_run(lambda i, rng: 256 if i % 64 == 0 else 0, 6000))
     assert covers_95(result), result
 
 
@@ -100,13 +100,12 @@ def test_cpu_estimates_of_heavy_tailed_calls_cover_the_truth(backend):
     each busy-wait measured of itself and what the thread spent from just before each enter to just after each exit
     (the SDK's own work in it): each run's interval meets that range, and the estimate never exceeds the thread's
     CPU over the whole loop."""
-    pure = backend.__name__.endswith("pure")
     over = []
 
     def one(rng):
         st = instrument.stage("wait")
         mine, outer, t0 = 0, 0, time.thread_time_ns()
-        for _ in range(1500 if pure else 6000):
+        for _ in range(6000):
             d = int(6_000 * rng.paretovariate(2.0))   # median 6 µs * 2^(1/2) = 8.5 µs, heavy tail
             a = time.thread_time_ns()
             with st:
@@ -119,7 +118,7 @@ def test_cpu_estimates_of_heavy_tailed_calls_cover_the_truth(backend):
         assert s.cpu_total <= thread, (s.cpu_total, thread)
         lo, hi = ci99(s.cpu_total, s.cpu_var)
         return lo <= outer and (hi is None or hi >= mine)
-    result = runs(10 if pure else 30, one)
+    result = runs(30, one)
     assert covers_95(result), (result, over)
 
 

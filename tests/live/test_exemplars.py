@@ -14,6 +14,8 @@ from instrument.exporters import table
 from instrument.snapshot import Snapshot
 from snapfactory import cli
 
+pytestmark = pytest.mark.native_only   # what only the C core records (conftest.py)
+
 MS = 1_000_000
 
 

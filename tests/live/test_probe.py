@@ -13,6 +13,8 @@ import pytest
 import instrument
 from instrument.live import probe
 
+pytestmark = pytest.mark.native_only   # what only the C core records (conftest.py)
+
 
 def test_the_hook_runs_after_outermost_exits_once_due(backend):
     wait = 3_000_000

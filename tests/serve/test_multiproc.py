@@ -144,7 +144,7 @@ def test_sigkill_keeps_every_completed_outermost_call(tmp_path, pure):
     p.wait(timeout=60)
     s = multiproc.merged_snapshot(str(tmp_path))
     assert s["request"].calls == 137 and s["request/inner"].calls == 137
-    assert s.meta["backend"] == ("pure" if pure == "1" else "native")
+    assert s.meta["backend"]["name"] == ("pure" if pure == "1" else "native")
 
     for k in range(3):
         d = tmp_path / f"loop{k}"
