@@ -466,7 +466,8 @@ def _forget_held() -> None:
 
 
 def _overhead(raw: Dict[str, Any]) -> Optional[Dict[str, Any]]:
-    """The SDK's own estimated cost: calls x a stage call's cost + read calls x one call's reads (calibrate())."""
+    """The SDK's own estimated cost: calls x a stage call's cost (calibrate()) + read calls x one call's reads (what
+    the run's read calls spent in the SDK beyond their wall windows, else calibrate()'s figure)."""
     c = _calibration
     if not c or c.get("base_ns") is None:
         return None
@@ -474,8 +475,10 @@ def _overhead(raw: Dict[str, Any]) -> Optional[Dict[str, Any]]:
     for s in raw["stats"]:
         calls += s["calls"]
         reads += max([0] + [e["reads"] for e in list(s["estimates"].values()) + s["counters"] if e is not None])
-    base, read = round(c["base_ns"], 1), round(c["read_ns"], 1)
-    return {"per_call_ns": base, "per_read_ns": read, "calls": calls,
+    timed = raw.get("read_cost_calls") or 0   # the run's own read calls timed: what a read costs the thread now
+    base, read = round(c["base_ns"], 1), round(raw["read_cost_ns"] if timed else c["read_ns"], 1)
+    return {"per_call_ns": base, "per_read_ns": read, "per_read_timed_calls": timed,
+            "per_read_calibrated_ns": round(c["read_ns"], 1), "calls": calls,
             "read_calls": reads, "estimated_ns": round(calls * base + reads * read),
             "budget": _config_now.overhead_budget, **{k: c.get(k) for k in (
                 "cpu_source", "cpu_bias_ns", "inner_bias_ns", "wall_bias_ns", "unread_wall_bias_ns", "sys", "thread_clock",
