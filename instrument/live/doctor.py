@@ -179,12 +179,9 @@ def format_text(d):
         lines.append("switch detection  %s" % ov["switches"])
     if ov.get("helper_cpu"):
         lines.append("helper-thread CPU %s" % ov["helper_cpu"])
-    if d.get("sources"):
-        lines.append("sources           what each read takes; a read that updates the scheduler can preempt the "
-                     "thread inside it")
-        for name, src in d["sources"].items():
-            lines.append("  %-12s <- %s: %s" % (name, src["source"], "UPDATES THE SCHEDULER" if src["updates_scheduler"]
-                                                else "no scheduler update"))
+    for name, src in (d.get("sources") or {}).items():   # a read that updates the scheduler can preempt inside it
+        lines.append("%-18s%s: %s" % ("read: " + name, src["source"], "UPDATES THE SCHEDULER (can preempt the "
+                                      "thread inside the read)" if src["updates_scheduler"] else "no scheduler update"))
     tk = d.get("tasks") or {}
     if tk:
         lines.append("asyncio           %s" % (
