@@ -111,13 +111,15 @@ static void read_cpu(ThreadState *ts, Reading *r) {
     if (!r->cpu_src && g_cpu_clock && (r->q[Q_CPU] = thread_cpu(ts)) >= 0) r->cpu_src = 1;
 }
 
-/* The run-queue time and the wall clock together, at the edge of a call's wall window: a switch across the pair
- * (the switch page moved) reads both again, so the run-queue time is exact at the wall time it goes with. */
-static void read_edge(ThreadState *ts, Reading *r) {
+/* The run-queue time and the wall clock together at an edge of a call's wall window, the clock on the window's
+ * side (at enter after schedstat, at exit before it): a switch across the pair (the switch page moved) reads both
+ * again, so the run-queue time is exact at the wall time it goes with and the window holds neither read. */
+static void read_edge(ThreadState *ts, Reading *r, int exit) {
     for (int tries = 0; tries < 3; tries++) {
         uint32_t sw = ts_switches(ts);
+        if (exit) r->t = r->tq = now_ns();
         if (g_run_queue) r->q[Q_RQ] = sched_run_delay(ts);
-        r->t = r->tq = now_ns();
+        if (!exit) r->t = r->tq = now_ns();
         if (ts_switches(ts) == sw) return;
     }
 }
@@ -140,9 +142,9 @@ void read_boundary(ThreadState *ts, Reading *r, int exit) {
         if (g_helper_cpu) r->q[Q_HELPERS] = helpers_cpu(ts);
         if (g_cpu_split) read_rusage(r);
         read_cpu(ts, r);
-        read_edge(ts, r);
+        read_edge(ts, r, 0);
     } else {
-        read_edge(ts, r);
+        read_edge(ts, r, 1);
         read_cpu(ts, r);
         if (g_cpu_split) read_rusage(r);
         if (g_helper_cpu) r->q[Q_HELPERS] = helpers_cpu(ts);
