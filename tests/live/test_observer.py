@@ -55,8 +55,8 @@ def ivcsw():
 
 
 def block(config, small, iterations):
-    """`iterations` of a ~100 µs stage then ~900 µs outside any stage: the stage's share of the loop's wall, and the
-    loop's involuntary switches."""
+    """`iterations` of a ~100 µs stage then ~900 µs outside any stage: the stage's wall total, the loop's wall and
+    the loop's involuntary switches."""
     instrument.configure(**config)
     instrument.reset()
     st = instrument.stage("small")
@@ -68,28 +68,28 @@ def block(config, small, iterations):
     wall, sw = time.perf_counter_ns() - t, ivcsw() - sw
     s = instrument.snapshot()["small"]
     assert (s.cpu_calls > 0) == (config is not TIMING_ONLY)   # the configuration in force reads, or not
-    return s.wall_total / wall, sw
+    return s.wall_total, wall, sw
 
 
 def test_a_small_stage_keeps_its_share_beside_a_hog(shared_core):
+    """Before issue 40 the default configuration's reads put the stage at 2-3x its share, every call read at 4-7x
+    (its CPU-clock reads preempted the thread inside the stage).  Shares pooled over interleaved blocks: other load
+    on the machine moves single blocks by +-50 %."""
     small = per_100us()
-    shares = {k: [] for k in ("timing", "default", "every")}
-    switches = {k: [] for k in shares}
+    totals = {k: [0, 0, 0] for k in ("timing", "default", "every")}
     try:
-        for _ in range(5):   # interleaved: load changes alike for every configuration
+        for _ in range(7):   # interleaved: load changes alike for every configuration
             for name, config in (("timing", TIMING_ONLY), ("default", DEFAULT), ("every", EVERY_CALL)):
-                share, sw = block(config, small, 300)
-                shares[name].append(share)
-                switches[name].append(sw)
+                for k, v in enumerate(block(config, small, 300)):
+                    totals[name][k] += v
     finally:
         instrument.configure()
-    med = {k: statistics.median(v) for k, v in shares.items()}
-    sw = {k: sum(v) for k, v in switches.items()}
-    # the hog took the core from the loop: preemptions there were to be placed
-    assert sw["timing"] > 0.1 * 5 * 300, switches
-    assert med["default"] <= 1.3 * med["timing"], (shares, switches)
-    assert med["every"] <= 1.5 * med["timing"], (shares, switches)
-    assert sw["default"] <= 1.2 * sw["timing"], (shares, switches)
+    share = {k: v[0] / v[1] for k, v in totals.items()}
+    sw = {k: v[2] for k, v in totals.items()}
+    assert sw["timing"] > 0.1 * 7 * 300, sw   # the hog took the core from the loop: preemptions were to be placed
+    assert share["default"] <= 1.3 * share["timing"], (share, sw)
+    assert share["every"] <= 1.5 * share["timing"], (share, sw)
+    assert sw["default"] <= 1.2 * sw["timing"], (share, sw)
 
 
 def test_per_read_ns_is_what_a_read_costs_the_thread():
