@@ -157,9 +157,9 @@ void stage_enter(Stage *self) {
     if ((g_cpu_clock || g_ctr_n) && budget_read(ts, node, &w)) {   /* nothing is read without a CPU source */
         int64_t a = now_ns();
         if (g_ctr_n) counters_ready(ts);
-        read_boundary(ts, &f->r0, 0);   /* r0.t after the reads (but a task-clock read): the wall window holds none */
+        read_boundary(ts, &f->r0, 0);   /* r0.t after the reads: the wall window holds none of them */
         f->sw_in = ts_switches(ts);
-        f->spent = f->sw_in == f->sw0 ? now_ns() - a : -1;   /* what they cost, where the thread kept the CPU */
+        f->spent = f->sw_in == f->sw0 ? f->r0.t - a : -1;   /* what they cost, where the thread kept the CPU */
         f->w = w;
         st->n_read++;
         memset(f->child, 0, sizeof(double) * (size_t)stats_quantities());
@@ -177,8 +177,7 @@ static void read_exit(ThreadState *ts, Stack *st, const Frame *f, int same_threa
     Reading r1;
     int read = f->w > 0 && same_thread;
     uint32_t sw_in = read ? ts_switches(ts) : 0;   /* before the reads: the end of the wall window */
-    m->t_reads = read ? now_ns() : 0;
-    if (read) read_boundary(ts, &r1, 1);   /* r1.t before the reads (but a task-clock read) ends the wall window */
+    if (read) read_boundary(ts, &r1, 1);   /* r1.t before the reads ends the wall window */
     m->sw1 = sw_in;
     m->overlapped = taskclock_frame_exit(ts, st, f, read ? &r1 : NULL, m);   /* task-relative, time suspended */
     m->t1 = read ? r1.t : now_ns();
@@ -257,7 +256,7 @@ static void close_top(Stack *st, int error) {
                   "time is not recorded for that call", f.stage->name);
     }
     record_call(ts, &f, i > 0 ? &st->frames[i - 1] : NULL, &m);
-    if (m.read && f.spent >= 0 && ts_switches(ts) == m.sw1) read_cost_add(f.spent + now_ns() - m.t_reads);
+    if (m.read && f.spent >= 0 && ts_switches(ts) == m.sw1) read_cost_add(f.spent + now_ns() - m.t1);
     if (st->exemplar) exemplar_exit(st, &f, &m, ts);   /* its part of the open root call */
     exit_integrations(&f, same_thread);
     Py_DECREF(f.stage);

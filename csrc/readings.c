@@ -113,17 +113,17 @@ static void read_cpu(ThreadState *ts, Reading *r) {
 }
 
 /* The run-queue time and the wall clock together at an edge of a call's wall window, the clock on the window's
- * side (at enter after schedstat, at exit before it), and just inside it the CPU time where reading it does not
- * update the scheduler (cpu): the CPU window lies within the wall window.  A switch across them (the switch page
- * moved) reads them again, so the run-queue time is exact at the wall time it goes with. */
+ * side (at enter after schedstat, at exit before it), and between them the CPU time where reading it does not
+ * update the scheduler (cpu): a switch across them (the switch page moved) reads them again, so the run-queue
+ * and CPU times are exact at the wall time they go with and the wall window holds none of the reads. */
 static void read_edge(ThreadState *ts, Reading *r, int exit, int cpu) {
     for (int tries = 0; tries < 3; tries++) {
         uint32_t sw = ts_switches(ts);
-        if (!exit && g_run_queue) r->q[Q_RQ] = sched_run_delay(ts);
+        if (exit) r->t = r->tq = now_ns();
         if (exit && cpu) read_cpu(ts, r);
-        r->t = r->tq = now_ns();
+        if (g_run_queue) r->q[Q_RQ] = sched_run_delay(ts);
         if (!exit && cpu) read_cpu(ts, r);
-        if (exit && g_run_queue) r->q[Q_RQ] = sched_run_delay(ts);
+        if (!exit) r->t = r->tq = now_ns();
         if (ts_switches(ts) == sw) return;
     }
 }
@@ -142,8 +142,8 @@ void read_boundary(ThreadState *ts, Reading *r, int exit) {
     r->full = 1;
     r->epoch = g_epoch;
     r->ctr_gen = 0;
-    /* CPU time from a task-clock goes just inside the wall window; from CLOCK_THREAD_CPUTIME_ID (it can preempt
-     * the thread inside the read) outside the run-queue time's window, where a preemption it triggers is no one's */
+    /* CPU time from a task-clock goes next to the wall clock; from CLOCK_THREAD_CPUTIME_ID (it can preempt the
+     * thread inside the read) outside the run-queue time's window, where a preemption it triggers is no one's */
     int inner = (g_ctr_n && g_ctr_taskclock >= 0) || g_thread_taskclock;
     if (!exit) {
         if (g_helper_cpu) r->q[Q_HELPERS] = helpers_cpu(ts);

@@ -1,14 +1,12 @@
 /* What one boundary reads: a read call's enter or exit, or a task switch.  The
- * wall window is innermost but for a task-clock CPU read (read_boundary sets
- * r->t): at enter the helpers' CPU, the rusage, the run queue, the wall clock,
- * then the task-clock; at exit the reverse.  The SDK's other reads, and a
- * preemption one of them triggers (reading a running thread's CPU clock brings
- * its scheduler accounting up to date, and a thread whose slice is spent is
- * preempted right there), fall outside the call's wall time and its run-queue
- * time, which are read together at the window's edges.  A task-clock read
- * updates no scheduler; inside the wall window, its cost is calibrate()'s wall
- * bias, and the CPU window lies within the wall window.  Where CPU time comes from
- * CLOCK_THREAD_CPUTIME_ID it is read outside the run queue's window. */
+ * wall window is innermost (read_boundary sets r->t): at enter the helpers' CPU,
+ * the rusage, then the run queue, the CPU time and the wall clock; at exit the
+ * reverse.  The SDK's reads, and a preemption one of them triggers (reading a
+ * running thread's CPU clock brings its scheduler accounting up to date, and a
+ * thread whose slice is spent is preempted right there), fall outside the call's
+ * wall time and its run-queue time, which are read together at the window's
+ * edges.  Where CPU time comes from CLOCK_THREAD_CPUTIME_ID (no task-clock), it
+ * is read outside the run queue's window; its own CPU is calibrate()'s bias. */
 #ifndef INSTRUMENT_READINGS_H
 #define INSTRUMENT_READINGS_H
 

@@ -10,7 +10,6 @@
 typedef struct CallMeasure {
     int64_t wall;        /* t1 - t0 as read; record_call takes the SDK's own share out (then: the call's wall) */
     int64_t t1;          /* now_ns() at the exit */
-    int64_t t_reads;     /* a read call's: now_ns() before its reads at exit (what they cost: read_cost_add) */
     int64_t susp, loop;  /* wall time its task was suspended inside the call; of it, ready waiting for the loop */
     int64_t inner;       /* a read call: its wall window between its reads (Reading.tq), what its quantities span */
     uint32_t sw1;        /* the thread's switch sequence at the end of its wall window */
