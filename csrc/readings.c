@@ -6,10 +6,11 @@
 #include <fcntl.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #define HELPERS_MAX 32           /* beyond this many helper threads, their CPU is not read (too costly) */
-#define HELPERS_RESCAN_NS 100000000   /* the process's thread list is looked at again at most every 100 ms */
+#define HELPERS_RESCAN_NS 100000000   /* the thread list is looked at again when its count changes, or every 100 ms */
 #define HELPERS_BASE ((int64_t)1 << 50)   /* only deltas count: a base keeps a reading positive (-1 means unread) */
 
 int64_t sched_run_delay(ThreadState *ts) {
@@ -75,10 +76,17 @@ static void helpers_rescan(void) {
 /* The CPU time of the process's threads that run no stage: each one's own CPU clock, read from this thread.
  * Never this thread's clock nor the process's (both bring the caller's scheduler accounting up to date). */
 int64_t helpers_cpu(ThreadState *ts) {
+    static int task_fd = -1;
+    static uint32_t task_epoch = 0;
+    static nlink_t links = 0;
+    if (task_fd >= 0 && task_epoch != g_epoch) close(task_fd), task_fd = -1, g_helpers_scanned = 0;   /* a fork */
+    if (task_fd < 0) task_fd = open("/proc/self/task", O_RDONLY | O_DIRECTORY | O_CLOEXEC), task_epoch = g_epoch;
+    struct stat sb;   /* the task directory's link count is 2 + the process's threads: a thread came or went */
+    nlink_t now_links = task_fd >= 0 && fstat(task_fd, &sb) == 0 ? sb.st_nlink : 0;
     int64_t now = now_ns();
-    if (!g_helpers_scanned || now - g_helpers_scanned >= HELPERS_RESCAN_NS) {
+    if (!g_helpers_scanned || now_links != links || now - g_helpers_scanned >= HELPERS_RESCAN_NS) {
         helpers_rescan();
-        g_helpers_scanned = now;
+        g_helpers_scanned = now, links = now_links;
     }
     if (g_too_many) return -1;
     int64_t sum = g_helpers_gone;
