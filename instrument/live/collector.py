@@ -346,8 +346,9 @@ def _counter_meta(raw: Dict[str, Any]) -> Dict[str, Any]:
             "read": "rdpmc" if opened.get("rdpmc") else "read()" if events else None}
 
 
-def _counter_dict(names, rows, covered: int) -> Dict[str, Dict[str, Any]]:
-    """counted_calls: the calls the estimate stands for; read_calls: those read (fewer under the overhead budget)."""
+def _counter_dict(names, rows, covered: int, bound: float = math.inf) -> Dict[str, Dict[str, Any]]:
+    """counted_calls: the calls the estimate stands for; read_calls: those read (fewer under the overhead budget).
+    task-clock is the stages' CPU time: held to the bound CPU time is held to (_cpu_fields)."""
     out = {}
     for name, row in zip(names, rows):
         if row is None:
@@ -355,7 +356,8 @@ def _counter_dict(names, rows, covered: int) -> Dict[str, Dict[str, Any]]:
             continue
         est = row["reads"] != covered
         enabled, running = row["enabled"], row["running"]
-        out[name] = {"total": max(row["total"], 0.0), "self": row["self"], "counted_calls": covered,
+        total = min(max(row["total"], 0.0), bound) if name == "task-clock" else max(row["total"], 0.0)
+        out[name] = {"total": total, "self": row["self"], "counted_calls": covered,
                      "read_calls": row["reads"], "estimated": est, "var": row["var"], "var_self": row["var_self"],
                      "scaled": bool(row["scaled"]), "enabled_ns": enabled, "running_ns": running,
                      "running_fraction": running / enabled if enabled else None}
@@ -517,7 +519,7 @@ def snapshot(judged: bool = True) -> Snapshot:
             path=path, calls=s["calls"], errors=s["errors"], wall_total=s["wall_total"], wall_self=max(s["wall_self"], 0),
             wall_min=s["wall_min"] if s["calls"] else None, wall_max=s["wall_max"] if s["calls"] else None,
             hist=dict(s["hist"]), **_cpu_fields(s),
-            counters=_counter_dict(_counter_names, s["counters"], s["covered"]),
+            counters=_counter_dict(_counter_names, s["counters"], s["covered"], s["cov_run"]),
             loop_total=s["loop_total"], loop_self=s["loop_self"],
             loop_blockers={path_text(paths[n]) if n in paths else "(other)": ns for n, ns in s["blockers"]},
             other=s["node"] in others, overlapped_calls=s["overlapped"], abandoned_calls=s["abandoned"],
