@@ -38,19 +38,32 @@ static int64_t trimmed_mean_i64(int64_t *v, int n) {
     return (int64_t)(sum / (hi - lo));
 }
 
-/* The thread CPU clock without a system call, where the kernel offers it and it agrees with the clock. */
-static void calibrate_fast_clock(ThreadState *ts) {
-    g_cpu_fast = 0;
+#define BLOCKS 5   /* short blocks of samples: a burst of load during calibrate() spoils some, not all */
+
+/* The samples in BLOCKS blocks (one where there are too few), each summed up by `of`; the quietest block's figure
+ * (quietest != 0: the least) or the median block's. */
+static int64_t over_blocks(int64_t *v, int n, int64_t (*of)(int64_t *, int), int quietest) {
+    int nb = n >= 5 * BLOCKS ? BLOCKS : 1, len = n / nb;
+    int64_t b[BLOCKS];
+    for (int k = 0; k < nb; k++) b[k] = of(v + k * len, len);
+    qsort(b, (size_t)nb, sizeof(int64_t), cmp_i64);
+    return quietest ? b[0] : b[nb / 2];
+}
+
+/* The thread's CPU time from its task-clock event, where perf_event_open allows it and it agrees with the clock. */
+static void calibrate_thread_clock(ThreadState *ts) {
+    g_thread_taskclock = 0;
     if (ts->clk_state == 0) ts->clk_state = perf_clock_open(&ts->clk) == 0 ? 1 : -1;
     if (ts->clk_state != 1) return;
     int64_t a = perf_clock_read(&ts->clk), b = thread_cpu_ns(), x = 0;
     for (int64_t end = b + 2000000; thread_cpu_ns() < end;) x++;   /* 2 ms of this thread's CPU */
     int64_t da = perf_clock_read(&ts->clk) - a, db = thread_cpu_ns() - b;
-    g_cpu_fast = a >= 0 && da > 0 && db > 0 && (double)llabs(da - db) <= 0.02 * (double)db;
+    g_thread_taskclock = a >= 0 && da > 0 && db > 0 && (double)llabs(da - db) <= 0.02 * (double)db;
     (void)x;
 }
 
-/* The reads of one call, as stage_enter/exit take them, timed bare: their cost (median), for the budget. */
+/* The reads of one call, as stage_enter/exit take them, timed bare: their cost (the quietest block's median), the
+ * budget's figure until the run has timed its own read calls. */
 static int64_t time_reads(ThreadState *ts, int n, int64_t *v) {
     Reading r0, r1;
     for (int k = 0; k < n; k++) {
@@ -59,7 +72,7 @@ static int64_t time_reads(ThreadState *ts, int n, int64_t *v) {
         read_boundary(ts, &r1, 1);
         v[k] = now_ns() - a;
     }
-    return median_i64(v, n);
+    return over_blocks(v, n, median_i64, 1);
 }
 
 /* The globals a calibration run changes, to put back afterwards. */
@@ -114,8 +127,8 @@ static void time_bare_calls(Stage *cal, int32_t node, ThreadState *ts, int n, in
     }
     int64_t empty = now_ns();
     empty = now_ns() - empty;   /* the clock read that closes each batch */
-    *cost = (double)(median_i64(v, n) - empty) / batch;
-    *wall = median_i64(w, n);
+    *cost = (double)(over_blocks(v, n, median_i64, 1) - empty) / batch;
+    *wall = over_blocks(w, n, median_i64, 0);
 }
 
 /* Empty calls read on every call, on the real enter/exit path: what one records in its wall and CPU windows, and
@@ -139,7 +152,8 @@ static int measure_biases(Stage *cal, int32_t node, ThreadState *ts, int n, int6
         w[m++] = cs->wall_total - w0;
     }
     if (m < 5) return 0;
-    int64_t b[3] = {trimmed_mean_i64(w, m), with_cpu ? trimmed_mean_i64(v, m) : 0, with_cpu ? trimmed_mean_i64(u, m) : 0};
+    int64_t b[3] = {over_blocks(w, m, trimmed_mean_i64, 0), with_cpu ? over_blocks(v, m, trimmed_mean_i64, 0) : 0,
+                    with_cpu ? over_blocks(u, m, trimmed_mean_i64, 0) : 0};
     for (int k = 0; k < 3; k++) biases[k] = b[k] > 0 ? b[k] : 0;
     return 1;
 }
@@ -201,6 +215,14 @@ static const char *probe_switches(ThreadState *ts) {
     return "unavailable (the kernel does not update the perf mmap page when the thread is switched in)";
 }
 
+/* Where the thread's CPU time comes from, and whether reading it disturbs the scheduler. */
+static const char *thread_clock_source(const ThreadState *ts) {
+    if (g_thread_taskclock) return ts->clk.user_time ? "perf task-clock mmap page (cap_user_time; no scheduler update)"
+                                                     : "perf task-clock read() (no cap_user_time; no scheduler update)";
+    return ts->clk_state == 1 ? "CLOCK_THREAD_CPUTIME_ID (the task-clock disagreed with it; updates the scheduler)"
+                              : "CLOCK_THREAD_CPUTIME_ID (perf_event_open refused; updates the scheduler)";
+}
+
 PyObject *stage_calibrate(int n) {
     if (n < 9) n = 9;
     ThreadState *ts = ts_get();
@@ -208,7 +230,7 @@ PyObject *stage_calibrate(int n) {
     int64_t *v = malloc(3 * sizeof(int64_t) * (size_t)n);
     if (!v) return PyErr_NoMemory();
     if (g_ctr_n) counters_ready(ts);
-    calibrate_fast_clock(ts);
+    calibrate_thread_clock(ts);
     const char *switches = probe_switches(ts);
     Reading probe;
     read_boundary(ts, &probe, 0);
@@ -222,17 +244,16 @@ PyObject *stage_calibrate(int n) {
         base = calibrate_stage(ts, st, reads, n, v);
     }
     free(v);
+    g_read_spent = 0, g_read_spent_calls = 0;   /* the run times its read calls afresh under this configuration */
     if (!st || !base) { Py_XDECREF(base); return NULL; }
     static const char *names[3] = {"none", "thread-clock", "task-clock"};
     return Py_BuildValue("{s:d,s:N,s:L,s:L,s:L,s:L,s:s,s:O,s:s,s:s,s:s,s:s}", "read_ns", (double)read_ns, "base_ns", base,
                          "cpu_bias_ns", (long long)g_cpu_bias, "inner_bias_ns", (long long)g_inner_bias,
                          "wall_bias_ns", (long long)g_wall_bias[1],
                          "unread_wall_bias_ns", (long long)g_wall_bias[0], "cpu_source", names[src],
-                         "sys", probe.q[Q_SYS] >= 0 ? Py_True : Py_False, "thread_clock",
-                         g_cpu_fast ? "perf mmap page (cap_user_time)" : ts->clk_state == 1 ?
-                         "clock_gettime (the mmap page disagreed with it)" : "clock_gettime (no cap_user_time)",
+                         "sys", probe.q[Q_SYS] >= 0 ? Py_True : Py_False, "thread_clock", thread_clock_source(ts),
                          "run_queue", run_queue_source(ts), "helper_cpu",
                          !g_helper_cpu ? "off (the helper_cpu option)" : probe.q[Q_HELPERS] >= 0 ?
-                         "process CPU clock less the threads that run stages" :
-                         "unavailable (more than 16 threads run stages)", "switches", switches);
+                         "each helper thread's own CPU clock (no scheduler update of the reader)" :
+                         "unavailable (more than 32 threads run no stage)", "switches", switches);
 }

@@ -19,6 +19,8 @@ int g_ctr_rdpmc = 0;
 
 double g_budget = 0.0;
 double g_read_cost = 0.0;
+double g_read_spent = 0.0;
+uint64_t g_read_spent_calls = 0;
 int64_t g_cpu_bias = 0;
 int64_t g_inner_bias = 0;
 int g_switches = 0;
@@ -26,7 +28,7 @@ int64_t g_wall_bias[2] = {0, 0};
 int g_cpu_split = 0;
 int g_run_queue = 0;
 int g_helper_cpu = 0;
-int g_cpu_fast = 0;
+int g_thread_taskclock = 0;
 
 int64_t g_open_frames = 0;
 uint64_t g_unmatched = 0, g_out_of_order = 0, g_cross_thread = 0, g_internal = 0, g_folded = 0;

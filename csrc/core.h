@@ -85,6 +85,8 @@ extern int g_ctr_rdpmc;            /* whether that first thread reads some group
  * a random subset of calls, each read call weighted by the inverse of its chance (an unbiased estimate). */
 extern double g_budget;            /* share of a stage's time its reads may cost; 0: every call is read */
 extern double g_read_cost;         /* ns the reads of one call cost (both boundaries), from calibrate(); 0: unknown */
+extern double g_read_spent;        /* ns the read calls spent in the SDK beyond their wall windows, through the run */
+extern uint64_t g_read_spent_calls;   /* the read calls summed there (those whose thread kept the CPU in them) */
 extern int64_t g_cpu_bias;         /* ns of CPU time an empty read call records: taken out of every read call */
 extern int64_t g_inner_bias;
 extern int g_switches;             /* calibrate() saw the switch page move when the thread slept: calls know it */       /* ns between an empty read call's CPU reads: out of a read call's running time */
@@ -92,7 +94,7 @@ extern int64_t g_wall_bias[2];     /* ns of the SDK's own work inside the wall w
 extern int g_cpu_split;            /* read the thread's rusage with the CPU time: system time, context switches */
 extern int g_run_queue;            /* read the thread's run-queue time (schedstat) with the CPU time */
 extern int g_helper_cpu;           /* read the CPU time of the process's threads that run no stage */
-extern int g_cpu_fast;             /* the thread CPU clock from a task-clock mmap page (cap_user_time), validated
+extern int g_thread_taskclock;     /* the thread CPU time from its task-clock event (mmap page or read()), validated
                                     * against CLOCK_THREAD_CPUTIME_ID by calibrate(); 0: clock_gettime */
 
 extern int64_t g_open_frames;      /* frames open in any stack: the node table can only be rebuilt at 0 */
@@ -105,5 +107,14 @@ void warn_once(const char *key, const char *fmt, ...);
 void internal_failure(const char *what);
 
 #pragma GCC visibility pop
+
+/* What one call's reads cost the thread: the running figure once enough read calls were timed, else calibrate()'s. */
+static inline double read_cost(void) {
+    return g_read_spent_calls >= 16 ? g_read_spent / (double)g_read_spent_calls : g_read_cost;
+}
+static inline void read_cost_add(int64_t ns) {
+    g_read_spent += (double)ns;
+    g_read_spent_calls++;
+}
 
 #endif

@@ -81,13 +81,14 @@ int counters_ready(ThreadState *ts) {
  * entered so far: a few dozen reads of 10,000 concurrent calls, until finished calls tell their CPU time. */
 static inline int budget_read(ThreadState *ts, int32_t node, double *w) {
     *w = 1.0;
-    if (g_budget <= 0 || g_read_cost <= 0) return 1;
+    double cost = read_cost();
+    if (g_budget <= 0 || cost <= 0) return 1;
     NodeStats *s = stats_get(&ts->stats, node);
     if (!s) return 1;
     if (!s->cpu0_set) stats_mark_start(s, 0);   /* the CPU clock before the node's first call here */
     if (++s->entered <= FIRST_READS) return 1;
     double p = s->covered < FIRST_READS || !s->est ? (double)FIRST_READS / (double)s->entered
-                                                   : g_budget * stats_mean_cpu(s) / g_read_cost;
+                                                   : g_budget * stats_mean_cpu(s) / cost;
     if (p >= 1.0) return 1;                               /* long enough for a read on every call */
     if (p < MIN_READ_CHANCE) p = MIN_READ_CHANCE;
     if (ts_uniform(ts) >= p) return 0;
@@ -154,10 +155,11 @@ void stage_enter(Stage *self) {
     double w;
     f->sw0 = ts_switches(ts);   /* a memory load: whether the thread leaves the CPU during the call */
     if ((g_cpu_clock || g_ctr_n) && budget_read(ts, node, &w)) {   /* nothing is read without a CPU source */
+        int64_t a = now_ns();
         if (g_ctr_n) counters_ready(ts);
-        f->r0.t = now_ns();   /* the wall window holds the reads: a thread preempted in one loses that time in the call */
-        read_boundary(ts, &f->r0, 0);
+        read_boundary(ts, &f->r0, 0);   /* r0.t after the reads: the wall window holds none of them */
         f->sw_in = ts_switches(ts);
+        f->spent = f->sw_in == f->sw0 ? f->r0.t - a : -1;   /* what they cost, where the thread kept the CPU */
         f->w = w;
         st->n_read++;
         memset(f->child, 0, sizeof(double) * (size_t)stats_quantities());
@@ -174,13 +176,11 @@ void stage_enter(Stage *self) {
 static void read_exit(ThreadState *ts, Stack *st, const Frame *f, int same_thread, CallMeasure *m) {
     Reading r1;
     int read = f->w > 0 && same_thread;
-    uint32_t sw_in = read ? ts_switches(ts) : 0;   /* before the reads: between the CPU reads */
-    if (read) {
-        read_boundary(ts, &r1, 1);
-        r1.t = now_ns();   /* where it serves as the reading a stage around the step resumes at */
-    }
+    uint32_t sw_in = read ? ts_switches(ts) : 0;   /* before the reads: the end of the wall window */
+    if (read) read_boundary(ts, &r1, 1);   /* r1.t before the reads ends the wall window */
+    m->sw1 = sw_in;
     m->overlapped = taskclock_frame_exit(ts, st, f, read ? &r1 : NULL, m);   /* task-relative, time suspended */
-    m->t1 = now_ns();
+    m->t1 = read ? r1.t : now_ns();
     m->wall = m->t1 - f->r0.t;
     m->switched = !same_thread || ts_switches(ts) != f->sw0;
     m->switched_in = read ? sw_in != f->sw_in : m->switched;
@@ -256,6 +256,7 @@ static void close_top(Stack *st, int error) {
                   "time is not recorded for that call", f.stage->name);
     }
     record_call(ts, &f, i > 0 ? &st->frames[i - 1] : NULL, &m);
+    if (m.read && f.spent >= 0 && ts_switches(ts) == m.sw1) read_cost_add(f.spent + now_ns() - m.t1);
     if (st->exemplar) exemplar_exit(st, &f, &m, ts);   /* its part of the open root call */
     exit_integrations(&f, same_thread);
     Py_DECREF(f.stage);

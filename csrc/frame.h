@@ -27,7 +27,8 @@ typedef struct {
     uint64_t nvtx_id;
     double w;            /* 1 / its chance of being read; 0: not read */
     uint32_t sw0;        /* the thread's switch sequence at enter (ts_switches) */
-    uint32_t sw_in;      /* a read call's, after its reads at enter: between its CPU reads (CallMeasure.switched_in) */
+    uint32_t sw_in;      /* a read call's, after its reads at enter: its wall window's start (CallMeasure.switched_in) */
+    int64_t spent;       /* a read call's: ns its reads at enter took; -1: its thread left the CPU in them */
     Reading r0;          /* at enter, task-relative; r0.t starts the wall window (every call reads the time) */
     uint64_t taint0;     /* the stack's taint at entry (taskclock.c): changed at exit = overlapped */
     int64_t susp0, loop0;                  /* the stack's suspended and loop-ready sums at entry */

@@ -71,9 +71,11 @@ int perf_mmap_read_self(const volatile struct perf_event_mmap_page *pc,
  * does not offer cap_user_time (or its lock never settles). */
 int perf_mmap_time_self(const volatile struct perf_event_mmap_page *pc, uint64_t now_tsc, uint64_t *ns);
 
-/* The calling thread's CPU time from its own task-clock event's mmap page (no system call per read). */
-typedef struct { int fd; struct perf_event_mmap_page *page; } perf_clock;
-int perf_clock_open(perf_clock *c);      /* 0 when the page offers cap_user_time; -1 (nothing kept open) otherwise */
+/* The calling thread's CPU time from its own task-clock event: its mmap page where it offers cap_user_time (no
+ * system call), else read() on its fd.  Neither brings the scheduler's accounting up to date, as reading
+ * CLOCK_THREAD_CPUTIME_ID does (a thread whose slice is spent is preempted inside that read). */
+typedef struct { int fd; struct perf_event_mmap_page *page; int user_time; } perf_clock;
+int perf_clock_open(perf_clock *c);      /* 0; -1 (nothing kept open) where perf_event_open is refused */
 int64_t perf_clock_read(perf_clock *c);  /* ns since the open, or -1 */
 void perf_clock_close(perf_clock *c);    /* idempotent */
 

@@ -1,13 +1,16 @@
 /* The readings of one boundary (readings.h). */
 #include "readings.h"   /* first: Python.h sets the feature macros */
 
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
-#define HELPERS_MAX_THREADS 16   /* beyond this many threads running stages, helper CPU is not read (too costly) */
+#define HELPERS_MAX 32           /* beyond this many helper threads, their CPU is not read (too costly) */
+#define HELPERS_RESCAN_NS 100000000   /* the thread list is looked at again when its count changes, or every 100 ms */
 #define HELPERS_BASE ((int64_t)1 << 50)   /* only deltas count: a base keeps a reading positive (-1 means unread) */
 
 int64_t sched_run_delay(ThreadState *ts) {
@@ -32,18 +35,67 @@ static int64_t clock_ns(clockid_t id) {
     return (int64_t)t.tv_sec * 1000000000 + t.tv_nsec;
 }
 
-/* The process's CPU time less that of every thread that has run a stage (live or ended). */
-int64_t helpers_cpu(ThreadState *ts) {
-    if (g_n_threads > HELPERS_MAX_THREADS) return -1;
-    int64_t proc = clock_ns(CLOCK_PROCESS_CPUTIME_ID);
-    if (proc < 0) return -1;
-    int64_t ours = g_retired_cpu;
-    for (ThreadState *t = g_threads; t; t = t->next) {
-        int64_t c = clock_ns(t == ts ? CLOCK_THREAD_CPUTIME_ID : t->cpu_clock_id);
-        if (c >= 0) t->cpu_seen = c;   /* a thread ending meanwhile keeps its last value */
-        ours += t->cpu_seen;
+typedef struct { long tid; clockid_t clock; int64_t seen; } Helper;
+static Helper g_helpers[HELPERS_MAX];
+static int g_n_helpers = 0, g_too_many = 0;
+static int64_t g_helpers_gone = 0, g_helpers_scanned = 0;   /* CPU of helpers no longer listed; last scan */
+
+static int runs_stages(long tid) {
+    for (ThreadState *t = g_threads; t; t = t->next)
+        if ((long)t->native_id == tid) return 1;
+    return 0;
+}
+
+/* The helper threads now: the process's threads that run no stage.  One that left the list (ended, or now runs
+ * stages) keeps its last CPU time in g_helpers_gone; one that joined counts from 0 (from now at the first scan). */
+static void helpers_rescan(void) {
+    DIR *d = opendir("/proc/self/task");
+    if (!d) return;
+    Helper next[HELPERS_MAX];
+    int n = 0, first = g_helpers_scanned == 0;
+    struct dirent *e;
+    g_too_many = 0;
+    while ((e = readdir(d))) {
+        long tid = atol(e->d_name);
+        if (tid <= 0 || runs_stages(tid)) continue;
+        if (n == HELPERS_MAX) { g_too_many = 1; break; }
+        next[n] = (Helper){tid, (clockid_t)((~(unsigned)tid << 3) | 6), 0};   /* MAKE_THREAD_CPUCLOCK(tid, SCHED) */
+        for (int k = 0; k < g_n_helpers; k++)
+            if (g_helpers[k].tid == tid) next[n].seen = g_helpers[k].seen, g_helpers[k].tid = 0;
+        if (first && (next[n].seen = clock_ns(next[n].clock)) >= 0) g_helpers_gone -= next[n].seen;
+        if (next[n].seen < 0) next[n].seen = 0;
+        n++;
     }
-    return HELPERS_BASE + proc - ours;
+    closedir(d);
+    for (int k = 0; k < g_n_helpers; k++)
+        if (g_helpers[k].tid) g_helpers_gone += g_helpers[k].seen;
+    memcpy(g_helpers, next, sizeof(Helper) * (size_t)n);
+    g_n_helpers = n;
+}
+
+/* The CPU time of the process's threads that run no stage: each one's own CPU clock, read from this thread.
+ * Never this thread's clock nor the process's (both bring the caller's scheduler accounting up to date). */
+int64_t helpers_cpu(ThreadState *ts) {
+    static int task_fd = -1;
+    static uint32_t task_epoch = 0;
+    static nlink_t links = 0;
+    if (task_fd >= 0 && task_epoch != g_epoch) close(task_fd), task_fd = -1, g_helpers_scanned = 0;   /* a fork */
+    if (task_fd < 0) task_fd = open("/proc/self/task", O_RDONLY | O_DIRECTORY | O_CLOEXEC), task_epoch = g_epoch;
+    struct stat sb;   /* the task directory's link count is 2 + the process's threads: a thread came or went */
+    nlink_t now_links = task_fd >= 0 && fstat(task_fd, &sb) == 0 ? sb.st_nlink : 0;
+    int64_t now = now_ns();
+    if (!g_helpers_scanned || now_links != links || now - g_helpers_scanned >= HELPERS_RESCAN_NS) {
+        helpers_rescan();
+        g_helpers_scanned = now, links = now_links;
+    }
+    if (g_too_many) return -1;
+    int64_t sum = g_helpers_gone;
+    for (int k = 0; k < g_n_helpers; k++) {
+        int64_t c = clock_ns(g_helpers[k].clock);
+        if (c >= 0) g_helpers[k].seen = c;   /* a thread ending meanwhile keeps its last value */
+        sum += g_helpers[k].seen;
+    }
+    return HELPERS_BASE + sum;
 }
 
 static void read_rusage(Reading *r) {
@@ -56,6 +108,7 @@ static void read_rusage(Reading *r) {
 
 /* The counters, and CPU time from task-clock where it ran, else from the thread CPU clock. */
 static void read_cpu(ThreadState *ts, Reading *r) {
+    r->cpu_src = 0;
     if (g_ctr_n && ts->perf_gen == g_ctr_gen) {
         perf_set_read(&ts->perf, &r->c);
         r->ctr_gen = g_ctr_gen;
@@ -65,7 +118,22 @@ static void read_cpu(ThreadState *ts, Reading *r) {
         }
     }
     if (!r->cpu_src && g_cpu_clock && (r->q[Q_CPU] = thread_cpu(ts)) >= 0) r->cpu_src = 1;
-    r->tq = now_ns();
+}
+
+/* The run-queue time and the wall clock together at an edge of a call's wall window, the clock on the window's
+ * side (at enter after schedstat, at exit before it), and between them the CPU time where reading it does not
+ * update the scheduler (cpu): a switch across them (the switch page moved) reads them again, so the run-queue
+ * and CPU times are exact at the wall time they go with and the wall window holds none of the reads. */
+static void read_edge(ThreadState *ts, Reading *r, int exit, int cpu) {
+    for (int tries = 0; tries < 3; tries++) {
+        uint32_t sw = ts_switches(ts);
+        if (exit) r->t = r->tq = now_ns();
+        if (exit && cpu) read_cpu(ts, r);
+        if (g_run_queue) r->q[Q_RQ] = sched_run_delay(ts);
+        if (!exit && cpu) read_cpu(ts, r);
+        if (!exit) r->t = r->tq = now_ns();
+        if (ts_switches(ts) == sw) return;
+    }
 }
 
 void read_time(Reading *r) {
@@ -82,15 +150,18 @@ void read_boundary(ThreadState *ts, Reading *r, int exit) {
     r->full = 1;
     r->epoch = g_epoch;
     r->ctr_gen = 0;
-    if (!exit) {   /* the CPU window innermost: the other reads' own CPU time stays out of it */
-        if (g_run_queue) r->q[Q_RQ] = sched_run_delay(ts);
+    /* CPU time from a task-clock goes next to the wall clock; from CLOCK_THREAD_CPUTIME_ID (it can preempt the
+     * thread inside the read) outside the run-queue time's window, where a preemption it triggers is no one's */
+    int inner = (g_ctr_n && g_ctr_taskclock >= 0) || g_thread_taskclock;
+    if (!exit) {
         if (g_helper_cpu) r->q[Q_HELPERS] = helpers_cpu(ts);
         if (g_cpu_split) read_rusage(r);
-        read_cpu(ts, r);
+        if (!inner) read_cpu(ts, r);
+        read_edge(ts, r, 0, inner);
     } else {
-        read_cpu(ts, r);
+        read_edge(ts, r, 1, inner);
+        if (!inner) read_cpu(ts, r);
         if (g_cpu_split) read_rusage(r);
         if (g_helper_cpu) r->q[Q_HELPERS] = helpers_cpu(ts);
-        if (g_run_queue) r->q[Q_RQ] = sched_run_delay(ts);
     }
 }

@@ -1,9 +1,12 @@
 /* What one boundary reads: a read call's enter or exit, or a task switch.  The
- * order keeps each window inside the one before it (the caller takes the wall
- * clock outside them all): at enter the run queue, the helpers' CPU, the rusage,
- * the counters and CPU clock; at exit the reverse.  A preemption inside a read
- * then lands in the run-queue time and the wall time of the call, never outside;
- * the CPU window, innermost, holds as little of the reads' own cost as it can. */
+ * wall window is innermost (read_boundary sets r->t): at enter the helpers' CPU,
+ * the rusage, then the run queue, the CPU time and the wall clock; at exit the
+ * reverse.  The SDK's reads, and a preemption one of them triggers (reading a
+ * running thread's CPU clock brings its scheduler accounting up to date, and a
+ * thread whose slice is spent is preempted right there), fall outside the call's
+ * wall time and its run-queue time, which are read together at the window's
+ * edges.  Where CPU time comes from CLOCK_THREAD_CPUTIME_ID (no task-clock), it
+ * is read outside the run queue's window; its own CPU is calibrate()'s bias. */
 #ifndef INSTRUMENT_READINGS_H
 #define INSTRUMENT_READINGS_H
 
@@ -11,8 +14,8 @@
 #include "threads.h"
 
 typedef struct {
-    int64_t t;                  /* now_ns(), taken by the caller: a call's wall window */
-    int64_t tq;                 /* now_ns() right at the CPU read: what the quantities' window is timed by */
+    int64_t t;                  /* now_ns() at the wall window's edge, with the run queue */
+    int64_t tq;                 /* what the quantities' window is timed by: t (a task switch's caller may move t) */
     int64_t q[Q_SCALARS];       /* the scalar quantities, cumulative (Q_CPU ... Q_HELPERS); -1: not read */
     uint8_t cpu_src;            /* where q[Q_CPU] came from: 0 nowhere, 1 the thread CPU clock, 2 task-clock */
     uint8_t full;               /* everything the configuration reads was read (else only the time) */
@@ -23,7 +26,7 @@ typedef struct {
 
 #pragma GCC visibility push(hidden)
 
-/* Everything the configuration reads, into r (r->t is the caller's); exit != 0: in exit order. */
+/* Everything the configuration reads, into r, with the wall clock at its edge; exit != 0: in exit order. */
 void read_boundary(ThreadState *ts, Reading *r, int exit);
 /* Only the time: what a task switch reads when no read call is open in the contexts it switches. */
 void read_time(Reading *r);

@@ -62,8 +62,8 @@ static void estimate_call(NodeStats *s, const Frame *f, const CallMeasure *m, do
     if (m->read) run = fmax((double)(m->inner - m->susp - g_inner_bias), 0.0);
     double run_self = run - child;
     int nq = stats_quantities();
-    /* A read call's stratum for its CPU time and counters is judged between its CPU reads, as their window is: its
-     * reads' own time (µs; tens in the pure twin under load) would mark it as having left the CPU more often than
+    /* A read call's stratum for its CPU time, run-queue time and counters is judged over its wall window, which
+     * holds none of its reads (readings.h): its reads' own time would mark it as having left the CPU more often than
      * an unread call of the same work.  Its other quantities span the reads, and so does their stratum. */
     int b = stratum(run, m->switched_in), b_out = stratum(run, m->switched);
     s->run_b[b] += run;
@@ -80,7 +80,7 @@ static void estimate_call(NodeStats *s, const Frame *f, const CallMeasure *m, do
     double W = f->w;   /* 1 / p */
     for (int q = 0; q < nq; q++) {
         Estimate *t = &s->est[q];
-        int inner = q == Q_CPU || q >= Q_CTR, bq = inner ? b : b_out;
+        int inner = q == Q_CPU || q == Q_RQ || q >= Q_CTR, bq = inner ? b : b_out;
         if (isnan(m->x[q])) {   /* not measured on this call: it counts as unread for this quantity */
             t->tot[bq].un += 1, t->tot[bq].uw += run, t->own[bq].un += 1, t->own[bq].uw += run_self;
             if (e) e[q] = stats_predict(t, q, run, inner ? m->switched_in : m->switched);

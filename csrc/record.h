@@ -11,10 +11,10 @@ typedef struct CallMeasure {
     int64_t wall;        /* t1 - t0 as read; record_call takes the SDK's own share out (then: the call's wall) */
     int64_t t1;          /* now_ns() at the exit */
     int64_t susp, loop;  /* wall time its task was suspended inside the call; of it, ready waiting for the loop */
-    int64_t inner;       /* a read call: the time between its CPU reads (Reading.tq), what its quantities span */
+    int64_t inner;       /* a read call: its wall window between its reads (Reading.tq), what its quantities span */
+    uint32_t sw1;        /* the thread's switch sequence at the end of its wall window */
     int switched;        /* its thread left the CPU during it (or that is not known) */
-    int switched_in;     /* of a read call, between its CPU reads: the window of its CPU time and counters, which
-                          * its reads' own time is outside of (its other quantities span the reads); else switched */
+    int switched_in;     /* of a read call, inside its wall window (its reads are outside it); else switched */
     double x[Q_MAX];     /* the call's quantities, task-relative (counters scaled); NAN: not measured */
     uint64_t cen[PERF_MAX_EVENTS], crun[PERF_MAX_EVENTS];   /* counters' time enabled/running in the call */
     int read;            /* read at both boundaries: its quantities are measured, the reads' cost is inside */

@@ -8,7 +8,6 @@
 ThreadState *g_threads = NULL;
 _Thread_local ThreadState *tls_ts = NULL;
 StatsArray g_retired = {NULL, 0};
-int64_t g_retired_cpu = 0;
 int32_t g_n_threads = 0;
 
 static PyObject *g_ts_key = NULL;        /* the thread dict entry that owns the state */
@@ -17,7 +16,7 @@ static void ThreadState_dealloc(ThreadState *ts) {
     /* Runs on the ending thread when its thread dict is cleared: fold its slots. */
     free(ts->tasks);   /* asyncio attribution's state (taskclock.h): plain memory */
     ts->tasks = NULL;
-    struct timespec t;   /* its CPU clock at its end: its slots' calls took no more; and it leaves the live sum */
+    struct timespec t;   /* its CPU clock at its end: its slots' calls took no more */
     int have = clock_gettime(ts->cpu_clock_id, &t) == 0;
     int64_t cpu = have ? (int64_t)t.tv_sec * 1000000000 + t.tv_nsec : -1;
     if (stats_array_merge(&g_retired, &ts->stats, have ? cpu : INT64_MAX / 2) < 0) g_internal++;
@@ -26,7 +25,6 @@ static void ThreadState_dealloc(ThreadState *ts) {
     if (ts->clk_state == 1) perf_clock_close(&ts->clk);
     perf_clock_close(&ts->sw);
     if (ts->sched_fd >= 0) close(ts->sched_fd);
-    g_retired_cpu += have ? cpu : ts->cpu_seen;
     g_n_threads--;
     if (ts->prev) ts->prev->next = ts->next; else if (g_threads == ts) g_threads = ts->next;
     if (ts->next) ts->next->prev = ts->prev;
@@ -62,7 +60,6 @@ ThreadState *ts_create(void) {
     if (perf_switch_open(&ts->sw) < 0) ts->sw.page = NULL;
     ts->tasks = NULL;
     ts->sched_fd = -1;
-    ts->cpu_seen = 0;
     if (pthread_getcpuclockid(pthread_self(), &ts->cpu_clock_id) != 0) ts->cpu_clock_id = CLOCK_THREAD_CPUTIME_ID;
     static uint64_t next_serial = 0;
     ts->serial = ++next_serial;

@@ -13,12 +13,11 @@ typedef struct ThreadState {
     uint64_t serial;             /* unique per thread state: addresses are reused after a thread ends */
     unsigned long native_id;
     uint64_t rng;                /* xorshift state: which calls of a short stage are read (overhead budget) */
-    perf_clock clk;              /* the thread's CPU time without a system call (g_cpu_fast) */
+    perf_clock clk;              /* the thread's task-clock: its CPU time (g_thread_taskclock) */
     int8_t clk_state;            /* 0 not tried, 1 open, -1 unavailable */
     perf_clock sw;               /* whether the thread left the CPU (perf_switch_seq); page NULL: unavailable */
     int sched_fd;                /* /proc/thread-self/schedstat of this thread; -1 not open, -2 unavailable */
-    clockid_t cpu_clock_id;      /* this thread's CPU clock, readable from other threads (helper CPU) */
-    int64_t cpu_seen;            /* its CPU time when last read that way */
+    clockid_t cpu_clock_id;      /* this thread's CPU clock, readable from other threads (collect) */
     struct TaskThread *tasks;    /* asyncio attribution (taskclock.c), allocated on first use */
     struct ThreadState *prev, *next;
 } ThreadState;
@@ -28,7 +27,6 @@ typedef struct ThreadState {
 extern ThreadState *g_threads;           /* registry of live thread states */
 extern _Thread_local ThreadState *tls_ts;
 extern StatsArray g_retired;             /* slots of threads that have ended */
-extern int64_t g_retired_cpu;            /* CPU time of threads that have ended after running stages */
 extern int32_t g_n_threads;              /* live thread states */
 
 int threads_init(void);                  /* 0, or -1 with an exception */
@@ -46,10 +44,11 @@ static inline ThreadState *ts_get(void) {
     return __builtin_expect(ts != NULL, 1) ? ts : ts_create();
 }
 
-/* The thread CPU clock: from the thread's task-clock mmap page where calibrate() found it agrees with
- * CLOCK_THREAD_CPUTIME_ID (no system call), else clock_gettime.  -1 on failure. */
+/* The thread's CPU time: from its own task-clock event (mmap page or read(): no scheduler update) where
+ * calibrate() found it agrees with CLOCK_THREAD_CPUTIME_ID, else that clock (perf_event_open refused: a read
+ * that can preempt a thread whose slice is spent).  -1 on failure. */
 static inline int64_t thread_cpu(ThreadState *ts) {
-    if (g_cpu_fast && ts && ts->clk_state >= 0) {
+    if (g_thread_taskclock && ts && ts->clk_state >= 0) {
         if (__builtin_expect(ts->clk_state == 0, 0)) ts->clk_state = perf_clock_open(&ts->clk) == 0 ? 1 : -1;
         if (ts->clk_state == 1) return perf_clock_read(&ts->clk);
     }

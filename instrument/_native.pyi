@@ -140,6 +140,8 @@ class _CollectResult(TypedDict, total=False):
     max_stages: int
     threads: int
     clock_ns: int
+    read_cost_ns: float                                 # what one call's reads cost the thread, through the run
+    read_cost_calls: int                                # the read calls timed for it (0: calibrate()'s figure)
     # (root, seq, slow, sample, wall, t0, tid, [(node, self ns, on CPU, run queue, awaiting, loop-ready)])
     exemplars: List[Tuple[int, int, bool, bool, int, int, int, List[Tuple[int, int, int, int, int, int]]]]
     exemplar_bytes: Tuple[int, int]                     # stores, open or pooled calls

@@ -172,7 +172,9 @@ OPTIONS: Tuple[Option, ...] = (
     Option("counters", "INSTRUMENT_COUNTERS", "default", _counters,
            "perf_event counters per stage: default, none, or a comma list of names / r<hex> raw codes"),
     Option("cpu_clock", "INSTRUMENT_CPU_CLOCK", True, _bool,
-           "read the thread CPU clock at stage boundaries when no task-clock counter gives CPU time", hot=True),
+           "read the thread's CPU time at stage boundaries when no task-clock counter gives it: from its own "
+           "task-clock event (CLOCK_THREAD_CPUTIME_ID, which can preempt the thread inside the read, only where "
+           "perf_event_open is refused)", hot=True),
     Option("overhead_budget", "INSTRUMENT_OVERHEAD_BUDGET", 0.01, _budget,
            "share of a stage's own time its counter and CPU-time reads may cost: stages too short for a read on "
            "every call are read on a random subset of calls and their CPU time and counters estimated (calls and "

@@ -347,8 +347,9 @@ def _counter_meta(raw: Dict[str, Any]) -> Dict[str, Any]:
             "read": "rdpmc" if opened.get("rdpmc") else "read()" if events else None}
 
 
-def _counter_dict(names, rows, covered: int) -> Dict[str, Dict[str, Any]]:
-    """counted_calls: the calls the estimate stands for; read_calls: those read (fewer under the overhead budget)."""
+def _counter_dict(names, rows, covered: int, bound: float = math.inf) -> Dict[str, Dict[str, Any]]:
+    """counted_calls: the calls the estimate stands for; read_calls: those read (fewer under the overhead budget).
+    task-clock is the stages' CPU time: held to the bound CPU time is held to (_cpu_fields)."""
     out = {}
     for name, row in zip(names, rows):
         if row is None:
@@ -356,7 +357,8 @@ def _counter_dict(names, rows, covered: int) -> Dict[str, Dict[str, Any]]:
             continue
         est = row["reads"] != covered
         enabled, running = row["enabled"], row["running"]
-        out[name] = {"total": max(row["total"], 0.0), "self": row["self"], "counted_calls": covered,
+        total = min(max(row["total"], 0.0), bound) if name == "task-clock" else max(row["total"], 0.0)
+        out[name] = {"total": total, "self": row["self"], "counted_calls": covered,
                      "read_calls": row["reads"], "estimated": est, "var": row["var"], "var_self": row["var_self"],
                      "scaled": bool(row["scaled"]), "enabled_ns": enabled, "running_ns": running,
                      "running_fraction": running / enabled if enabled else None}
@@ -467,7 +469,8 @@ def _forget_held() -> None:
 
 
 def _overhead(raw: Dict[str, Any]) -> Optional[Dict[str, Any]]:
-    """The SDK's own estimated cost: calls x a stage call's cost + read calls x one call's reads (calibrate())."""
+    """The SDK's own estimated cost: calls x a stage call's cost (calibrate()) + read calls x one call's reads (what
+    the run's read calls spent in the SDK beyond their wall windows, else calibrate()'s figure)."""
     c = _calibration
     if not c or c.get("base_ns") is None:
         return None
@@ -475,8 +478,10 @@ def _overhead(raw: Dict[str, Any]) -> Optional[Dict[str, Any]]:
     for s in raw["stats"]:
         calls += s["calls"]
         reads += max([0] + [e["reads"] for e in list(s["estimates"].values()) + s["counters"] if e is not None])
-    base, read = round(c["base_ns"], 1), round(c["read_ns"], 1)
-    return {"per_call_ns": base, "per_read_ns": read, "calls": calls,
+    timed = raw.get("read_cost_calls") or 0   # the run's own read calls timed: what a read costs the thread now
+    base, read = round(c["base_ns"], 1), round(raw["read_cost_ns"] if timed else c["read_ns"], 1)
+    return {"per_call_ns": base, "per_read_ns": read, "per_read_timed_calls": timed,
+            "per_read_calibrated_ns": round(c["read_ns"], 1), "calls": calls,
             "read_calls": reads, "estimated_ns": round(calls * base + reads * read),
             "budget": _config_now.overhead_budget, **{k: c.get(k) for k in (
                 "cpu_source", "cpu_bias_ns", "inner_bias_ns", "wall_bias_ns", "unread_wall_bias_ns", "sys", "thread_clock",
@@ -515,7 +520,7 @@ def snapshot(judged: bool = True) -> Snapshot:
             path=path, calls=s["calls"], errors=s["errors"], wall_total=s["wall_total"], wall_self=max(s["wall_self"], 0),
             wall_min=s["wall_min"] if s["calls"] else None, wall_max=s["wall_max"] if s["calls"] else None,
             hist=dict(s["hist"]), **_cpu_fields(s),
-            counters=_counter_dict(_counter_names, s["counters"], s["covered"]),
+            counters=_counter_dict(_counter_names, s["counters"], s["covered"], s["cov_run"]),
             loop_total=s["loop_total"], loop_self=s["loop_self"],
             loop_blockers={path_text(paths[n]) if n in paths else "(other)": ns for n, ns in s["blockers"]},
             other=s["node"] in others, overlapped_calls=s["overlapped"], abandoned_calls=s["abandoned"],

@@ -55,6 +55,18 @@ def pmus(root=_PMU_DIR):
     return {n: _int(_read(os.path.join(root, n, "type"))) for n in names}
 
 
+def sources(cal):
+    """Each quantity a read call takes: its source, and whether reading it updates the scheduler's accounting of
+    the reading thread (which preempts a thread whose slice is spent right there, inside the SDK's read)."""
+    cpu, clock, helpers = cal.get("cpu_source"), cal.get("thread_clock") or "", cal.get("helper_cpu") or ""
+    cpu_src = {"task-clock": "perf task-clock in the counter group (read())", "thread-clock": clock}.get(cpu, "none")
+    updates = lambda src: "CLOCK_THREAD_CPUTIME_ID" in src or "clock_gettime" in src or "process CPU clock" in src
+    out = {"cpu time": cpu_src, "system time": "getrusage(RUSAGE_THREAD)" if cal.get("sys") else "off or unavailable",
+           "run queue": cal.get("run_queue") or "off", "helper CPU": helpers or "off",
+           "switches": cal.get("switches") or "off"}
+    return {k: {"source": v, "updates_scheduler": updates(v)} for k, v in out.items()}
+
+
 def collect(events=None):
     caps = capabilities()
     paranoid = _int(_read("/proc/sys/kernel/perf_event_paranoid"))
@@ -99,6 +111,7 @@ def _integrations():
     cal = dict(collector.calibration())
     cal["budget"] = cfg.overhead_budget
     out["overhead"] = cal
+    out["sources"] = sources(cal)
     if importlib.util.find_spec("torch") is None:
         out["torch"] = {"installed": False, "reason": "torch is not installed: profiler and GPU integration are off"}
         out["cuda"] = {"available": False, "reason": "needs torch"}
@@ -171,6 +184,9 @@ def format_text(d):
         lines.append("switch detection  %s" % ov["switches"])
     if ov.get("helper_cpu"):
         lines.append("helper-thread CPU %s" % ov["helper_cpu"])
+    for name, src in (d.get("sources") or {}).items():   # a read that updates the scheduler can preempt inside it
+        lines.append("%-18s%s: %s" % ("read: " + name, src["source"], "UPDATES THE SCHEDULER (can preempt the "
+                                      "thread inside the read)" if src["updates_scheduler"] else "no scheduler update"))
     tk = d.get("tasks") or {}
     if tk:
         lines.append("asyncio           %s" % (
