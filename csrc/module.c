@@ -1,5 +1,5 @@
 /* The module: its functions (stage, configure, configuration, calibrate,
- * set_counters, set_hooks, collect, reset, after_fork_child, now_ns, hist_index,
+ * set_counters, set_hooks, collect, reset, after_fork_child, now_ns, thread_cpu_ns, hist_index,
  * current_path, add, set_root_exit_hook) and its init, which also adds the NVTX
  * functions (nvtx_emit.c), CounterGroup (perf.c) and the asyncio runners
  * (steps.c). */
@@ -457,6 +457,10 @@ static PyObject *mod_after_fork_child(PyObject *m, PyObject *unused) {
 
 static PyObject *mod_now_ns(PyObject *m, PyObject *unused) { return PyLong_FromLongLong(now_ns()); }
 
+/* The calling thread's CPU time from the hot path's source (its task-clock where it has one: a read that does not
+ * update the scheduler's accounting, so it preempts nothing).  Only differences on one thread mean anything. */
+static PyObject *mod_thread_cpu_ns(PyObject *m, PyObject *unused) { return PyLong_FromLongLong(thread_cpu(tls_ts)); }
+
 static PyObject *mod_hist_index(PyObject *m, PyObject *v) {
     unsigned long long x = PyLong_AsUnsignedLongLong(v);
     if (x == (unsigned long long)-1 && PyErr_Occurred()) return NULL;
@@ -496,6 +500,7 @@ static PyMethodDef native_methods[] = {
     {"reset", (PyCFunction)mod_reset, METH_NOARGS, NULL},
     {"after_fork_child", (PyCFunction)mod_after_fork_child, METH_NOARGS, NULL},
     {"now_ns", (PyCFunction)mod_now_ns, METH_NOARGS, "the hot path's clock (CLOCK_MONOTONIC)"},
+    {"thread_cpu_ns", (PyCFunction)mod_thread_cpu_ns, METH_NOARGS, "this thread's CPU time, read as the hot path reads it"},
     {"hist_index", (PyCFunction)mod_hist_index, METH_O, "bucket of a value in the histogram"},
     {"current_path", (PyCFunction)mod_current_path, METH_NOARGS, "names of the open stages of this context"},
     {"add", (PyCFunction)(void (*)(void))mod_add, METH_FASTCALL | METH_KEYWORDS,

@@ -38,7 +38,7 @@ NQ = 4 + MAX_COUNTERS   # per call: CPU time, system time, voluntary and involun
 SCALARS = ("cpu", "sys", "vcsw", "ivcsw")
 
 _perf_ns, _thread_ns = time.perf_counter_ns, time.thread_time_ns
-now_ns, hist_index = time.perf_counter_ns, _hist.index
+now_ns, thread_cpu_ns, hist_index = time.perf_counter_ns, time.thread_time_ns, _hist.index
 
 _lock = threading.Lock()   # guards the node table and the sums; taken once per call, at its record
 _options: Dict[str, Any] = {"enabled": True, "cpu_clock": True, "cpu_split": True, "nvtx": False, "max_stages": 10000,
