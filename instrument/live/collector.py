@@ -59,7 +59,7 @@ def _apply(cfg: _config.Config, explicit_counters: bool = False) -> None:
     if cfg.nvtx:
         nvtx.init(cfg.nvtx_domain)
     backend.configure(**_config.hot_values(cfg))
-    backend.set_probe_hook(probe.probe if cfg.machine_probe else None)
+    backend.set_probe_hook(probe.hook if cfg.machine_probe else None)
     _apply_counters(cfg.counters, explicit_counters)
     _calibrate()
     for integ in integrations.registered():
@@ -477,6 +477,7 @@ def _overhead(raw: Dict[str, Any]) -> Optional[Dict[str, Any]]:
     base, read = round(c["base_ns"], 1), round(c["read_ns"], 1)
     return {"per_call_ns": base, "per_read_ns": read, "calls": calls,
             "read_calls": reads, "estimated_ns": round(calls * base + reads * read),
+            "probe_cpu_ns": probe.cpu_ns() if _config_now.machine_probe else None,   # on the probe's own thread
             "budget": _config_now.overhead_budget, **{k: c.get(k) for k in (
                 "cpu_source", "cpu_bias_ns", "inner_bias_ns", "wall_bias_ns", "unread_wall_bias_ns", "sys", "thread_clock",
                 "switches", "run_queue",
@@ -573,7 +574,7 @@ def _after_fork_child() -> None:
     global _start_wall, _start_clock, _held_lock
     try:
         backend.after_fork_child()
-        probe.reset()                   # the child's machine is timed by its own calls
+        probe.after_fork_child()        # the child's machine is timed by its own probe thread
         _held_lock = threading.Lock()   # another thread may have held it at the fork
         _held.clear()
         _start_wall, _start_clock = time.time(), backend.now_ns()
