@@ -1,6 +1,7 @@
 """The observer effect: does watching a stage change where the host's preemptions land?
 
-    python benchmarks/observer_effect.py [--rounds 3] [--calls 2000] [--core 0] [--append]
+    python benchmarks/observer_effect.py [--rounds 3] [--calls 2000] [--core 0] [--json runs.json] [--append]
+    python benchmarks/observer_effect.py --from runs.json [--append]
 
 A CPU hog and a loop pinned to the same core: each turn of the loop does ~100 µs of fixed Python work inside a
 stage, then ~900 µs outside any stage (the amounts measured once, the same in every child). Each configuration
@@ -136,6 +137,7 @@ def measure(rounds: int, calls: int, core: int) -> dict:
     inner, outer = iterations_for(100), iterations_for(900)
     hog = subprocess.Popen([sys.executable, "-c", f"import os; os.sched_setaffinity(0, {{{core}}})\nwhile True: pass"])
     runs = {name: [] for name in CONFIGS}
+    start = time.time()
     try:
         time.sleep(0.5)
         for _ in range(rounds):
@@ -146,7 +148,9 @@ def measure(rounds: int, calls: int, core: int) -> dict:
     finally:
         hog.kill()
         hog.wait()
-    return {"runs": runs, "inner": inner, "outer": outer, "rounds": rounds, "calls": calls}
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=HERE, capture_output=True, text=True).stdout
+    return {"runs": runs, "inner": inner, "outer": outer, "rounds": rounds, "calls": calls, "commit": commit.strip(),
+            "date": time.strftime("%Y-%m-%d %H:%M", time.gmtime()), "seconds": round(time.time() - start)}
 
 
 def summarize(m: dict) -> list:
@@ -195,17 +199,16 @@ def table(rows: list) -> str:
     return "\n".join(lines)
 
 
-def section(m: dict, rows: list, text: str) -> str:
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=HERE, capture_output=True, text=True).stdout.strip()
-    return (f"\n## Observer effect beside a hog on the same core ({time.strftime('%Y-%m-%d %H:%M', time.gmtime())} UTC, "
+def section(m: dict, text: str) -> str:
+    return (f"\n## Observer effect beside a hog on the same core ({m['date']} UTC, "
             f"`python benchmarks/observer_effect.py --rounds {m['rounds']} --calls {m['calls']}`)\n\n"
-            f"{platform.platform()}, {os.cpu_count()} cores, Python {platform.python_version()}, commit {commit}. "
-            f"A loop and a CPU hog pinned to one core; {m['calls']:,} turns of {m['inner']:,} iterations of a Python "
-            f"loop inside the stage (~100 µs) and {m['outer']:,} outside (~900 µs); each configuration a child process, "
-            f"{m['rounds']} rounds in shuffled order, medians over rounds. `read call's CPU µs (outside)`: "
-            f"thread CPU per call of 20-call blocks read on every call less that of the same blocks timed only (40 pairs "
-            f"alternated in one process, median); `per_read_ns`: what the snapshot "
-            f"states (meta.overhead); `probe CPU share`: meta.overhead.probe_cpu_ns over the loop's wall.\n\n{text}\n")
+            f"{platform.platform()}, {os.cpu_count()} cores, Python {platform.python_version()}, commit {m['commit']}; "
+            f"{m['seconds']} s in all. A loop and a CPU hog pinned to one core; {m['calls']:,} turns of {m['inner']:,} "
+            f"iterations of a Python loop inside the stage (~100 µs) and {m['outer']:,} outside (~900 µs); each "
+            f"configuration a child process, {m['rounds']} rounds in shuffled order, medians over rounds. `read call's "
+            f"CPU µs (outside)`: thread CPU per call of 20-call blocks read on every call less that of the same blocks "
+            f"timed only (40 pairs alternated in one process, median); `per_read_ns`: what the snapshot states "
+            f"(meta.overhead); `probe CPU share`: meta.overhead.probe_cpu_ns over the loop's wall.\n\n{text}\n")
 
 
 def main(argv=None) -> int:
@@ -215,17 +218,22 @@ def main(argv=None) -> int:
     ap.add_argument("--core", type=int, default=min(os.sched_getaffinity(0)))
     ap.add_argument("--append", action="store_true", help="add the table to benchmarks/RESULTS.md")
     ap.add_argument("--json", help="write the raw runs here")
+    ap.add_argument("--from", dest="src", help="no measuring: the table of runs written earlier by --json")
     a = ap.parse_args(argv)
-    m = measure(a.rounds, a.calls, a.core)
+    if a.src:
+        with open(a.src) as f:
+            m = json.load(f)
+    else:
+        m = measure(a.rounds, a.calls, a.core)
     rows = summarize(m)
     text = table(rows)
     print(text)
-    if a.json:
+    if a.json and not a.src:
         with open(a.json, "w") as f:
             json.dump({**m, "rows": rows}, f, indent=1)
     if a.append:
         with open(os.path.join(HERE, "RESULTS.md"), "a") as f:
-            f.write(section(m, rows, text))
+            f.write(section(m, text))
     return 0
 
 
