@@ -48,7 +48,8 @@ BASIS = "timing only"
 
 CHILD = r"""
 import json, os, resource, sys, time
-core, calls, inner, outer, opts = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), json.loads(sys.argv[5])
+core, calls, inner, outer = (int(a) for a in sys.argv[1:5])
+opts = json.loads(sys.argv[5])
 os.sched_setaffinity(0, {core})
 
 def work(n):
@@ -194,7 +195,7 @@ def table(rows: list) -> str:
             ", ".join(r["verdicts"]) or "–", fmt(r["ivcsw"], ",.0f"), fmt(r["ivcsw_vs_bare"], ".2f"),
             fmt(r["wall_ms"], ",.0f"), fmt(r["wall_vs_bare"], ".3f"), fmt(r["read_cpu_us"], ".1f"),
             fmt(r["per_read_us"], ".1f"), fmt(r["read_calls"], ",.0f"),
-            fmt(None if r["probe_share"] is None else 100 * r["probe_share"], ".3f") + (" %" if r["probe_share"] is not None else ""),
+            "–" if r["probe_share"] is None else f"{100 * r['probe_share']:.3f} %",
             f"{r['load'][0]}–{r['load'][1]} |"]))
     return "\n".join(lines)
 

@@ -3,17 +3,20 @@
 CPU time per call moves with the machine: on a shared VM the same code's CPU time strays by ±27 % over 0.4 s and
 by 7 % from one run to the next (benchmarks/RESULTS.md).  The reference loop timed once at import
 (meta.machine.reference_ns) sees a moment of that; the probe sees the machine through the run: a daemon thread of
-its own times ITERATIONS turns of the same loop on its CPU clock, and sleeps until its own CPU time (the timing, its
-wake, the interpreter lock's hand-over) is SHARE of the time since (every 40-130 ms here).  It times only while stages run: the C core's probe hook, called after an
-outermost stage exit once due, marks the stages as running (two stores, no system call); a probe thread that finds
-no mark since its last timing parks until the hook wakes it, so an idle program is not woken.
+its own times ITERATIONS turns of the same loop on its CPU clock (after WARM untimed turns), and sleeps until its
+whole turn's CPU time (its wake, the interpreter lock, the loop) is SHARE of the time since: every 60-130 ms here.
+It times only while stages run: the C core's probe hook, called after an outermost stage exit once due, marks
+them as running (two stores, no system call); a probe thread that finds no mark since its last timing parks until
+the hook wakes it, so an idle program is not woken.
 
-The timing is taken on the probe's thread, not on the stages' (before, it ran on the stage's thread after its
-outermost exit: there its CPU-clock reads brought the thread's scheduler accounting up to date and moved the
-thread's preemptions into the caller's `with`, beside a CPU hog a 15 ms stage's wall was 0.92-0.97 of the wall
-around it).  Its sleeps wake it at moments unrelated to the stages, so what it takes (the interpreter lock for
-about 15 µs, a context switch) falls inside and outside stages as their share of the time does.  The thread starts
-at the first due exit, starts again in a forked child, and ends at exit; it never holds up the program's end.
+The timing is taken on the probe's thread, not on the stages' threads.  Before, it ran on the stage's thread
+after its outermost exit: its CPU-clock reads brought that thread's scheduler accounting up to date and had it
+preempted inside the caller's `with` (beside a CPU hog a 15 ms stage's wall was 0.92-0.98 of the wall around it).
+Its sleeps now wake it at moments unrelated to the stages, so what it takes from them (the interpreter lock for
+some tens of µs, a context switch) falls inside and outside stages as their share of the time does.  The same loop
+times about 11 % slower on it than run over and over on a stage's thread (benchmarks/RESULTS.md); a diff compares
+two runs timed the same way.  The thread starts at the first due exit, again in a forked child, and stops at exit;
+it never holds up the program's end.
 
 The snapshot holds the trimmed mean ns per iteration and its precision (meta.machine.probe); `instrument diff`
 states the machines' change of speed by it and claims no change of time within it; meta.overhead.probe_cpu_ns is
@@ -42,7 +45,7 @@ _count = 0
 _cpu = 0          # ns of CPU the probe thread took since the last reset (its own cost, whole turns)
 _rng = random.Random()
 
-_wait = int(ITERATIONS / SHARE)   # ns from a timing's end until the next is due
+_wait = int(ITERATIONS / SHARE)   # ns of the probe thread's sleep after a turn (its turn's CPU over SHARE)
 _running = False  # stages ran since the probe thread last looked (set by the hook)
 _parked = False   # the probe thread waits for the hook
 _wake = threading.Event()
