@@ -191,8 +191,8 @@ OPTIONS: Tuple[Option, ...] = (
            "steps); off: a call that overlaps other tasks on its thread keeps its wall time, its CPU time and counters "
            "are left out (cpu_ns.overlapped_calls)"),
     Option("machine_probe", "INSTRUMENT_MACHINE_PROBE", True, _bool,
-           "time a fixed pure-Python loop on a thread of its own while stages run (about every 16 ms, 0.1 % of the "
-           "time, never on the stages' threads): the machine's speed through the run, which `instrument diff` "
+           "time a fixed pure-Python loop on a thread of its own while stages run (about every 20-45 ms, 0.3 % of "
+           "a CPU at most, never on the stages' threads): the machine's speed through the run, which `instrument diff` "
            "compares (meta.machine.probe)"),
     Option("max_stages", "INSTRUMENT_MAX_STAGES", 10000, integer(1, 10_000_000),
            "distinct stage nodes kept; more are folded into '(other)'", hot=True),

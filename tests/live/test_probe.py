@@ -164,7 +164,7 @@ def test_an_idle_program_parks_the_probe_thread(backend):
     instrument.configure(machine_probe=True)
     timed = busy_until_timed()["timings"]
     # a second with no stage: one timing at most (a mark the hook set before the stages stopped), where a probe
-    # that did not park would take one every wait (its turn's CPU over SHARE: 0.05-0.3 s here)
+    # that did not park would take one every wait (its turn's CPU over SHARE: 0.02-0.1 s here)
     time.sleep(1.0)
     idle = instrument.snapshot().meta["machine"]["probe"]["timings"]
     assert idle <= timed + 1, (timed, idle)
@@ -206,8 +206,8 @@ def test_off_by_the_option(backend):
 
 
 def busy_until_timed(least=0.2, most=20.0):
-    """Stages for at least `least` seconds and until the probe holds MIN_TIMINGS timings (it is due every
-    ITERATIONS/SHARE ns of its own CPU time or later: fewer timings fit in a fixed window on a slow machine)."""
+    """Stages for at least `least` seconds and until the probe holds MIN_TIMINGS timings (it sleeps its turn's CPU
+    over SHARE between timings: fewer timings fit in a fixed window on a slow machine)."""
     start = time.perf_counter()
     while True:
         for _ in range(20):
