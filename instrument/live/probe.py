@@ -20,7 +20,8 @@ it never holds up the program's end.
 
 The snapshot holds the trimmed mean ns per iteration and its precision (meta.machine.probe); `instrument diff`
 states the machines' change of speed by it and claims no change of time within it; meta.overhead.probe_cpu_ns is
-the probe thread's CPU time in the window.  The `machine_probe` option turns it off.
+the probe thread's CPU time in the window (it runs no stage: a stage's helper-thread CPU, the process's less the
+stages' threads', holds the turns that fell inside it).  The `machine_probe` option turns it off.
 """
 from __future__ import annotations
 
