@@ -195,8 +195,8 @@ OPTIONS: Tuple[Option, ...] = (
            "are left out (cpu_ns.overlapped_calls)"),
     Option("machine_probe", "INSTRUMENT_MACHINE_PROBE", True, _bool,
            "time a fixed pure-Python loop on the stages' threads through the recording (after an outermost stage "
-           "exits, about every 16 ms, 0.1 % of the time): the machine's speed through the run, which `instrument "
-           "diff` compares (meta.machine.probe)"),
+           "exits, about every 16 ms, 0.1 % of the time, on the thread's task-clock): the machine's speed through the "
+           "run, which `instrument diff` compares (meta.machine.probe)"),
     Option("max_stages", "INSTRUMENT_MAX_STAGES", 10000, integer(1, 10_000_000),
            "distinct stage nodes kept; more are folded into '(other)'", hot=True),
     Option("trace_events", "INSTRUMENT_TRACE_EVENTS", 0, integer(0, 100_000_000),

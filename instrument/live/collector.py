@@ -59,7 +59,7 @@ def _apply(cfg: _config.Config, explicit_counters: bool = False) -> None:
     if cfg.nvtx:
         nvtx.init(cfg.nvtx_domain)
     backend.configure(**_config.hot_values(cfg))
-    backend.set_probe_hook(probe.probe if cfg.machine_probe else None)
+    backend.set_probe_hook(probe.hook(backend) if cfg.machine_probe else None)
     _apply_counters(cfg.counters, explicit_counters)
     _calibrate()
     for integ in integrations.registered():
@@ -480,9 +480,11 @@ def _overhead(raw: Dict[str, Any]) -> Optional[Dict[str, Any]]:
         reads += max([0] + [e["reads"] for e in list(s["estimates"].values()) + s["counters"] if e is not None])
     timed = raw.get("read_cost_calls") or 0   # the run's own read calls timed: what a read costs the thread now
     base, read = round(c["base_ns"], 1), round(raw["read_cost_ns"] if timed else c["read_ns"], 1)
+    probe_cpu = probe.cpu_ns() if _config_now.machine_probe else None   # on the stages' threads, outside stages
     return {"per_call_ns": base, "per_read_ns": read, "per_read_timed_calls": timed,
             "per_read_calibrated_ns": round(c["read_ns"], 1), "calls": calls,
-            "read_calls": reads, "estimated_ns": round(calls * base + reads * read),
+            "read_calls": reads, "estimated_ns": round(calls * base + reads * read + (probe_cpu or 0)),
+            "probe_cpu_ns": probe_cpu,
             "budget": _config_now.overhead_budget, **{k: c.get(k) for k in (
                 "cpu_source", "cpu_bias_ns", "inner_bias_ns", "wall_bias_ns", "unread_wall_bias_ns", "sys", "thread_clock",
                 "switches", "run_queue",

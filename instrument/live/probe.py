@@ -3,17 +3,24 @@
 CPU time per call moves with the machine: on a shared VM the same code's CPU time strays by ±27 % over 0.4 s and
 by 7 % from one run to the next (benchmarks/RESULTS.md).  The reference loop timed once at import
 (meta.machine.reference_ns) sees a moment of that; the probe sees the machine the way the stages ran on it: after
-an outermost stage exits, once it is due, it times ITERATIONS turns of the same loop on that thread's CPU clock,
-and is due again when its own CPU time is SHARE of the time since (about every 16 ms here).  The snapshot holds the
+an outermost stage exits, once it is due, it times ITERATIONS turns of the same loop on that thread's CPU time, and
+is due again when its own CPU time is SHARE of the time since (about every 16 ms here).  The snapshot holds the
 trimmed mean ns per iteration and its precision (meta.machine.probe); `instrument diff` states the machines'
 change of speed by it and claims no change of time within it.  The `machine_probe` option turns it off.
+
+It runs outside every stage, but inside the caller's `with` that closed the outermost one, so it reads the thread's
+CPU time the way the hot path does (`thread_cpu_ns`: the thread's task-clock), never with a clock that brings the
+scheduler's accounting up to date: such a read preempts a thread whose slice is spent right there, inside the
+caller's `with` (beside a CPU hog a 15 ms stage's wall was 0.92-0.97 of the wall around it).  A thread of its own
+would keep it off the caller's path but wake beside the stages and take the interpreter lock from them: more
+switches on a shared core (benchmarks/RESULTS.md).  Its CPU time is the SDK's own cost (meta.overhead.probe_cpu_ns).
 """
 from __future__ import annotations
 
 import math
 import random
 import time
-from typing import Any, Dict, List, Optional
+from typing import Any, Callable, Dict, List, Optional
 
 ITERATIONS = 400      # one timing: about 15 µs of CPU here
 SHARE = 0.001         # of the wall time the probe takes at most (a tenth of the default overhead budget)
@@ -35,12 +42,13 @@ def loop(iterations: int) -> int:
     return x
 
 
-def probe() -> int:
-    """One timing, kept; returns the ns until the probe is due again (the backends' probe hook)."""
+def probe(clock: Callable[[], int] = time.thread_time_ns) -> int:
+    """One timing on `clock` (the thread's CPU time in ns), kept; returns the ns until the probe is due again.  The
+    backend's probe hook is `hook(backend)`: this on the backend's own thread CPU read."""
     global _count, _cpu
-    c0 = time.thread_time_ns()
+    c0 = clock()
     loop(ITERATIONS)
-    cpu = time.thread_time_ns() - c0
+    cpu = clock() - c0
     if cpu > 0:
         _count += 1
         _cpu += cpu
@@ -51,6 +59,17 @@ def probe() -> int:
             if k < KEEP:
                 _timings[k] = cpu / ITERATIONS
     return int(max(cpu, ITERATIONS) / SHARE)
+
+
+def hook(backend: Any) -> Callable[[], int]:
+    """The probe hook for `backend`: one timing on its thread CPU read (the hot path's, which preempts nothing)."""
+    clock = backend.thread_cpu_ns
+    return lambda: probe(clock)
+
+
+def cpu_ns() -> int:
+    """The CPU time the probe took since the last reset: the SDK's own cost."""
+    return _cpu
 
 
 def reset() -> None:
