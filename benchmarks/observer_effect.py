@@ -5,7 +5,7 @@
 
 A CPU hog and a loop pinned to the same core: each turn of the loop does ~100 µs of fixed Python work inside a
 stage, then ~900 µs outside any stage (the amounts measured once, the same in every child). Each configuration
-runs in a child process of its own (the hot path's options and the probe thread cannot be switched cleanly in one
+runs in a child process of its own (the hot path's options and the probe cannot be switched cleanly in one
 process), in rounds, the order shuffled each round, so the configurations see the same machine:
 
     bare                  no instrument imported: the stage's share is timed by the loop itself (perf_counter)
@@ -20,7 +20,7 @@ snapshot's wall split) and its verdict; the loop's involuntary context switches 
 ru_nivcsw) and the loop's wall against bare; the CPU a read call costs the thread measured from outside (in the
 every-call-read child after its loop: 40 pairs of 20-call blocks of the same stage, read on every call and timed
 only, the configuration switched between them; the median difference of thread CPU per call) beside
-meta.overhead.per_read_ns; the probe thread's CPU (meta.overhead.probe_cpu_ns) as a share of the loop's wall.
+meta.overhead.per_read_ns; the probe's CPU (meta.overhead.probe_cpu_ns) as a share of the loop's wall.
 Prints a markdown table; --append adds it to benchmarks/RESULTS.md as a dated section.
 """
 from __future__ import annotations
