@@ -18,8 +18,8 @@ Per configuration, medians over rounds: the stage's share of the loop's wall (st
 its ratio to timing only's and to bare's; the stage's mean wall per call; the run-queue share of the stage (the
 snapshot's wall split) and its verdict; the loop's involuntary context switches (getrusage RUSAGE_THREAD
 ru_nivcsw) and the loop's wall against bare; the CPU a read call costs the thread measured from outside (in the
-every-call-read child after its loop: 40 pairs of 20-call blocks of the same stage, read on every call and timed
-only, the configuration switched between them; the median difference of thread CPU per call) beside
+every-call-read child after its loop: 60 pairs of 10-turn blocks of the same loop, the stage read on every call and
+timed only, the configuration switched between them; the median difference of thread CPU per turn) beside
 meta.overhead.per_read_ns; the probe's CPU (meta.overhead.probe_cpu_ns) as a share of the loop's wall.
 Prints a markdown table; --append adds it to benchmarks/RESULTS.md as a dated section.
 """
@@ -97,15 +97,16 @@ if opts is not None and opts.get("overhead_budget", 0) is None:
     warnings.simplefilter("ignore")   # counters named again below: unavailable ones would be warned about
     full = {k: v for k, v in instrument.configure().to_dict().items() if k in ("counters", "cpu_clock")}
     diffs = []
-    for _ in range(40):
+    for _ in range(60):   # the loop's own turns (the work outside the stage too: the caches the reads meet)
         per = []
         for o in (dict(full, overhead_budget=None), dict(counters="none", cpu_clock=False)):
             instrument.configure(**o)
             c = time.thread_time_ns()
-            for _ in range(20):
+            for _ in range(10):
                 with st:
                     work(inner)
-            per.append((time.thread_time_ns() - c) / 20)
+                work(outer)
+            per.append((time.thread_time_ns() - c) / 10)
         diffs.append(per[0] - per[1])
     out["read_cpu_ns"] = statistics.median(diffs)
 print(json.dumps(out))
@@ -207,8 +208,8 @@ def section(m: dict, text: str) -> str:
             f"{m['seconds']} s in all. A loop and a CPU hog pinned to one core; {m['calls']:,} turns of {m['inner']:,} "
             f"iterations of a Python loop inside the stage (~100 µs) and {m['outer']:,} outside (~900 µs); each "
             f"configuration a child process, {m['rounds']} rounds in shuffled order, medians over rounds. `read call's "
-            f"CPU µs (outside)`: thread CPU per call of 20-call blocks read on every call less that of the same blocks "
-            f"timed only (40 pairs alternated in one process, median); `per_read_ns`: what the snapshot states "
+            f"CPU µs (outside)`: thread CPU per turn of 10-turn blocks of the loop, the stage read on every call, less that "
+            f"of the same blocks timed only (60 pairs alternated in one process, median); `per_read_ns`: what the snapshot states "
             f"(meta.overhead); `probe CPU share`: meta.overhead.probe_cpu_ns over the loop's wall.\n\n{text}\n")
 
 
