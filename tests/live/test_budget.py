@@ -254,11 +254,18 @@ def test_kernel_heavy_stage_shows_its_system_time(backend):
 def test_a_user_space_spin_has_little_system_time(backend):
     n = iterations_for(1_000_000)
     st = instrument.stage("spin")
+    r0 = resource.getrusage(resource.RUSAGE_THREAD)
     for _ in range(100):
         with st:
             work(n)
+    r1 = resource.getrusage(resource.RUSAGE_THREAD)
+    sys_time, user = r1.ru_stime - r0.ru_stime, r1.ru_utime - r0.ru_utime
+    truth = sys_time / (sys_time + user)
     s = instrument.snapshot()["spin"]
-    assert s.sys_share is not None and s.sys_share < 0.2, s.sys_share
+    # no more system time than the kernel gave the thread around the loop: its split is by the scheduler tick, and
+    # beside CPU hogs it has given a pure-Python spin 0 to 0.7 of system time in one suite or another (a tick taken
+    # in the kernel on the way back to the spin); the stage's windows and the loop's differ by a tick or so a call
+    assert s.sys_share is not None and s.sys_share < truth + 0.2, (s.sys_share, truth)
 
 
 def test_no_split_when_turned_off(backend):
