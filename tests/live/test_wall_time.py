@@ -29,7 +29,9 @@ def test_wall_time_keeps_the_time_a_preempted_call_lost(backend, shared_core, co
     own = sum(mine)
     assert s.calls == 50
     assert s.wall_total <= own, "the SDK's window lies inside the caller's"
-    # what the SDK leaves out is its own enter/exit work outside the window (and a rare tick landing there): a few
-    # per cent; a read outside the window would leave out whole preempted slices, a third of the time or more
+    # what the SDK leaves out is its own enter/exit work outside the window, its reads included (docs/estimates.md:
+    # a preemption at a read is the SDK's, not the call's): beside a hog on the core, 0.3 % when the reads were
+    # inside the window, 2-5 % now, 11 % once beside a hog per core as well; a read that preempts (the thread CPU
+    # clock's) outside the window would leave out whole preempted slices, a third of the time or more
     per_call = 100_000 if backend.__name__.endswith("pure") else 20_000
-    assert own - s.wall_total <= 0.1 * own + 50 * per_call, (own, s.wall_total, counters, cpu_clock)
+    assert own - s.wall_total <= 0.2 * own + 50 * per_call, (own, s.wall_total, counters, cpu_clock)
