@@ -199,11 +199,16 @@ def test_the_fast_thread_clock_agrees_with_clock_thread_cputime():
     if not c["thread_clock"].startswith("perf task-clock"):
         pytest.skip(f"thread CPU clock here: {c['thread_clock']}")
     st = instrument.stage("spin")
+    inner = 0
     t = time.thread_time_ns()
     for _ in range(50):
         with st:
-            end = time.thread_time_ns() + 200_000
-            while time.thread_time_ns() < end:
+            b = time.thread_time_ns()
+            end = b + 200_000
+            while (now := time.thread_time_ns()) < end:
                 pass
-    truth = time.thread_time_ns() - t
-    assert instrument.snapshot()["spin"].cpu_total == pytest.approx(truth, rel=0.05)
+            inner += now - b
+    outer = time.thread_time_ns() - t
+    # between the thread clock read inside each body and around the whole loop (which holds the SDK's own reads,
+    # whatever load makes them cost), give or take 2 % for the two clocks' accounting
+    assert 0.98 * inner <= instrument.snapshot()["spin"].cpu_total <= 1.02 * outer, (inner, outer)
