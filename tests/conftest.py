@@ -28,6 +28,15 @@ def pytest_collection_modifyitems(config, items):
         items[:] = [i for i in items if i not in pure]
 
 
+def _recording_with(mod):
+    old = live_backend.current
+    _collector.use_backend(mod)
+    instrument.reset()
+    yield mod
+    instrument.reset()
+    _collector.use_backend(old)
+
+
 @pytest.fixture(params=["native", "pure"])
 def backend(request):
     """Runs the test once against the C extension and once against the pure-Python fallback (marked native_only:
@@ -35,12 +44,13 @@ def backend(request):
     mod = BACKENDS[request.param]
     if mod is None:
         pytest.skip("C extension not built")
-    old = live_backend.current
-    _collector.use_backend(mod)
-    instrument.reset()
-    yield mod
-    instrument.reset()
-    _collector.use_backend(old)
+    yield from _recording_with(mod)
+
+
+@pytest.fixture
+def fallback():
+    """Records through the pure-Python fallback."""
+    yield from _recording_with(_pure)
 
 
 @pytest.fixture(autouse=True)

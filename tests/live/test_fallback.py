@@ -17,17 +17,6 @@ from instrument.exporters import table
 from test_budget import minor_faults, touch_pages
 
 
-@pytest.fixture
-def fallback():
-    from instrument.live import backend
-    old = backend.current
-    collector.use_backend(pure)
-    instrument.reset()
-    yield pure
-    instrument.reset()
-    collector.use_backend(old)
-
-
 def test_every_call_and_its_wall_time_within_the_clock_around_it(fallback):
     """Each call's wall time lies between the body's own perf_counter window and the one around the with-block;
     the sums, min and max follow exactly."""
