@@ -79,14 +79,15 @@ int64_t helpers_cpu(ThreadState *ts) {
     static int task_fd = -1;
     static uint32_t task_epoch = 0;
     static nlink_t links = 0;
+    static uint64_t gen = 0;   /* a thread that starts running stages leaves the helpers at once, not at the next scan */
     if (task_fd >= 0 && task_epoch != g_epoch) close(task_fd), task_fd = -1, g_helpers_scanned = 0;   /* a fork */
     if (task_fd < 0) task_fd = open("/proc/self/task", O_RDONLY | O_DIRECTORY | O_CLOEXEC), task_epoch = g_epoch;
     struct stat sb;   /* the task directory's link count is 2 + the process's threads: a thread came or went */
     nlink_t now_links = task_fd >= 0 && fstat(task_fd, &sb) == 0 ? sb.st_nlink : 0;
     int64_t now = now_ns();
-    if (!g_helpers_scanned || now_links != links || now - g_helpers_scanned >= HELPERS_RESCAN_NS) {
+    if (!g_helpers_scanned || now_links != links || gen != g_threads_gen || now - g_helpers_scanned >= HELPERS_RESCAN_NS) {
         helpers_rescan();
-        g_helpers_scanned = now, links = now_links;
+        g_helpers_scanned = now, links = now_links, gen = g_threads_gen;
     }
     if (g_too_many) return -1;
     int64_t sum = g_helpers_gone;

@@ -9,6 +9,7 @@ ThreadState *g_threads = NULL;
 _Thread_local ThreadState *tls_ts = NULL;
 StatsArray g_retired = {NULL, 0};
 int32_t g_n_threads = 0;
+uint64_t g_threads_gen = 0;
 
 static PyObject *g_ts_key = NULL;        /* the thread dict entry that owns the state */
 
@@ -26,6 +27,7 @@ static void ThreadState_dealloc(ThreadState *ts) {
     perf_clock_close(&ts->sw);
     if (ts->sched_fd >= 0) close(ts->sched_fd);
     g_n_threads--;
+    g_threads_gen++;
     if (ts->prev) ts->prev->next = ts->next; else if (g_threads == ts) g_threads = ts->next;
     if (ts->next) ts->next->prev = ts->prev;
     if (tls_ts == ts) tls_ts = NULL;
@@ -69,6 +71,7 @@ ThreadState *ts_create(void) {
     ts->rng = (z ^ (z >> 31)) | 1;
     ts->native_id = PyThread_get_thread_native_id();
     g_n_threads++;
+    g_threads_gen++;
     ts->prev = NULL;
     ts->next = g_threads;
     if (g_threads) g_threads->prev = ts;

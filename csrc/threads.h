@@ -25,6 +25,7 @@ typedef struct ThreadState {
 #pragma GCC visibility push(hidden)
 
 extern ThreadState *g_threads;           /* registry of live thread states */
+extern uint64_t g_threads_gen;           /* changes whenever a thread state comes or goes */
 extern _Thread_local ThreadState *tls_ts;
 extern StatsArray g_retired;             /* slots of threads that have ended */
 extern int32_t g_n_threads;              /* live thread states */

@@ -29,6 +29,11 @@ NEXT_STEP = {
                     "share of its split before/after with `instrument diff`"),
     "loop-blocked": ("other stages held the event loop while its task was ready (its verdict names them): move "
                      "their work off the loop (asyncio.to_thread, run_in_executor) or split it with awaits"),
+    "instrument": ("its own time is mostly instrument's reads at its children's boundaries: read fewer calls "
+                   "(overhead_budget), or make its child stages fewer and larger"),
+    "gil-bound": ("its threads queue for Python's global interpreter lock: run fewer Python threads, spread the work "
+                  "over processes, move the hot loop to code that releases the GIL (numpy, torch, I/O, a native "
+                  "extension), or use a free-threaded build"),
     "mixed": "split it into smaller stages to separate the computing from the waiting",
     "unknown": "turn on the CPU clock or task-clock counter (configure(cpu_clock=True)) so it can be judged",
 }

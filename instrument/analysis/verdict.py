@@ -4,20 +4,28 @@ Each stage is judged on its *self* time (children are judged on their own), with
 thresholds passed in, else those recorded in the snapshot's `meta.verdict_thresholds`
 (the `verdict_*` options in force when it was taken), else the defaults.  Its wall
 time is split into parts (StageStats.wall_split): on a CPU, ready in the run queue,
-blocked, awaiting, waiting for the event loop.  CPU counts the stage's own thread
-and the helper threads that run no stage (torch/OpenMP pools): CPU/wall above 1 is
-parallel compute, not waiting.
+blocked, instrument's own cost, awaiting, waiting for the event loop; every share a
+verdict prints is of the own wall time, and they add up to at most 100 %.  CPU is
+the user's: the stage's own thread less instrument's reads at its children's
+boundaries, plus the helper threads that run no stage (torch/OpenMP pools) where
+their CPU is beyond its interval at 0: CPU/wall above 1 is parallel compute.
 
 - gpu-bound     GPU time / wall >= verdict_gpu_share
 - gpu-sync      the profile shows the host blocked in CUDA synchronisation
+- instrument    instrument's own reads at its child stages' boundaries are >= half of its own time: its figures
+                (system time above all) cannot be told from instrument's
 - loop-blocked  woken but waiting for the event loop for >= verdict_loop_share of its time, more than it
                 awaited: other stages held the loop (named, with the time)
 - waiting       its asyncio task was suspended, awaiting, for at least 1 - verdict_wait_cpu of its time
 - cpu-starved   ready but waiting for a CPU (run queue) for >= verdict_runqueue_share of its time, more than it was
                 blocked; where the run queue is not readable, off the CPU with more involuntary context switches
                 (preemptions) than voluntary ones
-- waiting       CPU / wall < verdict_wait_cpu otherwise: blocked (I/O, locks, sleep, the GIL, the device)
-- kernel-bound  on the CPU with system (kernel) time >= verdict_kernel_share of its CPU time
+- gil-bound     CPU / wall < verdict_wait_cpu, blocked >= a third of its time (more than in the run queue), giving
+                up the CPU, while several threads were inside stages at once and the process's stages kept a CPU
+                busy (process_evidence)
+- waiting       CPU / wall < verdict_wait_cpu otherwise: blocked (I/O, locks, sleep, the device)
+- kernel-bound  on the CPU with system (kernel) time >= verdict_kernel_share of its own CPU time (instrument's
+                cost counted as system time), over calls long enough for the kernel's accounting to resolve
 - memory-bound  cache-miss ratio > verdict_miss_ratio or MPKI > verdict_mpki, with IPC < verdict_low_ipc
                 ("memory-bound?" when the misses are high but IPC is unknown)
 - compute-bound CPU / wall >= verdict_compute_cpu (and IPC >= verdict_low_ipc where measured)
@@ -26,7 +34,7 @@ parallel compute, not waiting.
                 thread with no task-switch hook: their CPU time and counters are left out, never summed)
 
 A verdict never claims more than its numbers: `evidence` holds them, and
-`limited_by` names the counters that were missing and would sharpen it.
+`limited_by` names what was missing and would sharpen it.  docs/verdicts.md has the rules in one table.
 """
 from __future__ import annotations
 
@@ -35,7 +43,7 @@ from typing import Any, Dict, Mapping, Optional
 
 from .. import config
 from .. import counters as _counters
-from ..snapshot import Snapshot, StageStats
+from ..snapshot import SPLIT, Snapshot, StageStats
 
 HARDWARE = ("cycles", "instructions", "cache-references", "cache-misses")
 SYNC_OPS = ("cudaDeviceSynchronize", "cudaStreamSynchronize", "cudaEventSynchronize", "cudaMemcpy")
@@ -73,29 +81,46 @@ def blockers_text(s: StageStats, top: int = 3) -> str:
     return ", ".join(f"{p} ({ns / 1e6:.3g} ms)" if ns < 1e9 else f"{p} ({ns / 1e6:,.0f} ms)" for p, ns in rows)
 
 
-def _evidence(s: StageStats, wall: int) -> Dict[str, Any]:
+# A call's system time comes from its thread's rusage, which Linux keeps by sampling at the scheduler tick
+# (1-10 ms) and spreads over the thread's running time in the ratio sampled so far: over calls much shorter than a
+# tick it is that running ratio, not the call's own.  A system share is judged only over calls this long (own CPU).
+SYS_RESOLVED_NS = 1_000_000
+# The stage's own time is mostly instrument's (the reads at its children's boundaries) from this share on.
+OWN_COST_SHARE = 0.5
+
+
+def _shares(s: StageStats, wall: int) -> Dict[str, float]:
+    """Each part of the stage's own time (SPLIT) as a share of one denominator, the own wall time (or the parts'
+    sum where estimates stray above it): they add up to at most 1."""
+    parts = {p: max(s.split_part(p, True) or 0, 0) for p in SPLIT}
+    den = max(wall, sum(parts.values()))
+    return {p: v / den for p, v in parts.items()} if den > 0 else {}
+
+
+def _evidence(s: StageStats, wall: int, shares: Mapping[str, float]) -> Dict[str, Any]:
     """The numbers a verdict rests on: self time, the wall-time split's shares, switches, helpers, system time."""
     ev: Dict[str, Any] = {"self_ms": round(wall / 1e6, 3)}
     if s.overlapped_calls:
         ev["overlapped_calls"] = s.overlapped_calls
-    if wall > 0:
-        shares = {}
-        for part in ("on_cpu", "runqueue", "blocked", "awaiting", "loop_ready"):
-            v = s.split_part(part, True)
-            if v is not None and (v or part in ("on_cpu", "runqueue")):
-                shares[part] = round(max(v, 0) / wall, 3)
-        if shares:
-            ev["split"] = shares
+    split = {p: round(v, 3) for p, v in shares.items()
+             if s.split_part(p, True) is not None and (v or p in ("on_cpu", "runqueue"))}
+    if split:
+        ev["split"] = split
     for kind, key in (("involuntary", "preemptions_per_call"), ("voluntary", "voluntary_switches_per_call")):
         x = _per_call(s, s.switches.get(kind))
         if x is not None:
             ev[key] = round(x, 2)
+    helpers = s.helpers_beyond_noise()
     if s.helpers is not None and wall:
-        ev["helpers_per_wall"] = round(max(s.helpers["self"], 0) / wall, 3)
-    if s.sys_share is not None:
-        ev["sys_share"] = round(s.sys_share, 3)
+        ev["helpers_per_wall"] = round(helpers / wall, 3)   # 0 where within its interval at 0
+    if s.instrument_self:
+        ev["instrument_ms"] = round(s.instrument_self / 1e6, 3)
+    user_sys = _user_sys_share(s)
+    if user_sys is not None:
+        ev["sys_share"] = round(user_sys, 3)
+        ev["sys_resolved"] = _sys_resolved(s)
         if s.calls and s.cpu_sys_self is not None:
-            ev["sys_ms_per_call"] = round(s.cpu_sys_self / s.calls / 1e6, 4)
+            ev["sys_ms_per_call"] = round(max(s.cpu_sys_self - s.instrument_self, 0) / s.calls / 1e6, 4)
     faults = _self_counter(s, "page-faults")
     if faults is None:
         faults = _self_counter(s, "minor-faults")
@@ -107,19 +132,41 @@ def _evidence(s: StageStats, wall: int) -> Dict[str, Any]:
     return ev
 
 
-def _cpu_per_wall(s: StageStats, wall: int) -> Optional[float]:
-    """CPU time (the stage's thread and its helper threads) per wall time, over the calls whose CPU was measured."""
-    if s.cpu_self is None or not s.cpu_calls or not wall:
+def _user_cpu(s: StageStats) -> Optional[float]:
+    """The stage's own CPU time less instrument's (the reads at its children's boundaries)."""
+    return None if s.cpu_self is None else max(s.cpu_self - s.instrument_self, 0)
+
+
+def _user_sys_share(s: StageStats) -> Optional[float]:
+    """System share of the user's own CPU time, counting instrument's whole cost as system time (most of it is
+    system calls): a lower bound of the user code's share."""
+    cpu = _user_cpu(s)
+    if s.cpu_sys_self is None or not cpu:
         return None
-    measured = wall * s.cpu_calls / s.calls if s.calls else wall
-    helpers = max(s.helpers["self"], 0) if s.helpers is not None else 0
-    return (max(s.cpu_self, 0) + helpers) / measured if measured else None
+    return min(1.0, max(0.0, (s.cpu_sys_self - s.instrument_self) / cpu))
 
 
-def judge(s: StageStats, th: Mapping[str, float]) -> Dict[str, Any]:
-    """The verdict of one stage: {"verdict", "reason", "evidence", "limited_by"}."""
+def _sys_resolved(s: StageStats) -> bool:
+    cpu = _user_cpu(s)
+    return bool(cpu and s.cpu_calls and cpu / s.cpu_calls >= SYS_RESOLVED_NS)
+
+
+def _cpu_per_wall(s: StageStats, wall: int) -> Optional[float]:
+    """The user's CPU time (the stage's thread, less instrument's own, and helper threads' beyond their noise) per
+    wall time, over the calls whose CPU was measured."""
+    cpu = _user_cpu(s)
+    if cpu is None or not s.cpu_calls or not wall:
+        return None
+    measured = (wall * s.cpu_calls / s.calls if s.calls else wall) - min(s.instrument_self, s.cpu_self or 0)
+    return (cpu + s.helpers_beyond_noise()) / measured if measured > 0 else None
+
+
+def judge(s: StageStats, th: Mapping[str, float], process: Optional[Mapping[str, float]] = None) -> Dict[str, Any]:
+    """The verdict of one stage: {"verdict", "reason", "evidence", "limited_by"}.  `process`: what the whole
+    snapshot shows of the process (`process_evidence`), for the rules that look beyond the stage."""
     wall = s.wall_self if s.wall_self else s.wall_total
-    ev = _evidence(s, wall)
+    shares = _shares(s, wall)
+    ev = _evidence(s, wall, shares)
     cpu_ratio = _cpu_per_wall(s, wall)
     if cpu_ratio is not None:
         ev["cpu_per_wall"] = round(cpu_ratio, 3)
@@ -134,6 +181,8 @@ def judge(s: StageStats, th: Mapping[str, float]) -> Dict[str, Any]:
         if v is not None:
             ev[k] = round(v, 3)
     limited = [n for n in HARDWARE if sel[n] is None]
+    if _user_sys_share(s) is not None and not _sys_resolved(s):
+        limited.append("system time (its calls are shorter than the kernel's tick-sampled accounting resolves)")
     sync = _sync_share(s)
     if sync is not None:
         ev["sync_share_of_self_cpu"] = round(sync, 3)
@@ -145,7 +194,14 @@ def judge(s: StageStats, th: Mapping[str, float]) -> Dict[str, Any]:
         return out("gpu-bound", f"GPU time is {gpu_share:.0%} of wall time")
     if sync is not None and sync >= 0.5:
         return out("gpu-sync", f"{sync:.0%} of the stage's CPU time is spent in CUDA synchronisation")
-    off = _off_cpu(s, wall, cpu_ratio, th, out)
+    sdk = shares.get("instrument", 0.0)
+    if sdk >= OWN_COST_SHARE:
+        return out("instrument", f"{sdk:.0%} of its own time is instrument's reads at its child stages' boundaries "
+                   f"({s.instrument_self / 1e6:.3g} ms): the code of its own took "
+                   f"{shares.get('on_cpu', 0):.0%} on a CPU; its system time cannot be told from instrument's")
+    if process:
+        ev.update({k: round(v, 3) for k, v in process.items()})
+    off = _off_cpu(s, shares, cpu_ratio, th, process or {}, out)
     if off is not None:
         return off
     if cpu_ratio is None and gpu_share is None:
@@ -156,24 +212,21 @@ def judge(s: StageStats, th: Mapping[str, float]) -> Dict[str, Any]:
     return _on_cpu(s, cpu_ratio, gpu_share, ipc, miss, mpki, limited, ev, th, out)
 
 
-def _off_cpu(s: StageStats, wall: int, cpu_ratio: Optional[float], th: Mapping[str, float], out) -> Optional[dict]:
-    """loop-blocked, cpu-starved or waiting, when the stage's time went off the CPU; None otherwise."""
-    share = {} if not wall else {p: max(s.split_part(p, True) or 0, 0) / wall
-                                 for p in ("runqueue", "blocked", "awaiting", "loop_ready")}
+def _off_cpu(s: StageStats, share: Mapping[str, float], cpu_ratio: Optional[float], th: Mapping[str, float],
+             process: Mapping[str, float], out) -> Optional[dict]:
+    """loop-blocked, cpu-starved, gil-bound or waiting, when the stage's time went off the CPU; None otherwise."""
     loop, awaiting, rq, blocked = (share.get(p, 0.0) for p in ("loop_ready", "awaiting", "runqueue", "blocked"))
+    on = share.get("on_cpu", 0.0)
     if loop >= th["loop_share"] and loop >= awaiting and loop >= max(rq, blocked):
         held = blockers_text(s)
         return out("loop-blocked", f"woken but waiting for the event loop {loop:.0%} of its own time"
                    + (f": the loop was running {held}" if held else ""))
     if awaiting >= 1 - th["wait_cpu"]:
-        why = f"its task was suspended, awaiting, {awaiting:.0%} of the stage's own time"
-        if cpu_ratio is not None:
-            why += f"; CPU/wall {cpu_ratio:.2f}"
-        return out("waiting", why)
+        return out("waiting", f"its task was suspended, awaiting, {awaiting:.0%} of its own time; on a CPU {on:.0%}")
     if cpu_ratio is None:
         return None
     if s.runqueue is not None and rq >= th["runqueue_share"] and rq >= blocked:
-        why = f"ready but waiting for a CPU (run queue) {rq:.0%} of its own time, on a CPU {cpu_ratio:.0%}"
+        why = f"ready but waiting for a CPU (run queue) {rq:.0%} of its own time, on a CPU {on:.0%}"
         p = (s.switches.get("involuntary") or {}).get("self")
         if p is not None and s.cpu_calls:
             why += f"; {p / s.cpu_calls:.2g} preemptions per call"
@@ -184,6 +237,11 @@ def _off_cpu(s: StageStats, wall: int, cpu_ratio: Optional[float], th: Mapping[s
     if s.runqueue is None and inv is not None and vol is not None and inv > vol and inv >= 1:
         return out("cpu-starved", f"CPU/wall {cpu_ratio:.2f} with {inv:.2g} preemptions per call and {vol:.2g} "
                    "voluntary switches: the thread was taken off the CPU, not waiting (run-queue time not readable)")
+    if _gil_bound(s, blocked, rq, vol, process):
+        return out("gil-bound", f"blocked {blocked:.0%} of its own time, on a CPU {on:.0%}, while other threads ran "
+                   f"Python: the process's stages were on a CPU {process['stage_cpu_cores']:.2g} cores on average "
+                   f"with {process['stage_threads']:.2g} threads inside stages at once, and only one runs Python at "
+                   "a time (most likely waiting for the GIL)")
     why = f"CPU/wall {cpu_ratio:.2f}: the thread was off the CPU by its own doing (I/O, locks, sleep, the GIL or " \
           "waiting on the device)"
     if s.runqueue is not None:
@@ -195,10 +253,38 @@ def _off_cpu(s: StageStats, wall: int, cpu_ratio: Optional[float], th: Mapping[s
     return out("waiting", why)
 
 
+# gil-bound, until the GIL wait is measured: blocked a third of its own time or more (and more than it queued for a
+# CPU), giving up the CPU, while several threads were inside stages at once and the process's stages kept a CPU
+# busy (Python runs on one thread at a time); a thread that waits for the GIL also queues for a CPU each time it is
+# woken to check it, so the blocked part is a lower bound of the wait
+GIL_BLOCKED_SHARE = 1 / 3
+GIL_STAGE_THREADS = 1.5
+GIL_STAGE_CPU_CORES = 0.3
+
+
+def _gil_bound(s: StageStats, blocked: float, rq: float, vol: Optional[float], process: Mapping[str, float]) -> bool:
+    if s.runqueue is None or blocked < GIL_BLOCKED_SHARE or blocked < rq or vol is None or vol < 1:
+        return False
+    return (process.get("stage_threads", 0.0) >= GIL_STAGE_THREADS
+            and process.get("stage_cpu_cores", 0.0) >= GIL_STAGE_CPU_CORES)
+
+
+def process_evidence(snap: Snapshot) -> Dict[str, float]:
+    """What the snapshot shows of the process as a whole, over its recording: the stages' own CPU time (less
+    instrument's) per wall second (`stage_cpu_cores`), and the outermost stages' wall time per wall second (the
+    threads or tasks inside stages at once, on average: `stage_threads`)."""
+    span = snap.meta.get("duration_ns") or 0
+    if span <= 0:
+        return {}
+    cpu = sum(_user_cpu(s) or 0 for s in snap.stages if s.calls)
+    roots = sum(s.wall_total - s.suspended_total for s in snap.stages if s.calls and len(s.path) == 1)
+    return {"stage_cpu_cores": cpu / span, "stage_threads": roots / span}
+
+
 def _on_cpu(s: StageStats, cpu_ratio: Optional[float], gpu_share: Optional[float], ipc, miss, mpki, limited,
             ev: Dict[str, Any], th: Mapping[str, float], out) -> Dict[str, Any]:
     """kernel-bound, memory-bound, compute-bound, mixed: a stage that spends its time on a CPU."""
-    sys_share = s.sys_share
+    sys_share = _user_sys_share(s) if _sys_resolved(s) else None
     if sys_share is not None and sys_share >= th["kernel_share"] and cpu_ratio is not None:
         why = f"{sys_share:.0%} of its CPU time is in the kernel (CPU/wall {cpu_ratio:.2f})"
         if "page_faults_per_call" in ev:
@@ -217,13 +303,13 @@ def _on_cpu(s: StageStats, cpu_ratio: Optional[float], gpu_share: Optional[float
             return out("mixed", f"on the CPU (CPU/wall {cpu_ratio:.2f}) but IPC is low ({ipc:.2f}) without high misses: "
                        "stalls of another kind (branches, dependencies)")
         why = f"CPU/wall {cpu_ratio:.2f}"
-        if ev.get("helpers_per_wall"):
+        if ev.get("helpers_per_wall"):   # beyond their noise
             why += f" with helper threads' CPU ({ev['helpers_per_wall']:.2f} of wall: parallel compute)"
         if ipc is not None:
             why += f", IPC {ipc:.2f}"
         else:
             why += ("; no hardware counters, so a memory-bound stage would look the same (count "
-                    f"{', '.join(limited)} on a machine with a PMU to tell)")
+                    f"{', '.join(n for n in limited if n in HARDWARE)} on a machine with a PMU to tell)")
         return out("compute-bound", why)
     if cpu_ratio is not None:
         return out("mixed", f"CPU/wall {cpu_ratio:.2f}: part computing, part waiting")
@@ -242,7 +328,8 @@ def _sync_share(s: StageStats) -> Optional[float]:
 def with_verdicts(snap: Snapshot, th: Optional[Mapping[str, float]] = None) -> Snapshot:
     """A copy of `snap` whose stages carry their verdicts (thresholds as in `thresholds()`)."""
     th = thresholds(snap, th)
-    stages = [replace(s, verdict=judge(s, th)) if s.calls else s for s in snap.stages]
+    process = process_evidence(snap)
+    stages = [replace(s, verdict=judge(s, th, process)) if s.calls else s for s in snap.stages]
     meta = snap.meta
     meta["verdict_thresholds"] = th
     return Snapshot(stages, meta, snap.events, snap.exemplars)

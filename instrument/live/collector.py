@@ -399,6 +399,26 @@ _held: Dict[tuple, Dict[str, Any]] = {}
 _held_lock = threading.Lock()
 
 
+def _with_instrument_cost(stages: List[StageStats], overhead: Optional[Dict[str, Any]]) -> List[StageStats]:
+    """Each stage with instrument's own cost inside its running time: what its child stages' calls cost at their
+    boundaries, whole (a read call the calibrated cost of a read, an unread one that of a bare call: the
+    children's own figures have theirs taken out), and below it in all."""
+    if not overhead or overhead.get("per_read_calibrated_ns") is None:
+        return stages
+    read, bare = overhead["per_read_calibrated_ns"], overhead["per_call_ns"]
+    own: Dict[tuple, float] = {}
+    for st in stages:
+        if len(st.path) > 1 and st.calls:
+            reads = min(st.cpu_reads, st.calls)
+            own[st.path[:-1]] = own.get(st.path[:-1], 0.0) + reads * read + (st.calls - reads) * bare
+    total: Dict[tuple, float] = {}
+    for path, ns in own.items():   # every ancestor's total holds it
+        for k in range(1, len(path) + 1):
+            total[path[:k]] = total.get(path[:k], 0.0) + ns
+    return [replace(st, instrument_self=int(own.get(st.path, 0)), instrument_total=int(total.get(st.path, 0)))
+            if st.path in total else st for st in stages]
+
+
 def _hold(stages: List[StageStats]) -> List[StageStats]:
     """Estimated totals never go down from one snapshot to the next in this process: a new read can lower a
     ratio estimate a little, and a Prometheus counter that goes down reads as a reset.  Each estimated total
@@ -447,7 +467,9 @@ def _hold_split(h: Dict[str, Any], st: StageStats, fields: Dict[str, Any]) -> No
     h["rq_total"] = queued_total
     rq = dict(rq, total=queued_total)
     cov = max(st.covered_run_self, 0)
-    parts = [max(fields.get("cpu_self", st.cpu_self), 0), max(rq["self"], 0)]
+    cpu = max(fields.get("cpu_self", st.cpu_self), 0)
+    sdk = min(max(st.instrument_self, 0), cpu)   # instrument's own cost, on a CPU: a part of its own
+    parts = [cpu - sdk, sdk, max(rq["self"], 0)]
     if sum(parts) > cov:
         parts = [p * cov / sum(parts) for p in parts]
     parts.append(cov - sum(parts))
@@ -457,9 +479,10 @@ def _hold_split(h: Dict[str, Any], st: StageStats, fields: Dict[str, Any]) -> No
         over, room = sum(parts) - cov, sum(p - f for p, f in zip(parts, floors))
         if over > 0 and room > 0:
             parts = [p - (p - f) * min(over / room, 1) for p, f in zip(parts, floors)]
-    cpu, queued = math.floor(parts[0]), math.floor(parts[1])   # whole ns, never below their last (whole) values
-    h["split"] = [cpu, queued, cov - cpu - queued]             # blocked gets what they leave: at least its own
-    fields["cpu_self"] = cpu
+    user, sdk, queued = (math.floor(p) for p in parts[:3])   # whole ns, never below their last (whole) values
+    h["split"] = [user, sdk, queued, cov - user - sdk - queued]   # blocked gets what they leave: at least its own
+    fields["cpu_self"] = user + sdk
+    fields["instrument_self"] = sdk
     fields["runqueue"] = dict(rq, self=queued)
 
 
@@ -528,13 +551,13 @@ def snapshot(judged: bool = True) -> Snapshot:
             other=s["node"] in others, overlapped_calls=s["overlapped"], abandoned_calls=s["abandoned"],
             suspended_total=s["susp_total"], suspended_self=s["susp_self"], items=_items(s.get("items")),
             **extra.pop(path, {})))
-    stages = _hold(stages)
+    meta = _meta(raw)
+    stages = _hold(_with_instrument_cost(stages, meta.get("overhead")))
     for path, fields in extra.items():   # stages only an integration saw (e.g. GPU time of a still-open stage)
         stages.append(replace(StageStats.empty(path), **fields))
     events = [{"path": list(paths[e[0]]), "tid": e[1], "ts_ns": e[2] - _start_clock, "dur_ns": e[3],
                "tts_ns": e[4] if e[4] >= 0 else None, "tdur_ns": e[5] if e[5] >= 0 else None}
               for e in raw["events"] if e[0] in paths]
-    meta = _meta(raw)
     if outside:
         meta["items_outside_stages"] = outside
     snap = Snapshot(stages, meta, events, _exemplars(raw.get("exemplars") or (), paths, meta["pid"]))

@@ -99,6 +99,8 @@ def _combined_split(a: Stage, b: Stage, sign: int) -> Dict[str, Any]:
             "switches": {k: merge_estimate(a.switches.get(k), b.switches.get(k), sign)
                          for k in set(a.switches) | set(b.switches)},
             "loop_total": a.loop_total + sign * b.loop_total, "loop_self": a.loop_self + sign * b.loop_self,
+            "instrument_total": a.instrument_total + sign * b.instrument_total,
+            "instrument_self": a.instrument_self + sign * b.instrument_self,
             "covered_run": a.covered_run + sign * b.covered_run,
             "covered_run_self": a.covered_run_self + sign * b.covered_run_self,
             "loop_blockers": {k: v for k, v in blockers.items() if v > 0}}

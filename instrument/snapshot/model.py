@@ -15,10 +15,10 @@ from typing import Any, Callable, ClassVar, Dict, Iterable, Iterator, List, Mapp
 from .. import histogram as _hist
 from . import merge as _merge
 from . import schema as _schema
-from .base import SnapshotError, as_path, ci99, json_number, path_text
+from .base import Z99, SnapshotError, as_path, ci99, json_number, path_text
 
 QUANTILES = (("p50", 0.5), ("p90", 0.9), ("p99", 0.99), ("p999", 0.999))
-SPLIT = ("on_cpu", "runqueue", "blocked", "awaiting", "loop_ready", "unknown")   # a stage's wall time, in parts
+SPLIT = ("on_cpu", "runqueue", "blocked", "instrument", "awaiting", "loop_ready", "unknown")   # a stage's wall time
 SWITCHES = ("voluntary", "involuntary")
 
 
@@ -72,11 +72,30 @@ class StageStats:
     # running wall time (wall less suspended) of the calls CPU time covers (cpu_calls): on CPU + run queue + blocked
     covered_run: int = 0
     covered_run_self: int = 0
+    # instrument's own cost inside the stage's running time: the reads and bookkeeping at its child stages' boundaries
+    # (self), and at every stage boundary below it (total); on a CPU, so out of its CPU time in the split
+    instrument_total: int = 0
+    instrument_self: int = 0
     # the stages that ran on the loop while this one was ready to run: {path text: ns}
     loop_blockers: Mapping[str, int] = field(default_factory=dict)
     # per rank of a torch.distributed job, {rank: {"calls", "errors", "wall_ns", "self_ns", "cpu_ns", "gpu_ns"}}: by
     # merge() of snapshots that name their rank (meta.distributed.rank); None for one process's snapshot
     ranks: Optional[Mapping[int, Mapping[str, Any]]] = None
+
+    def __post_init__(self) -> None:
+        # helper threads' CPU is an estimate whose own part (total less the children's) may stray below 0: it is
+        # clamped at 0 with its interval (a figure of CPU time is never negative)
+        h = self.helpers
+        if h is not None and (h["total"] < 0 or h["self"] < 0):
+            object.__setattr__(self, "helpers", {**h, "total": max(h["total"], 0.0), "self": max(h["self"], 0.0)})
+
+    def helpers_beyond_noise(self, self_: bool = True) -> float:
+        """Helper threads' CPU (self or total) where it is beyond its 99 % interval at 0, else 0."""
+        h = self.helpers
+        if h is None:
+            return 0.0
+        v, var = (h["self"], h["var_self"]) if self_ else (h["total"], h["var"])
+        return v if v - Z99 * math.sqrt(max(var, 0.0)) > 0 else 0.0
 
     @classmethod
     def empty(cls, path: Tuple[str, ...]) -> "StageStats":
@@ -177,8 +196,11 @@ class StageStats:
             return max(run - cov, 0) if cpu is not None else max(run, 0)
         if cpu is None:
             return None
+        sdk = min(max(self.instrument_self if self_ else self.instrument_total, 0), max(cpu, 0))
         if part == "on_cpu":
-            return cpu
+            return cpu - sdk
+        if part == "instrument":
+            return sdk
         if part == "runqueue":
             return rq
         if part == "blocked":

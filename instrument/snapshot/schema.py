@@ -153,7 +153,7 @@ def _split_from(path: Tuple[str, ...], d: Mapping[str, Any], c: Mapping[str, Any
     split = d.get("wall_split_ns") or {}
     if not isinstance(split, Mapping):
         raise SnapshotError(f"stage {path_text(path)}: wall_split_ns must be an object")
-    rq, loop, cov = split.get("runqueue"), split.get("loop_ready") or {}, \
+    rq, loop, sdk, cov = split.get("runqueue"), split.get("loop_ready") or {}, split.get("instrument") or {}, \
         d.get("covered_running_ns") or split.get("covered_running") or {}   # older files: inside the split
     switches = d.get("context_switches") or {}
     sd = float(c.get("sd") or 0), float(c.get("sd_self") or 0)
@@ -161,6 +161,7 @@ def _split_from(path: Tuple[str, ...], d: Mapping[str, Any], c: Mapping[str, Any
             "helpers": _estimate_from(path, "cpu_ns.helpers", c.get("helpers")),
             "switches": {k: _estimate_from(path, f"context_switches.{k}", v) for k, v in switches.items()},
             "loop_total": int(loop.get("total", 0)), "loop_self": int(loop.get("self", 0)),
+            "instrument_total": int(sdk.get("total", 0)), "instrument_self": int(sdk.get("self", 0)),
             "covered_run": int(cov.get("total", 0)), "covered_run_self": int(cov.get("self", 0)),
             "cpu_var": sd[0] ** 2, "cpu_var_self": sd[1] ** 2,
             "loop_blockers": {str(k): int(v) for k, v in (d.get("loop_blockers_ns") or {}).items()}}

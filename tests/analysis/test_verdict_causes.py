@@ -1,0 +1,278 @@
+"""Verdicts that name the right cause, each against a truth the test measures itself: the thread's own clocks
+and rusage around the work, the CPU a helper thread took by its own clock, and the shares the verdict prints."""
+import asyncio
+import os
+import re
+import resource
+import threading
+import time
+
+import numpy as np
+import pytest
+
+import instrument
+from instrument.analysis import verdict
+
+pytestmark = pytest.mark.native_only   # instrument's own cost, helper threads and the run queue: the C core's
+
+
+def py_work(n):
+    s = 0
+    for i in range(n):
+        s += i * i
+    return s
+
+
+def run_in(where, fn):
+    """Runs fn() on a plain thread, or as an asyncio task (its stages then follow the task)."""
+    if where == "thread":
+        t = threading.Thread(target=fn)
+        t.start()
+        t.join()
+    else:
+        async def task():
+            fn()
+            await asyncio.sleep(0)
+        asyncio.run(task())
+
+
+def percents(reason):
+    """The shares of the own time a verdict's reason prints, by part."""
+    pats = {"runqueue": r"\(run queue\) (\d+)%|in the run queue (\d+)%", "on_cpu": r"on a CPU (\d+)%",
+            "blocked": r"blocked (\d+)%", "awaiting": r"awaiting, (\d+)%", "loop_ready": r"event loop (\d+)%",
+            "instrument": r"^(\d+)% of its own time is instrument"}
+    out = {}
+    for part, pat in pats.items():
+        m = re.search(pat, reason)
+        if m:
+            out[part] = int(next(g for g in m.groups() if g))
+    return out
+
+
+def check_shares(snap):
+    """Every verdict's printed shares are of the own time and add up to at most 100 % (rounding aside)."""
+    for s in snap:
+        if not s.calls or not s.verdict:
+            continue
+        ev, printed = s.verdict["evidence"], percents(s.verdict["reason"])
+        assert sum(ev.get("split", {}).values()) <= 1.0 + 1e-3 * len(ev.get("split", {})), s.verdict
+        assert sum(printed.values()) <= 100 + len(printed), s.verdict
+        for part, pct in printed.items():   # each printed share is the evidence's, of the same denominator
+            assert abs(pct - 100 * ev["split"].get(part, 0)) <= 1, (part, s.verdict)
+
+
+@pytest.mark.parametrize("where", ["thread", "task"])
+def test_a_parent_that_only_enters_children_is_not_judged_by_instruments_own_reads(backend, where):
+    instrument.configure(overhead_budget=None, counters=["task-clock"])   # every call read: the most reads
+
+    def body():
+        for _ in range(1500):
+            with instrument.stage("request"):
+                with instrument.stage("a"):
+                    py_work(100)
+                with instrument.stage("b"):
+                    py_work(100)
+                with instrument.stage("c"):
+                    py_work(100)
+
+    run_in(where, body)
+    # the truth, in the same window: what a read stage call costs this thread's CPU, timed from outside
+    c0 = time.thread_time_ns()
+    for _ in range(1500):
+        with instrument.stage("cost"):
+            pass
+    per_call = (time.thread_time_ns() - c0) / 1500
+    snap = instrument.snapshot()
+    req = snap["request"]
+    assert 0.4 * 4500 * per_call <= req.instrument_self <= 2.5 * 4500 * per_call, (req.instrument_self, per_call)
+    assert req.split_part("instrument", True) == min(req.instrument_self, req.cpu_self)
+    assert req.split_part("on_cpu", True) + req.split_part("instrument", True) == req.cpu_self
+    v = req.verdict
+    assert v["verdict"] != "kernel-bound", v
+    if v["verdict"] not in ("cpu-starved", "waiting"):   # a loaded machine may hold it in the run queue
+        assert v["verdict"] == "instrument" and "instrument's reads" in v["reason"], v
+    assert snap["request", "a"].instrument_self == 0          # a leaf holds no child's boundaries
+    assert req.instrument_total == req.instrument_self
+    check_shares(snap)
+
+
+def test_helper_cpu_is_never_below_zero_and_cited_only_beyond_its_interval(backend):
+    instrument.configure(counters=["task-clock"])
+    go, done, leave = threading.Event(), threading.Event(), threading.Event()
+    spent = []
+
+    def helper():   # a thread that runs no stage: it computes only while `par` is open (and ends after it: an
+        go.wait()   # ended thread's clock cannot be read, and what it ran since the last read is not seen)
+        c0 = time.thread_time_ns()
+        py_work(400_000)
+        spent.append(time.thread_time_ns() - c0)
+        done.set()
+        leave.wait()
+
+    t = threading.Thread(target=helper)
+    t.start()
+    for _ in range(300):   # single-threaded work first: no helper thread runs
+        with instrument.stage("req"):
+            with instrument.stage("work"):
+                py_work(300)
+    with instrument.stage("par"):
+        go.set()
+        while not done.is_set():
+            time.sleep(0.001)
+    leave.set()
+    t.join()
+    snap = instrument.snapshot()
+    for s in snap:
+        if s.helpers is not None:
+            assert s.helpers["total"] >= 0 and s.helpers["self"] >= 0, s
+    for path in (("req",), ("req", "work")):
+        assert "helper threads" not in snap[path].verdict["reason"], snap[path].verdict
+    par = snap["par"]
+    # the helper's own clock is the truth: all of its CPU ran while `par` was open, and no other thread computed
+    assert 0.9 * spent[0] <= par.helpers["total"] <= spent[0] * 1.1 + 5_000_000, (par.helpers, spent)
+    assert par.helpers_beyond_noise() == par.helpers["self"] > 0
+    check_shares(snap)
+
+
+def own_truth(fn):
+    """Runs fn() and returns what the thread measured itself around it: wall, CPU, run-queue delay (read with one
+    system call at the window's edges: the GIL a read gives up is taken back after its value is read)."""
+    fd = os.open("/proc/thread-self/schedstat", os.O_RDONLY)
+    try:
+        def sched():
+            return int(os.pread(fd, 200, 0).split()[1])
+        w0, c0 = time.perf_counter_ns(), time.thread_time_ns()
+        q0 = sched()
+        fn()
+        w1, c1 = time.perf_counter_ns(), time.thread_time_ns()
+        return w1 - w0, c1 - c0, sched() - q0
+    finally:
+        os.close(fd)
+
+
+def test_python_threads_queueing_for_the_gil_are_judged_gil_bound(backend):
+    instrument.configure(counters=["task-clock", "context-switches"])
+    truth = []
+    start = threading.Barrier(4)
+
+    def call():
+        with instrument.stage("py"):
+            py_work(300_000)
+
+    def worker():
+        start.wait()   # all four at once: each waits for the GIL while the others run Python
+        for _ in range(6):
+            truth.append(own_truth(call))
+
+    threads = [threading.Thread(target=worker) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    snap = instrument.snapshot()
+    v = snap["py"].verdict
+    wall, cpu, rq = (sum(x[k] for x in truth) for k in range(3))
+    blocked = wall - cpu - rq   # off the CPU and not ready: with four Python threads on the CPUs, the GIL
+    assert blocked > 0
+    if blocked >= 0.4 * wall and blocked >= rq and cpu < 0.5 * wall:
+        assert v["verdict"] == "gil-bound", (v, wall, cpu, rq)
+        assert "GIL" in v["reason"] and v["evidence"]["stage_threads"] >= 1.5
+        from instrument.analysis.advice import NEXT_STEP
+        assert "free-threaded" in NEXT_STEP["gil-bound"] and "processes" in NEXT_STEP["gil-bound"]
+    else:   # a loaded machine: the threads mostly waited for a CPU, or ran
+        assert v["verdict"] in ("cpu-starved", "gil-bound", "mixed", "compute-bound", "waiting"), v
+    check_shares(snap)
+
+
+def test_a_pipe_read_with_no_other_python_thread_is_waiting_not_gil_bound(backend):
+    instrument.configure(counters=["task-clock", "context-switches"])
+    r, w = os.pipe()
+    t = threading.Timer(0.05, lambda: os.write(w, b"x"))
+    for _ in range(3):
+        t = threading.Timer(0.05, lambda: os.write(w, b"x"))
+        t.start()
+        with instrument.stage("read"):
+            os.read(r, 1)
+        t.join()
+    os.close(r), os.close(w)
+    snap = instrument.snapshot()
+    assert snap["read"].verdict["verdict"] == "waiting", snap["read"].verdict
+    check_shares(snap)
+
+
+@pytest.mark.parametrize("where", ["thread", "task"])
+def test_a_stage_mostly_in_the_kernel_is_kernel_bound_not_compute(backend, where):
+    instrument.configure(counters=["task-clock", "page-faults"])
+    measured = []
+
+    def loop():
+        for _ in range(40):
+            with instrument.stage("alloc"):
+                a = np.ones((3000, 3000))   # 72 MB of fresh pages each call: page faults, zeroing
+                del a
+
+    def body():
+        u0 = resource.getrusage(resource.RUSAGE_THREAD)
+        wall, _, rq = own_truth(loop)
+        u1 = resource.getrusage(resource.RUSAGE_THREAD)
+        sys_, user = u1.ru_stime - u0.ru_stime, u1.ru_utime - u0.ru_utime
+        measured.append((sys_ / (sys_ + user), rq / wall))
+
+    run_in(where, body)
+    snap = instrument.snapshot()
+    v = snap["alloc"].verdict
+    assert snap["alloc"].cpu_calls and snap["alloc"].cpu_self / snap["alloc"].cpu_calls >= verdict.SYS_RESOLVED_NS
+    sys_share, queued = measured[0]   # the thread's own rusage over the whole loop (many ticks), its run queue
+    if sys_share >= 0.6 and queued < 0.2:
+        assert v["verdict"] == "kernel-bound", (v, measured)
+    assert v["verdict"] != "compute-bound" or v["evidence"].get("sys_share", 0) < 0.5, v
+    check_shares(snap)
+
+
+def test_short_calls_are_not_judged_by_a_system_share_the_kernel_cannot_resolve(backend):
+    instrument.configure(overhead_budget=None, counters=["task-clock"])
+    for _ in range(3000):
+        with instrument.stage("tiny"):
+            py_work(50)   # a few µs of pure Python: any system share here is the thread's running ratio
+    v = instrument.snapshot()["tiny"].verdict
+    assert v["verdict"] != "kernel-bound", v
+    assert any("system time" in x for x in v["limited_by"]), v
+
+
+def test_every_verdict_of_a_mixed_program_prints_shares_that_add_up(backend):
+    instrument.configure(counters=["task-clock", "context-switches", "page-faults"])
+    lock = threading.Lock()
+
+    async def handler():
+        with instrument.stage("handler"):
+            await asyncio.sleep(0.002)
+            py_work(20_000)
+
+    def mixed():
+        with instrument.stage("sleep"):
+            time.sleep(0.01)
+        with instrument.stage("spin"):
+            py_work(50_000)
+        with instrument.stage("lock"):
+            with lock:
+                py_work(1000)
+        with instrument.stage("np"):
+            np.ones((500, 500)).sum()
+
+    for _ in range(5):
+        mixed()
+    t = threading.Thread(target=lambda: [mixed() for _ in range(5)])
+    t.start()
+    async def main():
+        await asyncio.gather(*(handler() for _ in range(10)))
+
+    asyncio.run(main())
+    t.join()
+    snap = instrument.snapshot()
+    assert {s.verdict["verdict"] for s in snap if s.calls} <= set(verdict_names())
+    check_shares(snap)
+
+
+def verdict_names():
+    doc = verdict.__doc__
+    return {m.group(1) for m in re.finditer(r"^- ([a-z?-]+)", doc, re.M)} | {"memory-bound?"}
