@@ -34,9 +34,9 @@ from .analysis.ranks import rank_view
 from .analysis.tail import tail
 from .analysis.verdict import with_verdicts
 from .exporters import ADVICE, DIFF, OPERATORS, RANKS, TAIL, View, formats
-from .exporters.format import headline, ranks_summary, significance_text
+from .exporters.format import headline, path_text, ranks_summary, significance_text
 from .serve import multiproc
-from .snapshot import RANK_KEY, Snapshot, SnapshotError, atomic_write, load_many, merge_all, path_text, rank_of
+from .snapshot import RANK_KEY, Snapshot, SnapshotError, atomic_write, load_many, merge_all, rank_of
 
 
 class CLIError(Exception):

@@ -17,7 +17,7 @@ from ..analysis.ranks import RankView
 from ..analysis.significance import Significance
 from ..analysis.tail import TailView
 from ..analysis.verdict import with_verdicts
-from ..snapshot import Snapshot, StageStats, name_text, path_text as _path_text
+from ..snapshot import Snapshot, StageStats, path_shown
 from . import Option, merged
 
 MINUS = "\u2212"
@@ -96,20 +96,20 @@ def printable(name: str) -> str:
 
 
 def md(text: str) -> str:
-    """Text for a markdown table cell (a backslash doubled, so an escaped '/' in a path stays shown)."""
+    """Text for a markdown table cell (a backslash doubled, so a '\\' in a name stays shown)."""
     return (printable(text).replace("\\", "\\\\").replace("|", "\\|").replace("<", "&lt;")
             .replace(">", "&gt;"))
 
 
 def path_text(path: Sequence[str]) -> str:
-    """A path for display: names joined by '/', a '/' or '\\' inside a name escaped
-    with '\\' (instrument.snapshot.path_text), control characters shown escaped."""
-    return printable(_path_text(path))
+    """A path for display: names as written joined by '/', a name holding a '/' quoted
+    (instrument.snapshot.path_shown), control characters shown escaped."""
+    return printable(path_shown(path))
 
 
 def name(n: str) -> str:
-    """One stage name for display, escaped as in a path."""
-    return printable(name_text(n))
+    """One stage name for display, as written (the table shows nesting by indentation)."""
+    return printable(n)
 
 
 def unit(name: str) -> str:

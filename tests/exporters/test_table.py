@@ -24,7 +24,7 @@ def test_report_fits_80_columns_and_shows_tree(backend):
     by_total = table.render([instrument.snapshot()], width=80, sort="total").splitlines()
     assert by_total[3].startswith("  attention_mask")
     csv_text = as_csv.render([instrument.snapshot()])
-    assert csv_text.splitlines()[1].startswith("request,1,")
+    assert csv_text.splitlines()[1].startswith("request,request,1,")
     with pytest.raises(ValueError, match="sort must be one of"):
         table.render([instrument.snapshot()], sort="bogus")
 
