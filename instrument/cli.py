@@ -1,7 +1,7 @@
 """The `instrument` command.
 
     instrument run [-o run.json] [--trace-events N] [--no-report] [--keep-parts] -- python serve.py ...
-    instrument report FILE... [--sort total|self|calls|p99|cpu|...] [--depth N] [--fold] [--format FORMAT] [--ops]
+    instrument report FILE|FOLDER... [--sort total|self|calls|p99|cpu|...] [--depth N] [--fold] [--format FORMAT] [--ops]
     instrument report --tail [--quantile Q] [--json] FILE...  |  report --since EARLIER LATER [...]
     instrument diff BEFORE AFTER [--basis turns|windows|runs] [--reference STAGE] [--fail-on-regression PCT]
                   [--summary FILE] [--format ...]
@@ -36,7 +36,7 @@ from .analysis.verdict import with_verdicts
 from .exporters import ADVICE, DIFF, OPERATORS, RANKS, TAIL, View, formats
 from .exporters.format import headline, path_text, ranks_summary, significance_text
 from .serve import multiproc
-from .snapshot import RANK_KEY, Snapshot, SnapshotError, atomic_write, load_many, merge_all, rank_of
+from .snapshot import RANK_KEY, Snapshot, SnapshotError, atomic_write, merge_all, rank_of
 
 
 class CLIError(Exception):
@@ -232,7 +232,7 @@ def _cmd_report(a) -> int:
         raise CLIError("report: --quantile goes with --tail")
     if a.ranks:
         return _report_ranks(a)
-    snap = with_verdicts(_window(*a.since) if a.since else load_many(a.files))
+    snap = with_verdicts(_window(*a.since) if a.since else _load_all(a.files))   # a folder: its snapshots merged
     fmt = "json" if a.json else a.format
     given = {k: v for k, v in (("sort", a.sort), ("depth", a.depth), ("fold", a.fold)) if v not in (None, False)}
     if a.tail:
@@ -581,7 +581,7 @@ def _cmd_top(a) -> int:
 
 
 def _cmd_advise(a) -> int:
-    advice = advise(load_many(a.files), a.top)
+    advice = advise(_load_all(a.files), a.top)
     print(ADVICE.render(advice, "json" if a.json else "table", about=", ".join(a.files)))
     return 0
 
@@ -638,7 +638,7 @@ def build_parser() -> argparse.ArgumentParser:
     r.set_defaults(func=_cmd_run)
 
     rp = sub.add_parser("report", help="print the breakdown of snapshot files (merged)")
-    rp.add_argument("files", nargs="*", metavar="FILE")
+    rp.add_argument("files", nargs="*", metavar="FILE", help="snapshot files, merged; a folder: the snapshots in it")
     rp.add_argument("--since", nargs=2, metavar=("EARLIER", "LATER"),
                     help="only what happened between two snapshots of one process")
     rp.add_argument("--tail", action="store_true",

@@ -263,6 +263,28 @@ def test_report_sort_depth_fold_formats_ops(tmp_path, capsys):
     assert rc == 0 and next(r for r in json.loads(out) if r["path"] == ["request"])["calls"] == 150
 
 
+def test_report_of_a_folder_is_the_report_of_its_snapshots_merged(tmp_path):
+    a, b, pa, pb = files(tmp_path)
+    folder = tmp_path / "runs"
+    folder.mkdir()
+    shutil.copy(pa, folder / "a.json")
+    shutil.copy(pb, folder / "b.json")
+    r = run_cli("report", folder, "--format", "json")
+    assert r.returncode == 0, r.stderr
+    rows = {tuple(x["path"]): x for x in json.loads(r.stdout)}
+    merged = a.merge(b)
+    assert rows[("request",)]["calls"] == merged["request"].calls == 150
+    assert rows[("request", "model")]["wall_ns"]["total"] == merged["request/model"].wall_total
+    assert json.loads(run_cli("report", pa, pb, "--format", "json").stdout) == json.loads(r.stdout)   # as the files
+    r = run_cli("report", folder)
+    assert r.returncode == 0 and r.stdout.splitlines()[2].split()[:2] == ["request", "150"], r.stderr
+    r = run_cli("advise", folder)
+    assert r.returncode == 0 and "Where to look next" in r.stdout, r.stderr
+    (tmp_path / "empty").mkdir()
+    r = run_cli("report", tmp_path / "empty")
+    assert r.returncode == 2 and "a folder with no snapshot files" in one_line_error(r.stderr)
+
+
 def test_report_since_is_the_window_between_two_files(tmp_path, capsys):
     early = snap(st("request", 0, 0, values=[MS] * 40), pid=7)
     late = snap(st("request", 0, 0, values=[MS] * 40 + [3 * MS] * 60), st("request/model", 60, 2 * MS), pid=7)
