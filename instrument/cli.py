@@ -19,6 +19,7 @@ import glob
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -255,7 +256,7 @@ def _cmd_report(a) -> int:
             print(f"window: {(w.get('duration_ns') or 0) / 1e9:.3f} s between the two snapshots")
         print()
         about = f"{a.since[1]} since {a.since[0]}" if a.since else ", ".join(a.files)
-        print(ADVICE.render(advise(snap), "table", about=about))
+        print(ADVICE.render(advise(snap), "table", about=about, width=_terminal_width()))
     return 0
 
 
@@ -322,6 +323,11 @@ def _regression_text(r, figure: str, t) -> str:
     return f"{path_text(r.path)} {significance_text(t, metric_text(figure))}"
 
 
+def _terminal_width() -> int:
+    """The width text output fits, as the report's table: the terminal's (COLUMNS), at least 80."""
+    return max(80, shutil.get_terminal_size((80, 24)).columns)
+
+
 def _cmd_diff(a) -> int:
     try:
         d = diff(Snapshot.load(a.before), Snapshot.load(a.after), basis=a.basis, reference=a.reference,
@@ -332,7 +338,7 @@ def _cmd_diff(a) -> int:
         raise CLIError(f"diff: {e}") from None
     for w in d.warnings:
         _err(f"diff: {w}")
-    print(DIFF.render(d, a.format))
+    print(DIFF.render(d, a.format, **({"width": _terminal_width()} if a.format == "table" else {})))
     summary = dict(d.to_dict(), headline=headline(d))
     failed = False
     if a.fail_on_regression is not None:
@@ -582,7 +588,8 @@ def _cmd_top(a) -> int:
 
 def _cmd_advise(a) -> int:
     advice = advise(_load_all(a.files), a.top)
-    print(ADVICE.render(advice, "json" if a.json else "table", about=", ".join(a.files)))
+    print(ADVICE.render(advice, "json" if a.json else "table", about=", ".join(a.files),
+                        **({} if a.json else {"width": _terminal_width()})))
     return 0
 
 

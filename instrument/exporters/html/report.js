@@ -269,7 +269,8 @@
       "other tasks' time; system time needs the cpu_split option; a counter is n/a where this machine could not open it"],
      ["\u2212 / negative", "tail%: the stage took less time in the slow calls than in typical ones, so it offset part " +
       "of their excess (the shares add up to 100 %); \u0394 columns: faster than before"],
-     ["~", "estimated from the calls read under the overhead budget; \u00b1 its 99 % interval"]].forEach(function (x) {
+     ["~", "estimated from the calls read under the overhead budget; \u00b1 its 99 % interval"],
+     ["?", "unknown: an estimate whose 99 % interval is wider than the figure itself"]].forEach(function (x) {
       var d = el("div"); d.appendChild(el("b", null, x[0])); d.appendChild(document.createTextNode(" " + x[1])); box.appendChild(d); });
   })();
 
