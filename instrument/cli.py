@@ -1,6 +1,6 @@
 """The `instrument` command.
 
-    instrument run [-o run.json] [--trace-events N] [--no-report] [--keep-parts] -- python serve.py ...
+    instrument run [-o run.json] [--trace-events N] [--no-report] [--keep-parts] [--exit-zero-on-term] -- python ...
     instrument report FILE|FOLDER... [--sort total|self|calls|p99|cpu|...] [--depth N] [--fold] [--format FORMAT] [--ops]
     instrument report --tail [--quantile Q] [--json] FILE...  |  report --since EARLIER LATER [...]
     instrument diff BEFORE AFTER [--basis turns|windows|runs] [--reference STAGE] [--fail-on-regression PCT]
@@ -519,7 +519,9 @@ def _cmd_run(a) -> int:
     finally:
         for sig, h in forwarded.items():
             signal.signal(sig, h)
-    status = rc if rc >= 0 else 128 - rc
+    status = rc if rc >= 0 else 128 - rc   # killed by signal N: 128 + N, as a shell says it (SIGTERM: 143)
+    if a.exit_zero_on_term and status == 128 + signal.SIGTERM:   # a service stopped as it should be
+        status = 0
     produced = sorted((p for p, v in _process_files(out).items() if before.get(p) != v),
                       key=lambda p: int(re.findall(r"\d+", os.path.basename(p))[-1]))
     if not produced:
@@ -641,6 +643,8 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--trace-events", type=_option("trace_events"), default=100_000, metavar="N",
                    help="timeline events kept per process for the Chrome trace (default 100000, 0 = off)")
     r.add_argument("--no-report", action="store_true", help="do not print the breakdown")
+    r.add_argument("--exit-zero-on-term", action="store_true", help="exit 0, not 143, when the program was stopped "
+                   "by SIGTERM (a service's normal stop: systemd, Kubernetes, docker stop)")
     r.add_argument("command", nargs=argparse.REMAINDER, help="-- program and arguments")
     r.set_defaults(func=_cmd_run)
 

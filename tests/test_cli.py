@@ -136,6 +136,21 @@ def test_sigterm_to_run_leaves_a_complete_file_and_the_signal_status(tmp_path):
     assert s.meta["pid"] == int(pid) and not (tmp_path / "t.parts").exists()
 
 
+def test_exit_zero_on_term_makes_a_stop_by_sigterm_a_success(tmp_path):
+    (tmp_path / "loop.py").write_text(LOOP)
+    p = subprocess.Popen([sys.executable, "-m", "instrument", "run", "--exit-zero-on-term", "--no-report", "-o",
+                          str(tmp_path / "t.json"), "--", sys.executable, str(tmp_path / "loop.py")],
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env())
+    assert p.stdout.readline().split()[0] == "ready"
+    p.send_signal(signal.SIGTERM)
+    _, err = p.communicate(timeout=60)
+    assert p.returncode == 0, err
+    assert Snapshot.load(tmp_path / "t.json")["serve/step"].calls >= 50      # the snapshot as without the flag
+    r = run_cli("run", "--exit-zero-on-term", "-o", tmp_path / "u.json", "--", sys.executable, "-c",
+                "import sys; sys.exit(3)")
+    assert r.returncode == 3, r.stderr                                        # other statuses are passed on
+
+
 def test_sigterm_to_the_program_keeps_killed_by_sigterm(tmp_path):
     (tmp_path / "loop.py").write_text(LOOP)
     p = subprocess.Popen([sys.executable, str(tmp_path / "loop.py")], stdout=subprocess.PIPE, text=True,
