@@ -211,3 +211,28 @@ def test_stage_and_verdict_stay_in_view_at_1400_px_with_the_split_bar(backend, c
     assert max(nap, key=nap.get) == "blocked"              # a sleep is off the CPU by its own doing
     assert "n/a not measured" in got["legend"] and "negative" in got["legend"] and "run queue" in got["legend"]
     assert re.search(r"task-clock[\d.]+ (s|ms|µs)", got["tip"]), got["tip"]   # a clock in its unit, not raw ns
+
+
+TIP = """
+var rows = document.querySelectorAll("#table tbody tr"), tip = document.getElementById("tooltip"), out = [];
+Array.prototype.forEach.call(rows, function (tr) {
+  tr.dispatchEvent(new MouseEvent("mousemove", {clientX: 60, clientY: 60, bubbles: true}));
+  var box = tip.getBoundingClientRect();
+  Array.prototype.forEach.call(tip.querySelectorAll("td"), function (td) {
+    var r = td.getBoundingClientRect();
+    out.push({text: td.textContent, right: r.right, boxRight: box.right, left: r.left, boxLeft: box.left,
+              fits: td.scrollWidth <= td.clientWidth + 1});
+  });
+});
+return out;
+"""
+
+
+def test_tooltip_cells_are_never_clipped(chromium, tmp_path):
+    """Every figure of the hover card lies inside the card, whole: a long verdict reason wraps instead of pushing
+    the figures (`~0.00±0.01`) out of the card's box."""
+    before, after = report_snapshots()
+    cells = measure(chromium, html.render([after]), tmp_path, TIP, size=(900, 700))
+    assert len(cells) > 20 and any(len(c["text"]) > 60 for c in cells)        # a long reason is among them
+    for c in cells:
+        assert c["boxLeft"] - 0.5 <= c["left"] and c["right"] <= c["boxRight"] + 0.5 and c["fits"], c
