@@ -1,7 +1,7 @@
 """The `instrument` command.
 
     instrument run [-o run.json] [--trace-events N] [--no-report] [--keep-parts] [--exit-zero-on-term] -- python ...
-    instrument report FILE|FOLDER... [--sort total|self|calls|p99|cpu|...] [--depth N] [--fold] [--format FORMAT] [--ops]
+    instrument report FILE|DIR... [--sort total|self|calls|p99|cpu|...] [--depth N] [--fold] [--format FORMAT] [--ops]
     instrument report --tail [--quantile Q] [--json] FILE...  |  report --since EARLIER LATER [...]
     instrument diff BEFORE AFTER [--basis turns|windows|runs] [--reference STAGE] [--fail-on-regression PCT]
                   [--summary FILE] [--format ...]

@@ -61,7 +61,8 @@ def diff(d: Diff, limit: Optional[int] = None, width: Optional[int] = None) -> s
 
     def head(m: str, k: str) -> str:
         return f"{m}_{k}" if m == "calls" or k == "ratio" else f"{m}_{k}_ns"
-    w.writerow(["path", "stage", "status"] + [head(m, k) for m in ROW_VALUES for k in ("before", "after", "delta", "ratio")]
+    w.writerow(["path", "stage", "status"]
+               + [head(m, k) for m in ROW_VALUES for k in ("before", "after", "delta", "ratio")]
                + TESTS + [f"{f}_{k}" for f in FIGURES for k in ("significant", "evidence", "estimate_pct",
                                                                  "interval_low_pct", "interval_high_pct")]
                + [f"counter:{n}_{k}" for n in names for k in ("before", "after")])
@@ -75,7 +76,8 @@ def diff(d: Diff, limit: Optional[int] = None, width: Optional[int] = None) -> s
                         + _test_cells(t)[:3] if t is not None else [None] * 5)
         cs = [v for n in names for v in ((r.counters[n].before, r.counters[n].after) if n in r.counters
                                         else (None, None))]
-        w.writerow([path_text(r.path), r.path[-1], r.status] + _blank(vals) + _blank([r.judgement, sig.basis] + _test_cells(sig))
+        w.writerow([path_text(r.path), r.path[-1], r.status] + _blank(vals)
+                   + _blank([r.judgement, sig.basis] + _test_cells(sig))
                    + _blank(figures) + _blank(cs))
     return buf.getvalue()
 

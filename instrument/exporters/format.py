@@ -175,8 +175,7 @@ KINDS: Dict[str, Callable[[Any], str]] = {
 
 def metric_text(kind: str, value: Any) -> str:
     """A metric's value as text: `n/a` where not measured (text: empty), a Bar as `12.3±0.4` (UNKNOWN where its
-    error exceeds its value), components as
-    `on_cpu 12.0 queue 3.0`."""
+    error exceeds its value), components as `on_cpu 12.0 queue 3.0`."""
     if value is None:
         return "" if kind == "text" else "n/a"
     if isinstance(value, Bar):

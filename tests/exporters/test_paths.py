@@ -152,5 +152,6 @@ def test_html_page(shapes, tmp_path, chromium):
     assert cells == {path_shown(p) for p in SHAPES}
     names = {htmllib.unescape(t) for t in re.findall(r'<td class="name"[^>]*title="([^"]*)"', dom)}
     assert names == {path_shown(p) for p in SHAPES}
-    shown = {htmllib.unescape(t).strip() for t in re.findall(r'<td class="name" title[^>]*>(?:<span[^>]*></span>)?([^<]*)<', dom)}
+    cells = re.findall(r'<td class="name" title[^>]*>(?:<span[^>]*></span>)?([^<]*)<', dom)
+    shown = {htmllib.unescape(t).strip() for t in cells}
     assert set(NAMES) <= shown   # the tree's names as written
