@@ -506,6 +506,7 @@ static PyMethodDef native_methods[] = {
     {"add", (PyCFunction)(void (*)(void))mod_add, METH_FASTCALL | METH_KEYWORDS,
      "add(name, value=1): items (tokens, samples, bytes, ...) of the innermost open stage of this context"},
     {"set_root_exit_hook", (PyCFunction)mod_set_root_exit_hook, METH_O, "set_root_exit_hook(f): f() after every outermost stage exit; None clears"},
+    {"set_decorator", (PyCFunction)mod_set_decorator, METH_O, "set_decorator(f): `@stage` on a function returns f(stage, function)"},
     {"set_probe_hook", (PyCFunction)mod_set_probe_hook, METH_O, "set_probe_hook(f): f() after an outermost stage exit once it is due; f returns the ns until the next; None clears"},
     {NULL}
 };

@@ -88,6 +88,25 @@ static void Stage_dealloc(Stage *s) {
 
 static PyObject *Stage_repr(Stage *self) { return PyUnicode_FromFormat("instrument.stage(%R)", self->name); }
 
+/* `@stage` on a function: the live side's decorator (set_decorator) wraps it, as `@region` does. */
+static PyObject *g_decorator = NULL;
+
+PyObject *mod_set_decorator(PyObject *m, PyObject *f) {
+    if (!PyCallable_Check(f))
+        return PyErr_Format(PyExc_TypeError, "set_decorator needs a callable, not %.100s", Py_TYPE(f)->tp_name);
+    Py_XSETREF(g_decorator, Py_NewRef(f));
+    Py_RETURN_NONE;
+}
+
+static PyObject *Stage_call(Stage *self, PyObject *args, PyObject *kw) {
+    if (PyTuple_GET_SIZE(args) != 1 || (kw && PyDict_GET_SIZE(kw)))
+        return PyErr_Format(PyExc_TypeError, "a stage used as a decorator takes the function alone: "
+                            "@instrument.stage(%R) above a def", self->name);
+    if (!g_decorator)
+        return PyErr_Format(PyExc_TypeError, "stage %R cannot decorate before instrument is imported", self->name);
+    return PyObject_CallFunctionObjArgs(g_decorator, (PyObject *)self, PyTuple_GET_ITEM(args, 0), NULL);
+}
+
 static PyObject *Stage_get_name(Stage *self, void *c) { Py_INCREF(self->name); return self->name; }
 
 static PyObject *Stage_get_color(Stage *self, void *c) { return PyLong_FromUnsignedLong(self->color); }
@@ -192,6 +211,7 @@ PyTypeObject Stage_Type = {
     .tp_basicsize = sizeof(Stage),
     .tp_dealloc = (destructor)Stage_dealloc,
     .tp_repr = (reprfunc)Stage_repr,
+    .tp_call = (ternaryfunc)Stage_call,
     .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC,
     .tp_traverse = (traverseproc)Stage_traverse,
     .tp_clear = (inquiry)Stage_clear,

@@ -22,6 +22,7 @@ extern PyTypeObject Stage_Type, Region_Type;
 int stage_types_init(void);                 /* readies the types; 0, or -1 with an exception */
 int check_name(PyObject *name);             /* 0, or -1 with the exception a bad stage name raises */
 PyObject *stage_new(PyObject *name, PyObject *color, uint32_t category);   /* NULL with an exception */
+PyObject *mod_set_decorator(PyObject *m, PyObject *f);   /* set_decorator(f): f(stage, func) is `@stage` on func */
 
 #pragma GCC visibility pop
 

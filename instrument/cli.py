@@ -1,7 +1,7 @@
 """The `instrument` command.
 
-    instrument run [-o run.json] [--trace-events N] [--no-report] [--keep-parts] -- python serve.py ...
-    instrument report FILE... [--sort total|self|calls|p99|cpu|...] [--depth N] [--fold] [--format FORMAT] [--ops]
+    instrument run [-o run.json] [--trace-events N] [--no-report] [--keep-parts] [--exit-zero-on-term] -- python ...
+    instrument report FILE|DIR... [--sort total|self|calls|p99|cpu|...] [--depth N] [--fold] [--format FORMAT] [--ops]
     instrument report --tail [--quantile Q] [--json] FILE...  |  report --since EARLIER LATER [...]
     instrument diff BEFORE AFTER [--basis turns|windows|runs] [--reference STAGE] [--fail-on-regression PCT]
                   [--summary FILE] [--format ...]
@@ -19,6 +19,7 @@ import glob
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -34,9 +35,9 @@ from .analysis.ranks import rank_view
 from .analysis.tail import tail
 from .analysis.verdict import with_verdicts
 from .exporters import ADVICE, DIFF, OPERATORS, RANKS, TAIL, View, formats
-from .exporters.format import headline, ranks_summary, significance_text
+from .exporters.format import headline, path_text, ranks_summary, significance_text
 from .serve import multiproc
-from .snapshot import RANK_KEY, Snapshot, SnapshotError, atomic_write, load_many, merge_all, path_text, rank_of
+from .snapshot import RANK_KEY, Snapshot, SnapshotError, atomic_write, merge_all, rank_of
 
 
 class CLIError(Exception):
@@ -232,7 +233,7 @@ def _cmd_report(a) -> int:
         raise CLIError("report: --quantile goes with --tail")
     if a.ranks:
         return _report_ranks(a)
-    snap = with_verdicts(_window(*a.since) if a.since else load_many(a.files))
+    snap = with_verdicts(_window(*a.since) if a.since else _load_all(a.files))   # a folder: its snapshots merged
     fmt = "json" if a.json else a.format
     given = {k: v for k, v in (("sort", a.sort), ("depth", a.depth), ("fold", a.fold)) if v not in (None, False)}
     if a.tail:
@@ -255,7 +256,7 @@ def _cmd_report(a) -> int:
             print(f"window: {(w.get('duration_ns') or 0) / 1e9:.3f} s between the two snapshots")
         print()
         about = f"{a.since[1]} since {a.since[0]}" if a.since else ", ".join(a.files)
-        print(ADVICE.render(advise(snap), "table", about=about))
+        print(ADVICE.render(advise(snap), "table", about=about, width=_terminal_width()))
     return 0
 
 
@@ -322,6 +323,11 @@ def _regression_text(r, figure: str, t) -> str:
     return f"{path_text(r.path)} {significance_text(t, metric_text(figure))}"
 
 
+def _terminal_width() -> int:
+    """The width text output fits, as the report's table: the terminal's (COLUMNS), at least 80."""
+    return max(80, shutil.get_terminal_size((80, 24)).columns)
+
+
 def _cmd_diff(a) -> int:
     try:
         d = diff(Snapshot.load(a.before), Snapshot.load(a.after), basis=a.basis, reference=a.reference,
@@ -332,7 +338,7 @@ def _cmd_diff(a) -> int:
         raise CLIError(f"diff: {e}") from None
     for w in d.warnings:
         _err(f"diff: {w}")
-    print(DIFF.render(d, a.format))
+    print(DIFF.render(d, a.format, **({"width": _terminal_width()} if a.format == "table" else {})))
     summary = dict(d.to_dict(), headline=headline(d))
     failed = False
     if a.fail_on_regression is not None:
@@ -513,7 +519,9 @@ def _cmd_run(a) -> int:
     finally:
         for sig, h in forwarded.items():
             signal.signal(sig, h)
-    status = rc if rc >= 0 else 128 - rc
+    status = rc if rc >= 0 else 128 - rc   # killed by signal N: 128 + N, as a shell says it (SIGTERM: 143)
+    if a.exit_zero_on_term and status == 128 + signal.SIGTERM:   # a service stopped as it should be
+        status = 0
     produced = sorted((p for p, v in _process_files(out).items() if before.get(p) != v),
                       key=lambda p: int(re.findall(r"\d+", os.path.basename(p))[-1]))
     if not produced:
@@ -581,8 +589,9 @@ def _cmd_top(a) -> int:
 
 
 def _cmd_advise(a) -> int:
-    advice = advise(load_many(a.files), a.top)
-    print(ADVICE.render(advice, "json" if a.json else "table", about=", ".join(a.files)))
+    advice = advise(_load_all(a.files), a.top)
+    print(ADVICE.render(advice, "json" if a.json else "table", about=", ".join(a.files),
+                        **({} if a.json else {"width": _terminal_width()})))
     return 0
 
 
@@ -634,11 +643,13 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--trace-events", type=_option("trace_events"), default=100_000, metavar="N",
                    help="timeline events kept per process for the Chrome trace (default 100000, 0 = off)")
     r.add_argument("--no-report", action="store_true", help="do not print the breakdown")
+    r.add_argument("--exit-zero-on-term", action="store_true", help="exit 0, not 143, when the program was stopped "
+                   "by SIGTERM (a service's normal stop: systemd, Kubernetes, docker stop)")
     r.add_argument("command", nargs=argparse.REMAINDER, help="-- program and arguments")
     r.set_defaults(func=_cmd_run)
 
     rp = sub.add_parser("report", help="print the breakdown of snapshot files (merged)")
-    rp.add_argument("files", nargs="*", metavar="FILE")
+    rp.add_argument("files", nargs="*", metavar="FILE", help="snapshot files, merged; a folder: the snapshots in it")
     rp.add_argument("--since", nargs=2, metavar=("EARLIER", "LATER"),
                     help="only what happened between two snapshots of one process")
     rp.add_argument("--tail", action="store_true",

@@ -11,7 +11,7 @@ import dataclasses
 import os
 import sys
 import warnings
-from typing import Any, Callable, Dict, Mapping, Optional, Tuple
+from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple
 
 TRUE = ("1", "true", "yes", "on")
 FALSE = ("0", "false", "no", "off")
@@ -260,6 +260,46 @@ ENV_ONLY = {
 }
 
 
+# INSTRUMENT_* variables that are not options: the build's (setup.py) and the test suite's
+OTHER_VARIABLES = ("INSTRUMENT_REQUIRE_NATIVE", "INSTRUMENT_CFLAGS", "INSTRUMENT_LDFLAGS", "INSTRUMENT_SOAK_SECONDS")
+_warned_unknown: set = set()
+
+
+def known_variables() -> Tuple[str, ...]:
+    """Every INSTRUMENT_* variable instrument reads (the options', the environment-only ones, the build's)."""
+    return tuple(o.env for o in OPTIONS if o.env) + tuple(k for k in ENV_ONLY if k.startswith("INSTRUMENT_")) \
+        + OTHER_VARIABLES
+
+
+def unknown_variables(env: Mapping[str, str]) -> List[str]:
+    """A line for each INSTRUMENT_* variable of `env` that no option reads, naming the closest known one."""
+    import difflib
+    known = known_variables()
+    out = []
+    for k in sorted(env):
+        if k.startswith("INSTRUMENT_") and k not in known:   # compared without the prefix every name shares
+            close = difflib.get_close_matches(k[11:], [x[11:] for x in known], n=1, cutoff=0.6)
+            out.append(f"unknown variable {k} is ignored; " + (f"did you mean INSTRUMENT_{close[0]}?" if close else
+                       "the variables are listed in docs/configuration.md"))
+    return out
+
+
+def _user_stacklevel() -> int:
+    """warnings.warn's stacklevel, called from the caller of this, that names the first frame outside this
+    package: the user's `import instrument` or call, not the package's own lines (importlib's frames, which warn
+    skips itself, are not counted)."""
+    here = os.path.dirname(os.path.abspath(__file__)) + os.sep
+    f, level = sys._getframe(2), 2
+    while f is not None:
+        name = f.f_code.co_filename
+        if name.startswith(here):
+            level += 1
+        elif not ("importlib" in name and "_bootstrap" in name):
+            return level
+        f = f.f_back
+    return 1
+
+
 @dataclasses.dataclass(frozen=True)
 class Config:
     values: Mapping[str, Any]
@@ -315,11 +355,19 @@ def from_env(environ: Optional[Mapping[str, str]] = None, strict: bool = False) 
             _bool("INSTRUMENT_PURE_PYTHON", env["INSTRUMENT_PURE_PYTHON"])
         except ValueError as e:
             problems.append(str(e))
-    if problems:
-        if strict:
-            raise ValueError("; ".join(problems))
-        for p in problems if not command_line() else ():   # the command reads them strictly: exit 2, one line
-            warnings.warn(f"instrument: {p}; using the default", RuntimeWarning, stacklevel=3)
+    unknown = [u for u in unknown_variables(env) if u not in _warned_unknown]
+    if problems and strict:
+        raise ValueError("; ".join(problems))
+    if unknown or (problems and not command_line()):   # the command reads bad values strictly: exit 2, one line
+        level = _user_stacklevel()
+        for u in unknown:   # once a process: a typo changes nothing, so it is said, never raised
+            _warned_unknown.add(u)
+            if command_line():   # no user code to point at: one line, as the command's other messages
+                print(f"instrument: warning: {u}", file=sys.stderr)
+            else:
+                warnings.warn(f"instrument: {u}", RuntimeWarning, stacklevel=level)
+        for p in problems if not command_line() else ():
+            warnings.warn(f"instrument: {p}; using the default", RuntimeWarning, stacklevel=level)
     return Config(values)
 
 

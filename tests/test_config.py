@@ -1,7 +1,12 @@
 """Options: configure() refuses bad values at the call site; the environment is read in one place."""
+import os
+import subprocess
+import sys
+
 import pytest
 
 import instrument
+from instrument import config
 from instrument.snapshot import Snapshot
 from conftest import run_python
 
@@ -36,6 +41,27 @@ def test_bad_env_value_names_variable_and_keeps_running():
     from instrument import config
     with pytest.raises(ValueError, match="INSTRUMENT_TRACE_EVENTS must be an integer"):
         config.from_env({"INSTRUMENT_TRACE_EVENTS": "-1"}, strict=True)
+
+
+def test_env_warnings_point_at_the_users_import_and_name_the_closest_variable(tmp_path):
+    app = tmp_path / "app.py"
+    app.write_text("import os\nimport instrument\nfrom instrument import config\nconfig.from_env()\n"
+                   "print(instrument.current_config().overhead_budget)\n")
+    r = subprocess.run([sys.executable, "-W", "default", str(app)], capture_output=True, text=True, timeout=120,
+                       env=dict(os.environ, INSTRUMENT_OVERHEAD_BUGDET="none", INSTRUMENT_MAX_STAGES="lots",
+                                INSTRUMENT_ZZZ="1"))
+    assert r.returncode == 0 and r.stdout.strip() == "0.01", r.stderr   # the misspelled option changed nothing
+    warned = [l for l in r.stderr.splitlines() if "RuntimeWarning" in l]
+    typo = [l for l in warned if "INSTRUMENT_OVERHEAD_BUGDET" in l]
+    assert typo == [f"{app}:2: RuntimeWarning: instrument: unknown variable INSTRUMENT_OVERHEAD_BUGDET is ignored; "
+                    "did you mean INSTRUMENT_OVERHEAD_BUDGET?"]      # once, though read twice
+    assert any(l.startswith(f"{app}:2: ") and "INSTRUMENT_ZZZ is ignored; the variables are listed" in l
+               for l in warned)
+    bad = [l for l in warned if "INSTRUMENT_MAX_STAGES must be" in l]
+    assert bad and bad[0].startswith(f"{app}:2: RuntimeWarning")     # the user's import, not instrument/...
+    assert not [l for l in warned if "/instrument/" in l.split(": RuntimeWarning")[0]]
+    known = set(config.known_variables())
+    assert {o.env for o in config.OPTIONS if o.env} <= known and "INSTRUMENT_PURE_PYTHON" in known
 
 
 def test_pure_python_forced_by_env():

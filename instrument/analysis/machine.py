@@ -13,7 +13,7 @@ import math
 from dataclasses import dataclass
 from typing import Any, Dict, List, Mapping, Optional, Tuple
 
-from ..snapshot import Snapshot, StageStats, path_text
+from ..snapshot import Snapshot, StageStats, path_shown
 
 WAITING_POINTS = 0.05     # shares of running time spent waiting for a CPU further apart than this: machines differed
 SPEED_CHANGE = 0.10       # reference loops further apart than this (relative): machines of different speed
@@ -143,7 +143,7 @@ def compare(before: Snapshot, after: Snapshot, reference: Optional[Tuple[StageSt
         rb, ra = (s.cpu_total / s.cpu_calls for s in reference)
         speed = ra / rb - 1
         facts.append((abs(speed) > SPEED_CHANGE,
-                      f"the reference stage {path_text(reference[0].path)} took {'+' if speed >= 0 else '−'}"
+                      f"the reference stage {path_shown(reference[0].path)} took {'+' if speed >= 0 else '−'}"
                       f"{abs(100 * speed):.0f} % CPU time per call, taken as the machine's change of speed"))
     elif b.probe_ns and a.probe_ns:
         speed = a.probe_ns / b.probe_ns - 1

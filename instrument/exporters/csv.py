@@ -1,6 +1,7 @@
 """CSV, one row per stage (the breakdown) or per stage of a diff, with raw
 numbers (times in ns, percentages as numbers) for a spreadsheet or pandas;
-Python's csv module reads it back."""
+Python's csv module reads it back.  `path` is the stage's key (instrument.snapshot.path_text: a '/' inside a
+name escaped, parse_path reads it back), `stage` its name as written."""
 from __future__ import annotations
 
 import csv
@@ -9,8 +10,8 @@ from typing import Any, List, Optional, Sequence
 
 from ..analysis.diff import ROW_VALUES, Diff
 from ..analysis.significance import Significance
-from ..snapshot import Snapshot
-from .format import BREAKDOWN_OPTIONS, breakdown, choose_columns, item_names, path_text
+from ..snapshot import Snapshot, path_text
+from .format import BREAKDOWN_OPTIONS, breakdown, choose_columns, item_names
 
 NAME = "csv"
 EXTENSION = ".csv"
@@ -29,9 +30,9 @@ def render(snaps: Sequence[Snapshot], sort: str = "tree", depth: Optional[int] =
     fields = list(dict.fromkeys(k for c in cells for k in c)) if cells else [m.field for m in cols]
     buf = io.StringIO()
     w = csv.writer(buf)
-    w.writerow(["path"] + fields + [h for n in names for h in (n, f"ns/{n}", f"{n}/s")])
+    w.writerow(["path", "stage"] + fields + [h for n in names for h in (n, f"ns/{n}", f"{n}/s")])
     for s, c in zip(rows, cells):
-        w.writerow([path_text(s.path)] + [c.get(f) for f in fields]
+        w.writerow([path_text(s.path), s.name] + [c.get(f) for f in fields]
                    + [v for n in names for v in (s.item_total(n), s.per_item_ns(n), s.item_rate(n))])
     return buf.getvalue()
 
@@ -60,7 +61,8 @@ def diff(d: Diff, limit: Optional[int] = None, width: Optional[int] = None) -> s
 
     def head(m: str, k: str) -> str:
         return f"{m}_{k}" if m == "calls" or k == "ratio" else f"{m}_{k}_ns"
-    w.writerow(["path", "status"] + [head(m, k) for m in ROW_VALUES for k in ("before", "after", "delta", "ratio")]
+    w.writerow(["path", "stage", "status"]
+               + [head(m, k) for m in ROW_VALUES for k in ("before", "after", "delta", "ratio")]
                + TESTS + [f"{f}_{k}" for f in FIGURES for k in ("significant", "evidence", "estimate_pct",
                                                                  "interval_low_pct", "interval_high_pct")]
                + [f"counter:{n}_{k}" for n in names for k in ("before", "after")])
@@ -74,7 +76,8 @@ def diff(d: Diff, limit: Optional[int] = None, width: Optional[int] = None) -> s
                         + _test_cells(t)[:3] if t is not None else [None] * 5)
         cs = [v for n in names for v in ((r.counters[n].before, r.counters[n].after) if n in r.counters
                                         else (None, None))]
-        w.writerow([path_text(r.path), r.status] + _blank(vals) + _blank([r.judgement, sig.basis] + _test_cells(sig))
+        w.writerow([path_text(r.path), r.path[-1], r.status] + _blank(vals)
+                   + _blank([r.judgement, sig.basis] + _test_cells(sig))
                    + _blank(figures) + _blank(cs))
     return buf.getvalue()
 

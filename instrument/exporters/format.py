@@ -17,11 +17,12 @@ from ..analysis.ranks import RankView
 from ..analysis.significance import Significance
 from ..analysis.tail import TailView
 from ..analysis.verdict import with_verdicts
-from ..snapshot import Snapshot, StageStats, name_text, path_text as _path_text
+from ..snapshot import Snapshot, StageStats, path_shown
 from . import Option, merged
 
 MINUS = "\u2212"
 ESTIMATE = "~"   # marks a figure estimated from the calls read under the overhead budget
+UNKNOWN = "?"    # an estimate whose error bar is wider than its value: no figure worth reading
 
 
 def ms(ns: Optional[float]) -> str:
@@ -96,20 +97,20 @@ def printable(name: str) -> str:
 
 
 def md(text: str) -> str:
-    """Text for a markdown table cell (a backslash doubled, so an escaped '/' in a path stays shown)."""
+    """Text for a markdown table cell (a backslash doubled, so a '\\' in a name stays shown)."""
     return (printable(text).replace("\\", "\\\\").replace("|", "\\|").replace("<", "&lt;")
             .replace(">", "&gt;"))
 
 
 def path_text(path: Sequence[str]) -> str:
-    """A path for display: names joined by '/', a '/' or '\\' inside a name escaped
-    with '\\' (instrument.snapshot.path_text), control characters shown escaped."""
-    return printable(_path_text(path))
+    """A path for display: names as written joined by '/', a name holding a '/' quoted
+    (instrument.snapshot.path_shown), control characters shown escaped."""
+    return printable(path_shown(path))
 
 
 def name(n: str) -> str:
-    """One stage name for display, escaped as in a path."""
-    return printable(name_text(n))
+    """One stage name for display, as written (the table shows nesting by indentation)."""
+    return printable(n)
 
 
 def unit(name: str) -> str:
@@ -150,7 +151,7 @@ def counter_text(event: str, value: Optional[float]) -> str:
         return "n/a"
     if event in TIME_COUNTERS:
         return human(value)
-    return count(value) if abs(value) < 10_000 else si(value)
+    return f"{value:,.0f}" if abs(value) < 10_000 else si(value)   # events are whole: an estimate's fraction is noise
 
 
 SPLIT_SHORT = {"on_cpu": "cpu", "runqueue": "runq", "blocked": "blocked", "awaiting": "await",
@@ -173,11 +174,13 @@ KINDS: Dict[str, Callable[[Any], str]] = {
 
 
 def metric_text(kind: str, value: Any) -> str:
-    """A metric's value as text: `n/a` where not measured (text: empty), a Bar as `12.3±0.4`, components as
-    `on_cpu 12.0 queue 3.0`."""
+    """A metric's value as text: `n/a` where not measured (text: empty), a Bar as `12.3±0.4` (UNKNOWN where its
+    error exceeds its value), components as `on_cpu 12.0 queue 3.0`."""
     if value is None:
         return "" if kind == "text" else "n/a"
     if isinstance(value, Bar):
+        if value.error > abs(value.value):
+            return UNKNOWN
         return f"{metric_text(kind, value.value)}\u00b1{metric_text(kind, value.error)}"
     if isinstance(value, Mapping):
         return " ".join(f"{printable(str(k))} {metric_text(kind, v)}" for k, v in value.items())
@@ -200,7 +203,7 @@ def duration_buckets(s: StageStats) -> List[int]:
 def cell(m: Metric, snap: Snapshot, s: StageStats) -> str:
     """A stage's figure as a table shows it, marked with ESTIMATE when estimated from sampled calls."""
     text = metric_text(m.kind, m.value(snap, s))
-    return ESTIMATE + text if text not in ("", "n/a") and m.estimated(s) else text
+    return ESTIMATE + text if text not in ("", "n/a", UNKNOWN) and m.estimated(s) else text
 
 
 # ------------------------------------------------------------------ breakdown
@@ -218,8 +221,9 @@ BREAKDOWN_OPTIONS = (
     Option("fold", "one row per stage name wherever it nested"))
 NAME_MIN = 14                    # the stage name column narrows to this before a core column is left out
 NAME_MAX = 40                    # and is never wider
-DROPPABLE = ("cpu_per_wall", "p50", "self", "tail", "mean", "root")   # core columns left out, in this order, when
-#                                                                       the terminal is too narrow
+NAME_WANT = 20                   # core columns give way before the names (up to this wide) are cut
+DROPPABLE = ("cpu_per_wall", "self", "mean", "tail", "root", "p50")   # core columns left out, in this order, when
+#                                                                       the terminal is too narrow (the median last)
 
 
 def breakdown(snaps: Sequence[Snapshot], sort: str = "tree", depth: Optional[int] = None,
@@ -257,11 +261,12 @@ def choose_columns(snap: Snapshot, width: Optional[int], names: Optional[Sequenc
     if width is None:
         return cols + extra, []
     dropped = []
+    longest = max((len(label(s)) for s in snap), default=0)
+    name_w = max(NAME_MIN, min(NAME_WANT, longest))
     for col in DROPPABLE:
-        if NAME_MIN + sum(width_of(m) + 1 for m in cols) > width:
+        if name_w + sum(width_of(m) + 1 for m in cols) > width:
             dropped += [m for m in cols if m.name == col]
             cols = [m for m in cols if m.name != col]
-    longest = max((len(label(s)) for s in snap), default=0)
     used = max(16, min(NAME_MAX, longest)) + sum(width_of(m) + 1 for m in cols)   # names stay whole if they can
     for m in extra:
         if used + width_of(m) + 1 <= width:
@@ -494,18 +499,28 @@ def diff_notes(r: DiffRow) -> List[str]:
     for n, c in r.counters.items():
         if n in r.tests or n == "task-clock" or not (c.before or c.after):   # judged, CPU time, or never counted
             continue
-        lines.append(f"{n}: {count(c.before)} → {count(c.after)} ({percent(c)}; not judged: load moves it)")
+        lines.append(f"{n}: {counter_text(n, c.before)} → {counter_text(n, c.after)} ({percent(c)}; "
+                     "not judged: load moves it)")
     return lines
 
 
 def legend(d: Diff) -> List[str]:
     tests = (f"each of the {d.tests} tests at {_level(1 - d.alpha / d.tests)}, so that all hold together at {_level(1 - d.alpha)} "
              "(Bonferroni)" if d.tests else "no figure of any stage could be tested")
-    return [f"basis: {d.basis_reason}", f"machine: {d.machine.line}",
+    short, detail = basis_parts(d.basis_reason)
+    return [f"basis: {short}", f"machine: {d.machine.line}",
             f"judged on CPU time, instructions, page faults and items per call first, wall time where the machine "
             f"does not explain it; {tests}",
             f"{NOISE} not shown beyond noise: the interval of the change includes no change or reaches within "
-            f"±{d.min_change:.0%}, the smallest change claimed"] + [f"warning: {w}" for w in d.warnings]
+            f"±{d.min_change:.0%}, the smallest change claimed"] + [f"basis in full: {detail}"] * bool(detail) \
+        + [f"warning: {w}" for w in d.warnings]
+
+
+def basis_parts(reason: str) -> Tuple[str, str]:
+    """A diff's basis_reason ("runs, the strongest ...: one run a side (two plain runs): how it is tested") as
+    what the basis is, for above a table, and how it tests, for below it."""
+    parts = reason.split(": ", 2)
+    return ": ".join(parts[:2]), (parts[2] if len(parts) > 2 else "")
 
 
 # ----------------------------------------------------------------------- ranks

@@ -5,7 +5,7 @@
     instrument.serve_metrics(9464)      # /metrics and /snapshot on 127.0.0.1:9464 (instrument.serve.metrics)
 
 Every metric family is in FAMILIES (docs/prometheus.md lists them with labels and
-units): per stage, labels `stage` (its name) and `path` ("a/b"; a '/' or '\\'
+units): per stage, labels `stage` (its name as written) and `path`, its key ("a/b"; a '/' or '\\'
 inside a name escaped with '\\', so a stage named "a/b" has path "a\\/b"); names
 and units follow the Prometheus conventions (seconds, `_total` on counters, no
 type in the name), which `promtool check metrics` verifies in the tests.  Label
@@ -20,7 +20,8 @@ A rank of a torch.distributed job (and a merge of ranks) also has its figures pe
 Exemplars: in the OpenMetrics exposition (`render(snaps, openmetrics=True)`, or a
 scrape that asks for it, as Prometheus does with `--enable-feature=exemplar-storage`),
 the duration buckets of a top-level stage carry its slowest calls, one per bucket:
-labels `call` ("pid:seq") and `stage` (the stage that took most of that call),
+labels `call` ("pid:seq") and `stage` (the path of the stage that took most of that call, names as written,
+one holding a '/' quoted),
 value its wall time, timestamp its start.
 
 prometheus_client is an optional dependency (`pip install prometheus-client`),
@@ -34,6 +35,7 @@ from typing import Any, Callable, Dict, Iterator, List, Sequence
 from ..snapshot import SPLIT, Z99, Snapshot, StageStats, path_text, rank_figures, rank_of
 from . import Option, merged
 from .format import DURATION_BOUNDS_NS, duration_buckets
+from .format import path_text as shown_path
 
 NAME = "prometheus"
 EXTENSION = ".prom"
@@ -112,7 +114,7 @@ def with_exemplars(s: StageStats, snap: Snapshot, cumulative: List[tuple]) -> Li
         top = max(e["breakdown"], key=lambda b: b["wall_ns"], default=None)
         labels = {"call": f"{e.get('pid')}:{e.get('seq')}"}
         if top is not None:
-            labels["stage"] = path_text(top["path"])[:100]   # an exemplar's labels hold at most 128 characters
+            labels["stage"] = shown_path(top["path"])[:100]   # an exemplar's labels hold at most 128 characters
         ts = t0 + e["start_ns"] / 1e9 if isinstance(t0, (int, float)) else None
         out[le].append(Exemplar(labels, e["wall_ns"] / 1e9, ts))
     return [tuple(b) for b in out]

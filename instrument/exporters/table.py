@@ -17,8 +17,8 @@ from ..analysis.metrics import wanted
 from ..analysis.ranks import RankView, StageAcrossRanks
 from ..analysis.tail import TailView
 from ..snapshot import Snapshot, StageStats
-from .format import (BREAKDOWN_OPTIONS, DIFF_HEADERS, ESTIMATE, NAME_MAX, NO_EXEMPLARS, TAIL_HEADERS, breakdown, cell,
-                     choose_columns,
+from .format import (BREAKDOWN_OPTIONS, DIFF_HEADERS, ESTIMATE, NAME_MAX, NO_EXEMPLARS, TAIL_HEADERS, UNKNOWN,
+                     breakdown, cell, choose_columns,
                      diff_cells, diff_label, diff_notes, headline, item_lines, label, legend, ms, name,
                      no_ops_note, path_text, printable, ranks_summary, tail_cells, tail_head, with_ops)
 
@@ -66,7 +66,7 @@ def render(snaps: Sequence[Snapshot], sort: str = "tree", depth: Optional[int] =
         lines += textwrap.wrap(f"{ESTIMATE} estimated: {len(sampled)} stage{'s' if len(sampled) != 1 else ''} too short "
                                "for a read on every call within "
                                f"the overhead budget had {reads:,} of {calls:,} calls read (overhead_budget=None reads "
-                               "every call)", width)
+                               f"every call); {UNKNOWN} where its error bar is wider than the figure", width)
     for note in (overhead_line(snap), backend_line(snap)):
         if note:
             lines += textwrap.wrap(note, width)
@@ -129,9 +129,9 @@ def tail(views: Sequence[TailView], limit: Optional[int] = 12, snap: Optional[Sn
     return "\n".join(out).rstrip("\n")
 
 
-def advice(items: Sequence[Dict[str, Any]], about: Optional[str] = None) -> str:
+def advice(items: Sequence[Dict[str, Any]], about: Optional[str] = None, width: Optional[int] = None) -> str:
     """instrument.analysis.advice.advise()'s list as text; `about` names the snapshot it
-    judges (needed wherever two are on screen, as after a diff)."""
+    judges (needed wherever two are on screen, as after a diff); width: each line wrapped to it."""
     lines = [f"Where to look next{' in ' + printable(about) if about else ''} (the stages with the most self time):"]
     for i, a in enumerate(items, 1):
         share = a["saving_upper_bound"]
@@ -143,24 +143,28 @@ def advice(items: Sequence[Dict[str, Any]], about: Optional[str] = None) -> str:
         lines.append(f"   next: {a['next']}")
     if len(lines) == 1:
         lines.append("   (no stages recorded)")
+    if width:
+        lines = [w for x in lines for w in textwrap.wrap(x, width, break_long_words=False, break_on_hyphens=False,
+                                                         subsequent_indent=" " * (len(x) - len(x.lstrip()) + 3))]
     return "\n".join(lines)
 
 
 # Columns given up, group by group, when a diff table must fit a width: (indices into DIFF_HEADERS + 1, what the
 # footer calls them, the header a column left alone in its group then takes)
-_DIFF_DROPS = (((2, 3, 4, 5), "total ms before/after/Δ", {}), ((10, 11), "p99 ms before/after", {12: "p99 Δ%"}),
-               ((9,), "p50 Δ%", {}), ((13,), "CPU/call Δ%", {}), ((6, 7), "mean ms before/after", {8: "mean Δ%"}))
+_DIFF_DROPS = (((2, 3, 4, 5), "total ms before/after/Δ", {}), ((10, 11, 12), "p99 ms before/after/Δ%", {}),
+               ((6, 7), "mean ms before/after", {8: "mean Δ%"}), ((13,), "CPU/call Δ%", {}), ((9,), "p50 Δ%", {}))
 
 
 def diff(d: Diff, limit: Optional[int] = None, width: Optional[int] = None) -> str:
     """The diff as a text table; limit: at most that many rows; width: the table gives up columns (named in a
-    footer) and wraps its notes to fit that many characters."""
+    footer) and wraps its notes to fit that many characters (`instrument diff`: the terminal's, at least 80)."""
     rows = d.rows[:limit] if limit else d.rows
     table = [[diff_label(r)] + diff_cells(r) for r in rows]
     head = ["stage"] + DIFF_HEADERS
     keep = list(range(len(head)))
     dropped: List[str] = []
-    widths = [min(48, max([len(head[0])] + [len(t[0]) for t in table]))] + \
+    full = min(48, max([len(head[0])] + [len(t[0]) for t in table]))
+    widths = [full] + \
         [max([len(h)] + [len(t[i + 1]) for t in table]) for i, h in enumerate(DIFF_HEADERS)]
     if width is not None:
         widths[0] = min(widths[0], max(16, width // 4))
@@ -172,6 +176,7 @@ def diff(d: Diff, limit: Optional[int] = None, width: Optional[int] = None) -> s
             for k, h in rename.items():
                 head[k] = h
                 widths[k] = max(widths[k], len(h))
+        widths[0] = min(full, max(widths[0], width - sum(widths[k] + 1 for k in keep[1:])))   # room left: the names
 
     def line(cells):
         first = cells[0] if len(cells[0]) <= widths[0] else cells[0][: widths[0] - 1] + "…"
@@ -180,8 +185,11 @@ def diff(d: Diff, limit: Optional[int] = None, width: Optional[int] = None) -> s
     def wrap(text, indent=""):
         return textwrap.wrap(text, width, initial_indent=indent, subsequent_indent=indent + "  ") if width else \
             [indent + text]
-    notes = legend(d)
-    out = [*wrap(headline(d)), *wrap(notes[0]), *wrap(notes[1]), "", line(head),
+    notes = legend(d)   # above the table: what it is based on (at most 2 lines at 80 columns); the rest below it
+    if not d.machine.differed:   # alike machines: a footnote; machines that differed: said before any figure
+        notes = [notes[0]] + notes[2:] + [notes[1]]
+    above = 2 if d.machine.differed else 1
+    out = [*wrap(headline(d)), *[x for n in notes[:above] for x in wrap(n)], "", line(head),
            "-" * (sum(widths[k] for k in keep) + len(keep) - 1)]
     for r, cells in zip(rows, table):
         out.append(line(cells))
@@ -191,7 +199,7 @@ def diff(d: Diff, limit: Optional[int] = None, width: Optional[int] = None) -> s
         out.append("(no stages on either side)")
     else:
         out.append("")
-        for x in notes[2:]:
+        for x in notes[above:]:
             out += wrap(x)
     if dropped:
         out += wrap(f"not shown at {width} columns: {', '.join(dropped)} (a wider terminal or --format csv/json "

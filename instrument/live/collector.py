@@ -82,6 +82,8 @@ def _on_backend_switch(module) -> None:
         backend.set_root_exit_hook(None)
         module.set_root_exit_hook(_root_exit)
     backend = module
+    module.set_decorator(_decorate)
+    _styled.clear()   # styled stages of the other backend record into it
     _applied_counters.pop(module.__name__, None)
     _apply(_config_now)
 
@@ -261,6 +263,17 @@ class _TimedGenerator:
             self._gen.close()
         except Exception:
             pass
+
+
+def _decorate(st, func: Callable) -> Callable:
+    """`@instrument.stage("x")` on a function: the same wrapping as `@instrument.region("x")`."""
+    if not callable(func):
+        raise TypeError(f"@instrument.stage({st.name!r}) decorates a function, not {type(func).__name__}; "
+                        "use `with instrument.stage(...)` around a block")
+    return _wrap(func, st)
+
+
+backend.set_decorator(_decorate)
 
 
 def region(name_or_func: Any = None, *, name: Optional[str] = None):

@@ -353,8 +353,26 @@ class Stage:
         _exit(self, et is not None)
         return False
 
+    def __call__(self, *args, **kwargs):
+        if len(args) != 1 or kwargs:
+            raise TypeError(f"a stage used as a decorator takes the function alone: @instrument.stage({self._name!r}) "
+                            "above a def")
+        if _decorator is None:
+            raise TypeError(f"stage {self._name!r} cannot decorate before instrument is imported")
+        return _decorator(self, args[0])
+
     def __repr__(self) -> str:
         return f"instrument.stage({self._name!r})"
+
+
+_decorator = None   # set_decorator(f): f(stage, func) is `@stage` on func, the live side's region wrapping
+
+
+def set_decorator(f) -> None:
+    global _decorator
+    if not callable(f):
+        raise TypeError(f"set_decorator needs a callable, not {type(f).__name__}")
+    _decorator = f
 
 
 _cache: Dict[str, Stage] = {}

@@ -8,7 +8,7 @@ base.py      the error, stage paths as text, the rules for numbers
 
 A leaf: it imports nothing of the package but the histogram scheme.  The names below are its public face.
 """
-from .base import SnapshotError, Z99, as_path, ci99, name_text, parse_path, path_text
+from .base import SnapshotError, Z99, as_path, ci99, name_text, parse_path, path_shown, path_text
 from .merge import (MAX_WINDOWS, OP_FIELDS, TOP_OPS, gpu_fields, join_windows, merge_all, merge_counters,
                     merge_estimate, merge_exemplars, merge_gpu, merge_items, merge_ops, merge_stage, ranked_ops,
                     since_stage)
@@ -22,6 +22,6 @@ __all__ = [
     "QUANTILES", "RANK_FIELDS", "RANK_KEY", "SPLIT", "SWITCHES", "Snapshot", "SnapshotError", "StageStats",
     "TOP_OPS", "VERSION", "Z99", "as_path", "atomic_write", "ci99", "gpu_fields", "is_collective", "join_windows",
     "load", "load_many", "merge_all", "merge_counters", "merge_estimate", "merge_exemplars", "merge_gpu",
-    "merge_items", "merge_ops", "merge_ranks", "merge_stage", "name_text", "parse_path", "path_text", "rank_figures",
-    "rank_of", "ranked_ops", "since_ranks", "since_stage",
+    "merge_items", "merge_ops", "merge_ranks", "merge_stage", "name_text", "parse_path", "path_shown", "path_text",
+    "rank_figures", "rank_of", "ranked_ops", "since_ranks", "since_stage",
 ]

@@ -23,6 +23,13 @@ def path_text(path: Sequence[str]) -> str:
     return "/".join(name_text(n) for n in path)
 
 
+def path_shown(path: Sequence[str]) -> str:
+    """A path as people read it: names as written, joined by '/'; a name holding a '/' (or starting with '"') is
+    shown in double quotes, a '"' inside doubled, so "POST /classify" reads `"POST /classify"` and never like
+    "classify" nested in "POST " (`POST /classify`).  path_text is the form that keys and parses back."""
+    return "/".join('"' + n.replace('"', '""') + '"' if "/" in n or n.startswith('"') else n for n in path)
+
+
 def parse_path(text: str) -> Tuple[str, ...]:
     """The path a path_text string names (an unescaped '/' separates names)."""
     names, cur, k = [], [], 0

@@ -70,8 +70,10 @@ def test_render_formats():
     t = DIFF.render(d)
     lines = t.splitlines()
     assert lines[0] == headline(d)
-    assert lines[1].startswith("basis: runs, the strongest these snapshots allow: one run a side")
-    assert lines[2].startswith("machine: the snapshots do not describe their machines")
+    assert lines[1] == "basis: runs, the strongest these snapshots allow: one run a side (two plain runs)"
+    assert lines[2] == "" and lines[3].startswith("stage ")   # how the basis tests, and alike machines: below
+    assert "\nbasis in full: each figure per call with its spread" in t
+    assert "\nmachine: the snapshots do not describe their machines" in t
     req = next(l for l in lines if l.startswith("request "))
     assert "2500.0" in req and "1810.0" in req and "~−25.0%" in req and req.split()[-1] == "faster"
     assert "request/legacy (only before)" in t and "request/cache (only after)" in t
@@ -302,6 +304,32 @@ def test_diff_table_fits_a_width_and_names_what_it_dropped():
     footer = " ".join(DIFF.render(d, width=80).splitlines()[-2:])
     assert "not shown at 80 columns: total ms before/after/Δ" in footer
     assert "not shown at" not in DIFF.render(d, width=400)
+
+
+def test_diff_at_80_columns_through_the_command(tmp_path):
+    before, after = pair()
+    mig = lambda x: {"instructions": {"total": 10_000}, "cpu-migrations": {"total": x}}   # noqa: E731
+    before = snap(*[s if s.path != ("request", "model") else st("request/model", 100, 20 * MS, counters=mig(4.043))
+                    for s in before])
+    after = snap(*[s if s.path != ("request", "model") else st("request/model", 100, 14 * MS, counters=mig(3))
+                   for s in after])
+    before.save(tmp_path / "a.json")
+    after.save(tmp_path / "b.json")
+    from snapfactory import cli as run_cli
+    import os
+    os.environ["COLUMNS"], old = "80", os.environ.get("COLUMNS")
+    try:
+        r = run_cli("diff", tmp_path / "a.json", tmp_path / "b.json")
+    finally:
+        os.environ.pop("COLUMNS") if old is None else os.environ.__setitem__("COLUMNS", old)
+    assert r.returncode == 0, r.stderr
+    lines = r.stdout.splitlines()
+    assert all(len(l) <= 80 for l in lines), [l for l in lines if len(l) > 80]
+    head = next(i for i, l in enumerate(lines) if l.startswith("stage "))
+    basis = next(i for i, l in enumerate(lines) if l.startswith("basis: "))
+    assert head - basis <= 3 and lines[head - 1] == ""      # the basis: at most 2 lines before the table
+    assert "p50 Δ%" in lines[head] and "mean" in lines[head] and "CPU/call Δ%" in lines[head]
+    assert "    cpu-migrations: 4 → 3 (−25.8%; not judged: load moves it)" in lines   # counts are whole
 
 
 # ------------------------------------------------------------------------ the machine probe

@@ -13,6 +13,7 @@ import sys
 import pytest
 
 import instrument
+from instrument.exporters.format import basis_parts
 from instrument.snapshot import Snapshot
 from conftest import HOG
 from snapfactory import cli, env
@@ -81,8 +82,10 @@ def test_plain_runs_with_a_hog_fail_the_gate_on_the_stage_made_slower(tmp_path):
     assert r.returncode == 1, r.stdout + r.stderr
     j = json.loads(summary.read_text())
     assert j["basis"] == "runs" and "one run a side" in j["basis_reason"]
-    assert r.stdout.splitlines()[1] == f"basis: {j['basis_reason']}"
-    assert r.stdout.splitlines()[2] == f"machine: {j['machine']['line']}"
+    said_all = " ".join(r.stdout.split())   # the text is wrapped to the terminal
+    assert f"basis: {' '.join(basis_parts(j['basis_reason'])[0].split())}" in said_all
+    assert f"basis in full: {' '.join(basis_parts(j['basis_reason'])[1].split())}" in said_all
+    assert f"machine: {' '.join(j['machine']['line'].split())}" in said_all
     found = {(tuple(g["path"]), g["figure"]) for g in j["gate"]["regressions"]}
     assert (("request", "model"), "cpu") in found                  # 3x the loop: CPU per call beyond noise, > 20 %
     tokens = next(x for x in j["rows"] if x["path"] == ["request", "tokenize"])["tests"]["item:tokens"]

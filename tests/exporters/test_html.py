@@ -52,7 +52,7 @@ def test_page_in_headless_chromium(chromium, tmp_path):
     assert {"request", "request/model", "request/model/encoder", "batch", "batch/collate"} <= \
         {htmllib.unescape(c) for c in cells}
     text = htmllib.unescape(re.sub(r"<[^>]+>", " ", dom.split('<table id="table"', 1)[1]))
-    for name in ("tokenize", "encoder", "collate", "<script>alert(1)<\\/script>", EVIL[2]):   # '/' in a name escaped
+    for name in ("tokenize", "encoder", "collate", "<script>alert(1)</script>", EVIL[2]):   # names as written
         assert name in text
     assert "<script>alert(1)</script>" not in dom.split('<script type="application/json"')[0]   # escaped as text
     shot = tmp_path / "report.png"
@@ -105,7 +105,7 @@ def test_diff_page_marks_noise(chromium, tmp_path):
 
 def test_tail_card_and_items_in_headless_chromium(chromium, tmp_path):
     """The tail view, the tail% column and per-item cost, as the browser renders them; names stay text."""
-    from instrument.snapshot import Snapshot, path_text
+    from instrument.snapshot import Snapshot, path_shown
     evil = EVIL[0]
     base = snap(st("request", 0, 0, values=[2 * MS] * 99 + [12 * MS]), st(("request", evil), 100, MS // 5),
                 st("request/forward", 100, 9 * MS // 5))
@@ -124,7 +124,7 @@ def test_tail_card_and_items_in_headless_chromium(chromium, tmp_path):
     assert 'data-rendered="1"' in dom and 'id="tail-card" hidden' not in dom
     assert re.search(r"<title>([^<]*)</title>", dom).group(1) == "instrument: stage breakdown"
     tails = htmllib.unescape(re.sub(r"<[^>]+>", " ", dom.split('id="tails"', 1)[1].split("</section>", 1)[0]))
-    assert path_text(("request", evil)) in tails and "+9.80" in tails and "98.0%" in tails   # the / escaped
+    assert path_shown(("request", evil)) in tails and "+9.80" in tails and "98.0%" in tails   # the name quoted
     assert "10.0 ms more" in tails
     stages_text = htmllib.unescape(re.sub(r"<[^>]+>", " ", dom.split('<table id="table"', 1)[1]))
     assert "tail%" in stages_text and "5.00 µs/token · 200k tokens/s" in stages_text
@@ -211,3 +211,28 @@ def test_stage_and_verdict_stay_in_view_at_1400_px_with_the_split_bar(backend, c
     assert max(nap, key=nap.get) == "blocked"              # a sleep is off the CPU by its own doing
     assert "n/a not measured" in got["legend"] and "negative" in got["legend"] and "run queue" in got["legend"]
     assert re.search(r"task-clock[\d.]+ (s|ms|µs)", got["tip"]), got["tip"]   # a clock in its unit, not raw ns
+
+
+TIP = """
+var rows = document.querySelectorAll("#table tbody tr"), tip = document.getElementById("tooltip"), out = [];
+Array.prototype.forEach.call(rows, function (tr) {
+  tr.dispatchEvent(new MouseEvent("mousemove", {clientX: 60, clientY: 60, bubbles: true}));
+  var box = tip.getBoundingClientRect();
+  Array.prototype.forEach.call(tip.querySelectorAll("td"), function (td) {
+    var r = td.getBoundingClientRect();
+    out.push({text: td.textContent, right: r.right, boxRight: box.right, left: r.left, boxLeft: box.left,
+              fits: td.scrollWidth <= td.clientWidth + 1});
+  });
+});
+return out;
+"""
+
+
+def test_tooltip_cells_are_never_clipped(chromium, tmp_path):
+    """Every figure of the hover card lies inside the card, whole: a long verdict reason wraps instead of pushing
+    the figures (`~0.00±0.01`) out of the card's box."""
+    before, after = report_snapshots()
+    cells = measure(chromium, html.render([after]), tmp_path, TIP, size=(900, 700))
+    assert len(cells) > 20 and any(len(c["text"]) > 60 for c in cells)        # a long reason is among them
+    for c in cells:
+        assert c["boxLeft"] - 0.5 <= c["left"] and c["right"] <= c["boxRight"] + 0.5 and c["fits"], c

@@ -1,6 +1,7 @@
-"""A stage named "a/b" and a stage "b" nested in "a" never print alike: in every
-display and export a '/' (and a '\\') inside a name is escaped with '\\', and each
-printed path parses back to the path it names."""
+"""A stage named "a/b" and a stage "b" nested in "a" never print alike, and names print as written: the table
+and HTML show nesting by indentation; a path printed for people quotes a name holding a '/' (path_shown); a
+path that keys (CSV `path`, the Prometheus and OTel `path` label, `snap[...]`) escapes it with '\\' and parses
+back to the path it names (path_text)."""
 import csv
 import html as htmllib
 import io
@@ -15,11 +16,14 @@ from instrument.analysis.advice import advise
 from instrument.analysis.diff import diff
 from instrument.exporters import ADVICE, DIFF, chrome, hatchet, html, table
 from instrument.exporters import csv as as_csv, json as as_json, markdown as as_markdown
-from instrument.snapshot import parse_path, path_text
+from instrument.snapshot import parse_path, path_shown, path_text
 from browser import browse, chromium  # noqa: F401  (the page read back by a real browser)
 
 SHAPES = {("a/b",): "a\\/b", ("a", "b"): "a/b", ("a",): "a", ("c\\",): "c\\\\", ("c\\", "d"): "c\\\\/d",
           ("c\\/d",): "c\\\\\\/d"}
+SHOWN = {("a/b",): '"a/b"', ("a", "b"): "a/b", ("a",): "a", ("c\\",): "c\\", ("c\\", "d"): "c\\/d",
+         ("c\\/d",): '"c\\/d"', ('"q"', "x/y"): '"""q"""/"x/y"', ('q"', "d"): 'q"/d'}
+NAMES = ["a/b", "a", "b", "c\\", "d", "c\\/d"]   # the table's rows: names as written, nesting by indent
 
 
 def record(rounds=3):
@@ -50,6 +54,13 @@ def test_path_text_is_one_to_one():
     assert len(set(SHAPES.values())) == len(SHAPES)
 
 
+def test_path_shown_keeps_names_as_written_and_paths_apart():
+    for path, text in SHOWN.items():
+        assert path_shown(path) == text
+    assert len(set(SHOWN.values())) == len(SHOWN)
+    assert path_shown(("POST /classify", "tokenize")) == '"POST /classify"/tokenize'
+
+
 def test_snapshot_holds_both_shapes_and_finds_each_by_its_text(shapes):
     assert {s.path for s in shapes} == set(SHAPES)
     for path, text in SHAPES.items():
@@ -59,30 +70,30 @@ def test_snapshot_holds_both_shapes_and_finds_each_by_its_text(shapes):
 def test_table_csv_json_markdown(shapes):
     text = table.render([shapes], width=120)
     rows = [l.split()[0] for l in text.splitlines()[2:8]]
-    assert rows == ["a\\/b", "a", "b", "c\\\\", "d", "c\\\\\\/d"]        # names escaped, nesting by indent
-    got = {r["path"] for r in csv.DictReader(io.StringIO(as_csv.render([shapes])))}
-    assert got == set(SHAPES.values()) and {parse_path(p) for p in got} == set(SHAPES)
+    assert rows == NAMES
+    got = {(r["path"], r["stage"]) for r in csv.DictReader(io.StringIO(as_csv.render([shapes])))}
+    assert got == {(t, p[-1]) for p, t in SHAPES.items()} and {parse_path(p) for p, _ in got} == set(SHAPES)
     assert {tuple(r["path"]) for r in json.loads(as_json.render([shapes]))} == set(SHAPES)
     markdown_it = pytest.importorskip("markdown_it")
     page = markdown_it.MarkdownIt("commonmark").enable("table").render(as_markdown.render([shapes]))
     cells = [htmllib.unescape(c).replace("\xa0", "") for c in re.findall(r"<td>([^<]*)</td>", page)]
-    assert {"a\\/b", "a", "b", "c\\\\", "d", "c\\\\\\/d"} <= set(cells)   # what a markdown reader shows
+    assert set(NAMES) <= set(cells)   # what a markdown reader shows
 
 
 def test_diff_and_advice(shapes):
     d = diff(shapes, shapes)
     labels = {l.split()[0] for l in DIFF.render(d).splitlines()[3:] if l and not l.startswith(" ")}
-    assert set(SHAPES.values()) <= labels
+    assert {path_shown(p) for p in SHAPES} <= labels
     got = [r["path"] for r in csv.DictReader(io.StringIO(DIFF.render(d, "csv")))]
     assert sorted(got) == sorted(SHAPES.values())
     assert {tuple(r["path"]) for r in json.loads(DIFF.render(d, "json"))["rows"]} == set(SHAPES)
-    assert "| a\\\\/b" in DIFF.render(d, "markdown")
+    assert '| "a/b"' in DIFF.render(d, "markdown")
     for path, text in SHAPES.items():
         assert d.row(text).path == path
     advice = advise(shapes, top=10)
     lines = [l for l in ADVICE.render(advice).splitlines() if re.match(r"\d+\. ", l)]
     shown = {re.match(r"\d+\. (.*): \S+ — ", l).group(1) for l in lines}
-    assert shown == {path_text(a["path"]) for a in advice} and len(shown) == len(advice)
+    assert shown == {path_shown(a["path"]) for a in advice} and len(shown) == len(advice)
 
 
 def test_prometheus_labels(shapes):
@@ -94,6 +105,7 @@ def test_prometheus_labels(shapes):
         if fam.name == "instrument_stage_duration_seconds":
             labels |= {(s.labels["stage"], s.labels["path"]) for s in fam.samples}
     assert labels == {(p[-1], t) for p, t in SHAPES.items()}
+    assert 'stage="a/b"' in prometheus.render([shapes])   # the name as written in the exposition
 
 
 def test_chrome_trace(shapes):
@@ -137,6 +149,9 @@ def test_html_page(shapes, tmp_path, chromium):
     assert 'data-rendered="1"' in dom
     cells = {htmllib.unescape(c) for c in re.findall(r'data-path="([^"]*)"', dom.split('id="icicle"', 1)[1]
                                                     .split('id="icicle-before"', 1)[0])}
-    assert cells == set(SHAPES.values())
+    assert cells == {path_shown(p) for p in SHAPES}
     names = {htmllib.unescape(t) for t in re.findall(r'<td class="name"[^>]*title="([^"]*)"', dom)}
-    assert names == set(SHAPES.values())
+    assert names == {path_shown(p) for p in SHAPES}
+    cells = re.findall(r'<td class="name" title[^>]*>(?:<span[^>]*></span>)?([^<]*)<', dom)
+    shown = {htmllib.unescape(t).strip() for t in cells}
+    assert set(NAMES) <= shown   # the tree's names as written

@@ -37,7 +37,7 @@ def test_breakdown_csv_fields_name_their_units():
     assert float(req["page_faults"]) == 12 and float(req["context_switches"]) == 3               # counts
     assert float(req["page_faults_per_call"]) == pytest.approx(0.12)                             # per call
     for field in next(csv.reader(io.StringIO(as_csv.render([s])))):
-        assert field in ("path", "calls", "cpu_per_wall", "ipc", "mpki", "page_faults", "context_switches",
+        assert field in ("path", "stage", "calls", "cpu_per_wall", "ipc", "mpki", "page_faults", "context_switches",
                          "verdict") or field.endswith(("_ns", "_pct", "_per_call")), field
 
 

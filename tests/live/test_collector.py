@@ -198,6 +198,30 @@ def test_region_forms(backend):
     assert p[(fwd,)].calls == 1 and p[("kw",)].calls == 1 and p[("agen_ok",)].calls == 1
 
 
+def test_stage_as_a_decorator_records_each_call_like_region(backend):
+    @instrument.stage("handler")
+    def handler(x):
+        """doc"""
+        time.sleep(0.002)
+        return x + 1
+
+    @instrument.stage("async handler", color=0x00FF00)
+    async def ahandler(x):
+        await asyncio.sleep(0.002)
+        return x * 2
+
+    assert [handler(i) for i in range(3)] == [1, 2, 3] and handler.__doc__ == "doc"
+    assert asyncio.run(ahandler(4)) == 8 and asyncio.run(ahandler(5)) == 10
+    assert handler.stage is instrument.stage("handler")
+    with pytest.raises(TypeError, match="decorates a function"):
+        instrument.stage("x")(42)
+    with pytest.raises(TypeError, match="takes the function alone"):
+        instrument.stage("x")(handler, 1)
+    p = paths(instrument.snapshot())
+    assert p[("handler",)].calls == 3 and p[("handler",)].wall_total >= 3 * 2_000_000
+    assert p[("async handler",)].calls == 2 and p[("async handler",)].wall_min >= 2_000_000
+
+
 def test_region_on_generator_times_each_resumption(backend):
     @instrument.region("gen")
     def gen(n):

@@ -13,9 +13,8 @@
   function el(tag, cls, text) { var e = document.createElement(tag); if (cls) e.className = cls;
     if (text !== undefined && text !== null) e.textContent = String(text); return e; }
   function key(p) { return JSON.stringify(p); }
-  // a name as in a path: "\\" and "/" inside it escaped, so a stage "a/b" never reads like b under a
-  function nameText(n) { return n.replace(/\\/g, "\\\\").replace(/\//g, "\\/"); }
-  function pathText(p) { return p.map(nameText).join("/"); }
+  // a path as people read it (snapshot.path_shown): names as written; one holding "/" (or starting with '"') quoted
+  function pathText(p) { return p.map(function (n) { return /\//.test(n) || n.charAt(0) === '"' ? '"' + n.replace(/"/g, '""') + '"' : n; }).join("/"); }
   function ms(ns) { if (ns === null || ns === undefined) return "n/a"; var v = ns / 1e6;
     return v >= 10000 ? v.toFixed(0) : v >= 100 ? v.toFixed(1) : v >= 1 ? v.toFixed(2) : v >= 0.01 ? v.toFixed(3) : v.toFixed(4); }
   function human(ns) { if (ns === null || ns === undefined) return "n/a";
@@ -132,7 +131,7 @@
       c.style.left = x + "px"; c.style.width = Math.max(w - 1, 1) + "px"; c.style.top = (depth * ROW) + "px";
       c.style.background = colourOf(s);
       c.setAttribute("data-path", pathText(s.path));
-      if (w > 34) c.textContent = nameText(s.path[s.path.length - 1]) + (w > 120 ? "  " + ms(s.total) + " ms" : "");
+      if (w > 34) c.textContent = s.path[s.path.length - 1] + (w > 120 ? "  " + ms(s.total) + " ms" : "");
       c.addEventListener("mousemove", function (ev) { showTip(ev, s, side); });
       c.addEventListener("mouseleave", hideTip);
       c.addEventListener("click", function () {   // zoom in; the zoomed bar or an ancestor bar zooms back out
@@ -227,7 +226,7 @@
       var tr = el("tr"), name = el("td", "name");
       name.style.paddingLeft = (10 + (sortCol === null ? 16 * (s.path.length - 1) : 0)) + "px";
       var bar = el("span", "bar"); bar.style.width = Math.max(2, 60 * s.total / maxTotal) + "px"; name.appendChild(bar);
-      name.appendChild(document.createTextNode(sortCol === null ? nameText(s.path[s.path.length - 1]) : pathText(s.path)));
+      name.appendChild(document.createTextNode(sortCol === null ? s.path[s.path.length - 1] : pathText(s.path)));
       name.title = pathText(s.path);
       (s.items || []).forEach(function (it) { if (it.per_ns !== null)
         name.appendChild(el("span", "items", human(it.per_ns) + "/" + it.unit + " \u00b7 " + si(it.rate) + " " + it.name + "/s")); });
@@ -271,7 +270,8 @@
       "other tasks' time; system time needs the cpu_split option; a counter is n/a where this machine could not open it"],
      ["\u2212 / negative", "tail%: the stage took less time in the slow calls than in typical ones, so it offset part " +
       "of their excess (the shares add up to 100 %); \u0394 columns: faster than before"],
-     ["~", "estimated from the calls read under the overhead budget; \u00b1 its 99 % interval"]].forEach(function (x) {
+     ["~", "estimated from the calls read under the overhead budget; \u00b1 its 99 % interval"],
+     ["?", "unknown: an estimate whose 99 % interval is wider than the figure itself"]].forEach(function (x) {
       var d = el("div"); d.appendChild(el("b", null, x[0])); d.appendChild(document.createTextNode(" " + x[1])); box.appendChild(d); });
   })();
 
@@ -325,7 +325,7 @@
     R.stages.forEach(function (x) {
       var tr = el("tr"), name = el("td", "name");
       name.appendChild(document.createTextNode("\u00a0".repeat(2 * (x.path.length - 1)) +
-        nameText(x.path[x.path.length - 1]) + (x.device ? " (device)" : "")));
+        x.path[x.path.length - 1] + (x.device ? " (device)" : "")));
       tr.appendChild(name);
       var lo = x.min_ns, span = Math.max(x.max_ns - lo, x.median_ns / 2);   // a spread of a few % stays pale
       cols.forEach(function (r) {
