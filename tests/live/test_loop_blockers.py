@@ -91,6 +91,7 @@ def test_a_burst_inside_a_child_stage_is_charged_to_the_child(backend):
     """50 tasks serve `req`; one of them bursts 30 ms of CPU in `req/work` every 100 ms, inside the step that resumes
     `req`.  The blocking is `req/work`'s: for the bursts' time (the others are ready throughout them), while `req`,
     whose own CPU is small, holds the loop only for the steps' own machinery."""
+    instrument.configure(overhead_budget=None)   # every call read: the stages' CPU time exact, not estimated
     bursts = []
 
     async def burster(stop):
@@ -119,7 +120,8 @@ def test_a_burst_inside_a_child_stage_is_charged_to_the_child(backend):
     snap = instrument.snapshot()
     req, work = snap["req"], snap["req/work"]
     burst_cpu = sum(c for _, _, c in bursts)
-    assert work.cpu_total >= 0.9 * burst_cpu and req.cpu_self < 0.1 * burst_cpu, (work.cpu_total, req.cpu_self)
+    # req's own CPU is the steps' machinery (and the SDK's reads), small next to work's bursts
+    assert work.cpu_total >= 0.9 * burst_cpu and req.cpu_self < 0.5 * work.cpu_total, (work.cpu_total, req.cpu_self)
     held = req.loop_blockers
     assert held.get("req/work", 0) >= 0.9 * burst_cpu, (held, burst_cpu)
     assert held.get("req", 0) < 0.5 * held["req/work"], held
