@@ -73,7 +73,7 @@ void suspend(ThreadState *ts, TaskThread *tt, Stack *st, const Reading *r) {
 
 void step_segment(TaskThread *tt, int64_t t, int32_t next) {
     int32_t node = tt->seg_node;
-    if (node && t > tt->seg_t0) {
+    if (node && t > tt->seg_t0 && (tt->spans || (tt->spans = calloc(STEP_RING, sizeof(StepSpan))))) {
         StepSpan *p = tt->n_spans ? &tt->spans[(tt->n_spans - 1) % STEP_RING] : NULL;
         if (p && p->node == node && p->t1 == tt->seg_t0) p->t1 = t;   /* the same stage goes on */
         else tt->spans[tt->n_spans++ % STEP_RING] = (StepSpan){tt->seg_t0, t, node};
@@ -85,7 +85,7 @@ void step_segment(TaskThread *tt, int64_t t, int32_t next) {
 /* The segments that ran on the loop between `from` and `to`, charged as blockers of `node` on this thread, oldest
  * first (the high-water mark of each blocker entry counts each moment once, stats.h). */
 static void charge_blockers(ThreadState *ts, TaskThread *tt, int32_t node, int64_t from, int64_t to) {
-    NodeStats *s = stats_get(&ts->stats, node);
+    NodeStats *s = tt->spans ? stats_get(&ts->stats, node) : NULL;
     if (!s) return;
     uint64_t n = tt->n_spans < STEP_RING ? tt->n_spans : STEP_RING, k = 0;
     while (k < n && tt->spans[(tt->n_spans - 1 - k) % STEP_RING].t1 > from) k++;
@@ -251,6 +251,11 @@ void taskclock_abandoned(Stack *st, const Frame *f, CallMeasure *m) {
 void taskclock_free(Stack *st) {
     free(st->clk);
     st->clk = NULL;
+}
+
+void taskthread_free(TaskThread *tt) {
+    if (tt) free(tt->spans);
+    free(tt);
 }
 
 /* ------------------------------------------------------------- collect */

@@ -63,7 +63,7 @@ typedef struct TaskThread {
     int32_t seg_node;
     int64_t batch_t0;    /* when the loop iteration's first step started (after its poll) */
     Reading last;
-    StepSpan spans[STEP_RING];
+    StepSpan *spans;     /* STEP_RING of them, allocated at the first (on a loop's thread only); NULL: none */
     uint64_t n_spans;    /* spans recorded, the latest at (n_spans - 1) % STEP_RING */
 } TaskThread;
 
@@ -84,6 +84,7 @@ int taskclock_frame_exit(ThreadState *ts, Stack *st, const Frame *f, Reading *r1
 /* A frame of a dying stack as a call that ended at the stack's last task switch (stack.c records it). */
 void taskclock_abandoned(Stack *st, const Frame *f, CallMeasure *m);
 void taskclock_free(Stack *st);
+void taskthread_free(TaskThread *tt);        /* a thread's state, at its end */
 
 /* The switch hook's primitives (steps.c). */
 void take_reading(ThreadState *ts, Reading *r, int full, int exit_order);
