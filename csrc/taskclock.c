@@ -253,11 +253,6 @@ void taskclock_free(Stack *st) {
     st->clk = NULL;
 }
 
-void taskthread_free(TaskThread *tt) {
-    if (tt) free(tt->spans);
-    free(tt);
-}
-
 /* ------------------------------------------------------------- collect */
 
 int taskclock_collect(PyObject *res) {

@@ -84,7 +84,6 @@ int taskclock_frame_exit(ThreadState *ts, Stack *st, const Frame *f, Reading *r1
 /* A frame of a dying stack as a call that ended at the stack's last task switch (stack.c records it). */
 void taskclock_abandoned(Stack *st, const Frame *f, CallMeasure *m);
 void taskclock_free(Stack *st);
-void taskthread_free(TaskThread *tt);        /* a thread's state, at its end */
 
 /* The switch hook's primitives (steps.c). */
 void take_reading(ThreadState *ts, Reading *r, int full, int exit_order);
