@@ -87,9 +87,12 @@ void step_segment(TaskThread *tt, int64_t t, int32_t next) {
 static void charge_blockers(ThreadState *ts, TaskThread *tt, int32_t node, int64_t from, int64_t to) {
     NodeStats *s = tt->spans ? stats_get(&ts->stats, node) : NULL;
     if (!s) return;
-    uint64_t n = tt->n_spans < STEP_RING ? tt->n_spans : STEP_RING, k = 0;
-    while (k < n && tt->spans[(tt->n_spans - 1 - k) % STEP_RING].t1 > from) k++;
-    for (; k > 0; k--) {
+    uint64_t lo = 0, hi = tt->n_spans < STEP_RING ? tt->n_spans : STEP_RING;   /* spans that end after `from`: */
+    while (lo < hi) {   /* the latest k, found by halving (they end in time order) */
+        uint64_t mid = (lo + hi + 1) / 2;
+        if (tt->spans[(tt->n_spans - mid) % STEP_RING].t1 > from) lo = mid; else hi = mid - 1;
+    }
+    for (uint64_t k = lo; k > 0; k--) {
         const StepSpan *p = &tt->spans[(tt->n_spans - k) % STEP_RING];
         int64_t a = p->t0 > from ? p->t0 : from, b = p->t1 < to ? p->t1 : to;
         Blocker *e = b > a ? stats_blocker(s, p->node) : NULL;
