@@ -206,7 +206,7 @@ int taskclock_frame_exit(ThreadState *ts, Stack *st, const Frame *f, Reading *r1
         else r = *r1;
         resume(ts, tt, o, &r);
     }
-    if (tt->step_t0) step_segment(tt, r1 ? r1->t : now_ns(), st->depth > 1 ? st->frames[st->depth - 2].node : around(tt, st));
+    if (tt->step_t0) step_segment(tt, m->t1, st->depth > 1 ? st->frames[st->depth - 2].node : around(tt, st));
     TaskClock *c = clock_for(st, ts);
     if (c) {
         if (r1) relative(r1, c);

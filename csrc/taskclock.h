@@ -77,9 +77,9 @@ static inline TaskThread *tt_get(ThreadState *ts) {
     return ts->tasks = calloc(1, sizeof(TaskThread));
 }
 
-/* Frame enter/exit (enter_exit.c): readings made task-relative.  exit returns 1 when the call overlapped other
- * contexts' work on its thread (then nothing but its wall time is attributable) and sets the call's suspended
- * and loop-ready time in m. */
+/* Frame enter/exit (enter_exit.c): readings made task-relative.  exit (given the call's end in m->t1) returns 1
+ * when the call overlapped other contexts' work on its thread (then nothing but its wall time is attributable) and
+ * sets the call's suspended and loop-ready time in m. */
 void taskclock_frame_enter(ThreadState *ts, Stack *st, Frame *f);
 int taskclock_frame_exit(ThreadState *ts, Stack *st, const Frame *f, Reading *r1, CallMeasure *m);
 /* A frame of a dying stack as a call that ended at the stack's last task switch (stack.c records it). */
