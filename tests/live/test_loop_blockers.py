@@ -129,3 +129,33 @@ def test_a_burst_inside_a_child_stage_is_charged_to_the_child(backend):
                                                                                       req.wall_split)
     assert_figures_hold(req, wall)
     assert not work.loop_blockers   # `work` never awaits
+
+
+def test_a_step_with_no_stage_of_its_own_is_held_by_the_stage_around_the_loop(backend):
+    """The same tasks spinning outside any stage of their own, with `serve` open around the loop: the spins after
+    `wait` closes held the loop in `serve`, the stage innermost-open while they ran."""
+    spins, left_wait = [], []
+
+    async def task():
+        with instrument.stage("wait"):
+            await asyncio.sleep(0.001)
+        left_wait.append(time.perf_counter_ns())
+        spins.append(spin(2_000_000))
+
+    async def main():
+        await asyncio.gather(*(task() for _ in range(20)))
+
+    loop = asyncio.new_event_loop()
+    t0 = time.perf_counter_ns()
+    try:
+        with instrument.stage("serve"):
+            loop.run_until_complete(main())
+    finally:
+        loop.close()
+    wall = time.perf_counter_ns() - t0
+    w = instrument.snapshot()["serve/wait"]
+    last = max(left_wait)
+    held_truth = sum(c for _, end, c in spins if end <= last)
+    assert w.loop_blockers.get("serve", 0) >= 0.9 * held_truth, (w.loop_blockers, held_truth)
+    assert w.loop_blockers.get("serve/wait", 0) <= 0.25 * w.loop_blockers["serve"], w.loop_blockers
+    assert_figures_hold(w, wall)
