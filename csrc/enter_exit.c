@@ -179,8 +179,8 @@ static void read_exit(ThreadState *ts, Stack *st, const Frame *f, int same_threa
     uint32_t sw_in = read ? ts_switches(ts) : 0;   /* before the reads: the end of the wall window */
     if (read) read_boundary(ts, &r1, 1);   /* r1.t before the reads ends the wall window */
     m->sw1 = sw_in;
-    m->overlapped = taskclock_frame_exit(ts, st, f, read ? &r1 : NULL, m);   /* task-relative, time suspended */
     m->t1 = read ? r1.t : now_ns();
+    m->overlapped = taskclock_frame_exit(ts, st, f, read ? &r1 : NULL, m);   /* task-relative, time suspended */
     m->wall = m->t1 - f->r0.t;
     m->switched = !same_thread || ts_switches(ts) != f->sw0;
     m->switched_in = read ? sw_in != f->sw_in : m->switched;

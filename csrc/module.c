@@ -310,7 +310,8 @@ static PyObject *estimates(const NodeStats *s) {
 static PyObject *blockers_to_list(const NodeStats *s) {
     PyObject *l = PyList_New(0);
     for (int32_t k = 0; l && k < s->n_blockers; k++)
-        if (append_new(l, Py_BuildValue("(iL)", s->blockers[k].node, (long long)s->blockers[k].ns)) < 0) Py_CLEAR(l);
+        if (append_new(l, Py_BuildValue("(iLL)", s->blockers[k].node, (long long)s->blockers[k].held,
+                                        (long long)s->blockers[k].waited)) < 0) Py_CLEAR(l);
     return l;
 }
 

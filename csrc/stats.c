@@ -180,14 +180,20 @@ double stats_mean_cpu(const NodeStats *s) {   /* a stratum none of whose calls w
     return s->cpu_pred / (double)s->covered;
 }
 
-void stats_add_blocker(NodeStats *s, int32_t node, int64_t ns) {
+Blocker *stats_blocker(NodeStats *s, int32_t node) {
     for (int32_t k = 0; k < s->n_blockers; k++)
-        if (s->blockers[k].node == node) { s->blockers[k].ns += ns; return; }
-    if (node != -1 && s->n_blockers >= BLOCKERS_MAX - 1) {   /* full: the last entry adds up the rest */
-        stats_add_blocker(s, -1, ns);
-        return;
+        if (s->blockers[k].node == node) return &s->blockers[k];
+    if (node != -1 && s->n_blockers >= BLOCKERS_MAX - 1) return stats_blocker(s, -1);   /* full: the last adds up the rest */
+    if (s->n_blockers >= BLOCKERS_MAX) return NULL;
+    s->blockers[s->n_blockers] = (Blocker){node, 0, 0, 0};
+    return &s->blockers[s->n_blockers++];
+}
+
+static void merge_blockers(NodeStats *d, const NodeStats *s) {
+    for (int32_t k = 0; k < s->n_blockers; k++) {
+        Blocker *b = stats_blocker(d, s->blockers[k].node);
+        if (b) b->held += s->blockers[k].held, b->waited += s->blockers[k].waited;
     }
-    if (s->n_blockers < BLOCKERS_MAX) s->blockers[s->n_blockers++] = (Blocker){node, ns};
 }
 
 /* Every field of an Estimate but the last is a double sum. */
@@ -238,7 +244,7 @@ static int stats_merge(NodeStats *d, const NodeStats *s, int64_t cpu_now) {
     d->cov_run += s->cov_run;
     d->cpu_bound += cpu_now < 0 ? s->cpu_bound : s->cpu0_set ? (double)(cpu_now - s->cpu0) : INFINITY;
     d->cov_run_self += s->cov_run_self;
-    for (int32_t k = 0; k < s->n_blockers; k++) stats_add_blocker(d, s->blockers[k].node, s->blockers[k].ns);
+    merge_blockers(d, s);   /* held sums: the slots are other threads' loops, or disjoint stretches of time */
     if (s->est && merge_estimates(d, s) < 0) return -1;
     if (s->ctr && merge_counters(d, s) < 0) return -1;
     return hist_merge(&d->h, &s->h);

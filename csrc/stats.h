@@ -62,7 +62,11 @@ typedef struct CounterStat {
     uint64_t scaled;           /* read calls whose value was scaled for multiplexing */
 } CounterStat;
 
-typedef struct { int32_t node; int64_t ns; } Blocker;   /* node -1: the "(other)" of a full list */
+/* A stage that held the loop while calls of this one were ready to run (node -1: the "(other)" of a full list).
+ * waited: the ready time of the calls it cost, summed over them; held: the time it held the loop while any was
+ * ready, each moment once, kept by a high-water mark: a stretch before the mark that no call charged before it
+ * passed (a call ready since earlier that resumes later) is left out, so held can only under-count. */
+typedef struct { int32_t node; int64_t held, waited, mark; } Blocker;
 #define BLOCKERS_MAX 8
 
 typedef struct ItemStat ItemStat;   /* items.h */
@@ -120,7 +124,8 @@ double stats_read_run(const Estimate *e);          /* and of their running time 
 void stats_estimate(const NodeStats *s, int q, double *total, double *self, double *var, double *var_self);
 double stats_mean_cpu(const NodeStats *s);         /* a call's CPU time, predicted from its stage's so far */
 void stats_mark_start(NodeStats *s, int64_t back);   /* a thread's slot: cpu0 is its CPU clock less `back` ns */
-void stats_add_blocker(NodeStats *s, int32_t node, int64_t ns);
+/* The blocker entry of `node` (the "(other)" one when the list is full); NULL only when the list is inconsistent. */
+Blocker *stats_blocker(NodeStats *s, int32_t node);
 
 extern TraceEvent *g_ring;
 extern size_t g_ring_cap, g_ring_next;

@@ -63,8 +63,9 @@ static void switch_in(ThreadState *ts, TaskThread *tt, PyObject *ctx, Stack **ou
     *outer = o;
 }
 
-/* Switch out: the handle's context (its stack may be new) leaves, the outer one resumes. */
-static void switch_out(ThreadState *ts, TaskThread *tt, PyObject *ctx, Stack *outer, int32_t node) {
+/* Switch out: the handle's context (its stack may be new) leaves, the outer one resumes.  The step's last segment
+ * ends (the loop's record of who held it).  Returns when the step ended (0: not timed, no step recorded). */
+static int64_t switch_out(ThreadState *ts, TaskThread *tt, PyObject *ctx, Stack *outer) {
     Stack *in = g_open_frames > 0 ? stack_of(ctx) : NULL;
     if (in && (!in->depth || in->suspended)) in = NULL;
     int64_t t1 = 0;
@@ -77,11 +78,10 @@ static void switch_out(ThreadState *ts, TaskThread *tt, PyObject *ctx, Stack *ou
     } else {
         tt->chain = 0;
     }
-    if (g_open_frames > 0 && tt->step_t0) {   /* the loop's record of who held it, for tasks waiting on it */
-        if (in) node = stack_top_node(in);
-        else if (tt->step_node) node = tt->step_node;   /* stages that opened and closed within the step */
-        step_span(tt, tt->step_t0, t1 ? t1 : now_ns(), node);
-    }
+    if (!tt->step_t0) return 0;
+    if (!t1) t1 = now_ns();
+    step_segment(tt, t1, 0);
+    return t1;
 }
 
 static PyObject *run_step(Runner *self, PyObject *const *args, size_t nargsf, PyObject *kwnames) {
@@ -97,29 +97,30 @@ static PyObject *run_step(Runner *self, PyObject *const *args, size_t nargsf, Py
     Stack *outer;
     int32_t node;
     int64_t t0 = g_open_frames > 0 ? now_ns() : 0;
+    int32_t prev_seg = tt->seg_node;
+    if (tt->step_t0 && t0) step_segment(tt, t0, 0);   /* a step inside a step: the running one pauses */
     switch_in(ts, tt, ctx, &outer, &node);
     Py_XINCREF(outer);
     PyObject *prev = tt->ctx, *prev_step_ctx = tt->step_ctx, *prev_handle = tt->step_handle;
     Stack *prev_outer = tt->step_outer;
-    int64_t prev_t0 = tt->step_t0, prev_node_wall = tt->step_node_wall;
-    int32_t prev_node = tt->step_node;
+    int64_t prev_t0 = tt->step_t0;
     tt->ctx = tt->step_ctx = ctx;
     tt->step_outer = outer;
     tt->step_handle = args[0];
     tt->step_t0 = t0;
-    tt->step_node = 0, tt->step_node_wall = 0;
+    tt->seg_t0 = t0, tt->seg_node = node;
     if (!tt->batch_t0) tt->batch_t0 = t0;
     PyObject *res = PyObject_Vectorcall(self->run, args, nargsf, kwnames);
     PyObject *et, *ev, *tb;
     PyErr_Fetch(&et, &ev, &tb);
     if ((tt = ts->tasks)) {
-        switch_out(ts, tt, ctx, outer, node);
+        int64_t t1 = switch_out(ts, tt, ctx, outer);
         tt->ctx = prev;
         tt->step_ctx = prev_step_ctx;
         tt->step_outer = prev_outer;
         tt->step_handle = prev_handle;
         tt->step_t0 = prev_t0;
-        tt->step_node = prev_node, tt->step_node_wall = prev_node_wall;
+        tt->seg_t0 = t1 ? t1 : prev_t0 ? now_ns() : 0, tt->seg_node = prev_t0 ? prev_seg : 0;   /* the one paused goes on */
     }
     PyErr_Restore(et, ev, tb);
     Py_XDECREF(outer);

@@ -71,21 +71,34 @@ void suspend(ThreadState *ts, TaskThread *tt, Stack *st, const Reading *r) {
     st->ready = 0;
 }
 
-void step_span(TaskThread *tt, int64_t t0, int64_t t1, int32_t node) {
-    tt->spans[tt->n_spans % STEP_RING] = (StepSpan){t0, t1, node};
-    tt->n_spans++;
+void step_segment(TaskThread *tt, int64_t t, int32_t next) {
+    int32_t node = tt->seg_node;
+    if (node && t > tt->seg_t0 && (tt->spans || (tt->spans = calloc(STEP_RING, sizeof(StepSpan))))) {
+        StepSpan *p = tt->n_spans ? &tt->spans[(tt->n_spans - 1) % STEP_RING] : NULL;
+        if (p && p->node == node && p->t1 == tt->seg_t0) p->t1 = t;   /* the same stage goes on */
+        else tt->spans[tt->n_spans++ % STEP_RING] = (StepSpan){tt->seg_t0, t, node};
+    }
+    tt->seg_t0 = t;
+    tt->seg_node = next;
 }
 
-/* The steps that ran on the loop between `from` and `to`, charged as blockers of `node` on this thread. */
+/* The segments that ran on the loop between `from` and `to`, charged as blockers of `node` on this thread, oldest
+ * first (the high-water mark of each blocker entry counts each moment once, stats.h). */
 static void charge_blockers(ThreadState *ts, TaskThread *tt, int32_t node, int64_t from, int64_t to) {
-    NodeStats *s = stats_get(&ts->stats, node);
+    NodeStats *s = tt->spans ? stats_get(&ts->stats, node) : NULL;
     if (!s) return;
-    int32_t n = tt->n_spans < STEP_RING ? tt->n_spans : STEP_RING;
-    for (int32_t k = 1; k <= n; k++) {
+    uint64_t lo = 0, hi = tt->n_spans < STEP_RING ? tt->n_spans : STEP_RING;   /* spans that end after `from`: */
+    while (lo < hi) {   /* the latest k, found by halving (they end in time order) */
+        uint64_t mid = (lo + hi + 1) / 2;
+        if (tt->spans[(tt->n_spans - mid) % STEP_RING].t1 > from) lo = mid; else hi = mid - 1;
+    }
+    for (uint64_t k = lo; k > 0; k--) {
         const StepSpan *p = &tt->spans[(tt->n_spans - k) % STEP_RING];
-        if (p->t1 <= from) break;
         int64_t a = p->t0 > from ? p->t0 : from, b = p->t1 < to ? p->t1 : to;
-        if (b > a && p->node) stats_add_blocker(s, p->node, b - a);
+        Blocker *e = b > a ? stats_blocker(s, p->node) : NULL;
+        if (!e) continue;
+        e->waited += b - a;
+        if (b > e->mark) e->held += b - (a > e->mark ? a : e->mark), e->mark = b;
     }
 }
 
@@ -144,6 +157,14 @@ static void relative(Reading *r, const TaskClock *c) {
 
 /* ------------------------------------------------------- frame enter/exit */
 
+/* The stage innermost-open in a running step once st has no stage open: the one around the step for the step's
+ * own context; a context copied by hand in the step nests where it was copied. */
+static int32_t around(const TaskThread *tt, const Stack *st) {
+    if (st->owner != tt->step_ctx) return stack_base(st);
+    const Stack *o = tt->step_outer;
+    return o && o->depth ? o->frames[o->depth - 1].node : 0;
+}
+
 void taskclock_frame_enter(ThreadState *ts, Stack *st, Frame *f) {
     f->child_susp = f->child_loop = 0;
     f->susp0 = f->loop0 = 0;
@@ -162,6 +183,7 @@ void taskclock_frame_enter(ThreadState *ts, Stack *st, Frame *f) {
         else r = f->r0;   /* this call's own readings serve */
         suspend(ts, tt, o, &r);
     }
+    if (tt->step_t0) step_segment(tt, f->r0.t, f->node);   /* who holds the loop in this step */
     TaskClock *c = clock_for(st, ts);
     f->taint0 = st->taint;
     if (!c) return;
@@ -184,10 +206,7 @@ int taskclock_frame_exit(ThreadState *ts, Stack *st, const Frame *f, Reading *r1
         else r = *r1;
         resume(ts, tt, o, &r);
     }
-    if (st->depth == 1 && st->owner == tt->step_ctx && tt->step_t0) {   /* who held the loop in this step */
-        int64_t wall = now_ns() - f->r0.t;
-        if (wall > tt->step_node_wall) tt->step_node = f->node, tt->step_node_wall = wall;
-    }
+    if (tt->step_t0) step_segment(tt, m->t1, st->depth > 1 ? st->frames[st->depth - 2].node : around(tt, st));
     TaskClock *c = clock_for(st, ts);
     if (c) {
         if (r1) relative(r1, c);

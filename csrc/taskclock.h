@@ -41,7 +41,12 @@ typedef struct TaskClock {
     perf_reading s;
 } TaskClock;
 
-#define STEP_RING 64     /* the latest steps of a thread's loop: who held it while a task waited */
+/* The latest segments of the steps of a thread's loop: who held it while a task waited.  A step adds one segment
+ * per stage that was innermost-open in it (1 + its stage boundaries at most; a stage that goes on across a boundary
+ * or from one step to the next without a gap keeps one), so 512 hold e.g. the last 120 steps of two nested stages;
+ * a ready task's window that began before the oldest one has its older blockers left out (under-counted).  A resume
+ * walks the segments of its window: at most 512 (+0.5 us a task step with 5,000 tasks ready at once, 3 stages). */
+#define STEP_RING 512
 
 typedef struct { int64_t t0, t1; int32_t node; } StepSpan;
 
@@ -54,13 +59,13 @@ typedef struct TaskThread {
     Stack *step_outer;   /* the stack around the step that runs (held by the runner): it runs while the step's */
     PyObject *step_ctx;  /* context (borrowed) has no stage open, and is suspended while it has */
     PyObject *step_handle;   /* the handle whose step runs (borrowed), for the time the tasks it wakes were ready */
-    int64_t step_t0;     /* when it started */
-    int32_t step_node;   /* the longest outermost stage of the step's context that closed during the step */
-    int64_t step_node_wall;
+    int64_t step_t0;     /* when it started (0: no step runs, or none recorded: no stage was open anywhere) */
+    int64_t seg_t0;      /* the step's segment that runs: since when, and the stage innermost-open in it (0: none) */
+    int32_t seg_node;
     int64_t batch_t0;    /* when the loop iteration's first step started (after its poll) */
     Reading last;
-    StepSpan spans[STEP_RING];
-    int32_t n_spans;     /* spans recorded, the latest at (n_spans - 1) % STEP_RING */
+    StepSpan *spans;     /* STEP_RING of them, allocated at the first (on a loop's thread only); NULL: none */
+    uint64_t n_spans;    /* spans recorded, the latest at (n_spans - 1) % STEP_RING */
 } TaskThread;
 
 #pragma GCC visibility push(hidden)
@@ -72,9 +77,9 @@ static inline TaskThread *tt_get(ThreadState *ts) {
     return ts->tasks = calloc(1, sizeof(TaskThread));
 }
 
-/* Frame enter/exit (enter_exit.c): readings made task-relative.  exit returns 1 when the call overlapped other
- * contexts' work on its thread (then nothing but its wall time is attributable) and sets the call's suspended
- * and loop-ready time in m. */
+/* Frame enter/exit (enter_exit.c): readings made task-relative.  exit (given the call's end in m->t1) returns 1
+ * when the call overlapped other contexts' work on its thread (then nothing but its wall time is attributable) and
+ * sets the call's suspended and loop-ready time in m. */
 void taskclock_frame_enter(ThreadState *ts, Stack *st, Frame *f);
 int taskclock_frame_exit(ThreadState *ts, Stack *st, const Frame *f, Reading *r1, CallMeasure *m);
 /* A frame of a dying stack as a call that ended at the stack's last task switch (stack.c records it). */
@@ -85,7 +90,9 @@ void taskclock_free(Stack *st);
 void take_reading(ThreadState *ts, Reading *r, int full, int exit_order);
 void suspend(ThreadState *ts, TaskThread *tt, Stack *st, const Reading *r);
 void resume(ThreadState *ts, TaskThread *tt, Stack *st, const Reading *r);
-void step_span(TaskThread *tt, int64_t t0, int64_t t1, int32_t node);   /* a step ran on the loop */
+/* The running step's segment ends at t (recorded as a span where a stage was innermost-open in it); the next one,
+ * from t, is charged to `next`. */
+void step_segment(TaskThread *tt, int64_t t, int32_t next);
 
 int taskclock_collect(PyObject *res);         /* adds collect()["tasks"] */
 

@@ -5,6 +5,8 @@
 #include <stdlib.h>
 #include <unistd.h>
 
+#include "taskclock.h"   /* TaskThread, freed here (plain memory, no call into it) */
+
 ThreadState *g_threads = NULL;
 _Thread_local ThreadState *tls_ts = NULL;
 StatsArray g_retired = {NULL, 0};
@@ -15,7 +17,8 @@ static PyObject *g_ts_key = NULL;        /* the thread dict entry that owns the 
 
 static void ThreadState_dealloc(ThreadState *ts) {
     /* Runs on the ending thread when its thread dict is cleared: fold its slots. */
-    free(ts->tasks);   /* asyncio attribution's state (taskclock.h): plain memory */
+    if (ts->tasks) free(ts->tasks->spans);   /* asyncio attribution's state (taskclock.h): plain memory */
+    free(ts->tasks);
     ts->tasks = NULL;
     struct timespec t;   /* its CPU clock at its end: its slots' calls took no more */
     int have = clock_gettime(ts->cpu_clock_id, &t) == 0;

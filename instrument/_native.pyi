@@ -123,7 +123,7 @@ class _StatsRow(TypedDict):
     hist: List[Tuple[int, int]]                        # (bucket, count)
     estimates: _Estimates
     counters: List[Optional[_CounterRow]]               # one per event given to set_counters
-    blockers: List[Tuple[int, int]]                     # (node, ns): stages that held the loop while it was ready
+    blockers: List[Tuple[int, int, int]]                # (node, held, waited): stages that held the loop while it was ready
     items: List[Tuple[str, int, float, int, int]]       # (name, int total, float total, adds, float adds)
 
 class _CollectResult(TypedDict, total=False):

@@ -75,10 +75,20 @@ def _per_call(s: StageStats, e: Optional[Mapping[str, Any]]) -> Optional[float]:
     return e["self"] / s.cpu_calls if e is not None and s.cpu_calls else None
 
 
+def _duration(ns: int) -> str:
+    return f"{ns / 1e6:.3g} ms" if ns < 1e9 else f"{ns / 1e9:.3g} s"
+
+
 def blockers_text(s: StageStats, top: int = 3) -> str:
-    """`burst (81 ms), model (12 ms)`: the stages that held the event loop while this one waited for it."""
+    """`the loop was held by cpu for 38 ms (the calls waited 380 ms for it in all), by ...`: the stages that held the
+    event loop while calls of this one were ready, each with the time it held the loop (each moment once) and the
+    ready time it cost the calls (summed over them, so it can exceed the wall time); "" when none."""
     rows = sorted(((p, ns) for p, ns in s.loop_blockers.items() if ns > 0), key=lambda r: -r[1])[:top]
-    return ", ".join(f"{p} ({ns / 1e6:.3g} ms)" if ns < 1e9 else f"{p} ({ns / 1e6:,.0f} ms)" for p, ns in rows)
+    parts = []
+    for p, ns in rows:
+        waited = s.loop_blockers_waited.get(p)
+        parts.append(f"{p} for {_duration(ns)}" + (f" (the calls waited {_duration(waited)} for it in all)" if waited else ""))
+    return "the loop was held by " + ", by ".join(parts) if parts else ""
 
 
 # A call's system time comes from its thread's rusage, which Linux keeps by sampling at the scheduler tick
@@ -220,7 +230,7 @@ def _off_cpu(s: StageStats, share: Mapping[str, float], cpu_ratio: Optional[floa
     if loop >= th["loop_share"] and loop >= awaiting and loop >= max(rq, blocked):
         held = blockers_text(s)
         return out("loop-blocked", f"woken but waiting for the event loop {loop:.0%} of its own time"
-                   + (f": the loop was running {held}" if held else ""))
+                   + (f": {held}" if held else ""))
     if awaiting >= 1 - th["wait_cpu"]:
         return out("waiting", f"its task was suspended, awaiting, {awaiting:.0%} of its own time; on a CPU {on:.0%}")
     if cpu_ratio is None:

@@ -560,7 +560,8 @@ def snapshot(judged: bool = True) -> Snapshot:
             hist=dict(s["hist"]), **_cpu_fields(s),
             counters=_counter_dict(_counter_names, s["counters"], s["covered"], s["cov_run"]),
             loop_total=s["loop_total"], loop_self=s["loop_self"],
-            loop_blockers={path_text(paths[n]) if n in paths else "(other)": ns for n, ns in s["blockers"]},
+            loop_blockers={_blocker_path(paths, n): held for n, held, _ in s["blockers"]},
+            loop_blockers_waited={_blocker_path(paths, n): waited for n, _, waited in s["blockers"]},
             other=s["node"] in others, overlapped_calls=s["overlapped"], abandoned_calls=s["abandoned"],
             suspended_total=s["susp_total"], suspended_self=s["susp_self"], items=_items(s.get("items")),
             **extra.pop(path, {})))
@@ -575,6 +576,10 @@ def snapshot(judged: bool = True) -> Snapshot:
         meta["items_outside_stages"] = outside
     snap = Snapshot(stages, meta, events, _exemplars(raw.get("exemplars") or (), paths, meta["pid"]))
     return judge(snap) if judge is not None and judged else snap
+
+
+def _blocker_path(paths: Dict[int, tuple], node: int) -> str:
+    return path_text(paths[node]) if node in paths else "(other)"   # node -1: the rest of a full list
 
 
 def _items(rows) -> Dict[str, Dict[str, Any]]:

@@ -91,9 +91,12 @@ def merge_counters(a: Mapping[str, Mapping[str, Any]], b: Mapping[str, Mapping[s
 
 def _combined_split(a: Stage, b: Stage, sign: int) -> Dict[str, Any]:
     """The split's fields of two recordings merged (sign +1), or of a window (-1: what `a` added to `b`)."""
-    blockers = dict(a.loop_blockers)
-    for k, v in b.loop_blockers.items():
-        blockers[k] = blockers.get(k, 0) + sign * v
+    def blockers(x: Mapping[str, int], y: Mapping[str, int]) -> Dict[str, int]:
+        out = dict(x)
+        for k, v in y.items():
+            out[k] = out.get(k, 0) + sign * v
+        return {k: v for k, v in out.items() if v > 0}
+
     return {"cpu_var": max(a.cpu_var + sign * b.cpu_var, 0.0), "cpu_var_self": max(a.cpu_var_self + sign * b.cpu_var_self, 0.0),
             "runqueue": merge_estimate(a.runqueue, b.runqueue, sign), "helpers": merge_estimate(a.helpers, b.helpers, sign),
             "switches": {k: merge_estimate(a.switches.get(k), b.switches.get(k), sign)
@@ -103,7 +106,8 @@ def _combined_split(a: Stage, b: Stage, sign: int) -> Dict[str, Any]:
             "instrument_self": a.instrument_self + sign * b.instrument_self,
             "covered_run": a.covered_run + sign * b.covered_run,
             "covered_run_self": a.covered_run_self + sign * b.covered_run_self,
-            "loop_blockers": {k: v for k, v in blockers.items() if v > 0}}
+            "loop_blockers": blockers(a.loop_blockers, b.loop_blockers),
+            "loop_blockers_waited": blockers(a.loop_blockers_waited, b.loop_blockers_waited)}
 
 
 def _reads(a: Stage, b: Stage, sign: int) -> Optional[int]:

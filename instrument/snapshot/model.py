@@ -76,8 +76,10 @@ class StageStats:
     # (self), and at every stage boundary below it (total); on a CPU, so out of its CPU time in the split
     instrument_total: int = 0
     instrument_self: int = 0
-    # the stages that ran on the loop while this one was ready to run: {path text: ns}
+    # the stages that held the event loop while calls of this one were ready to run, {path text: ns}: the time each
+    # held it (each moment once, however many calls waited) and the ready time of the calls it cost (summed over them)
     loop_blockers: Mapping[str, int] = field(default_factory=dict)
+    loop_blockers_waited: Mapping[str, int] = field(default_factory=dict)
     # per rank of a torch.distributed job, {rank: {"calls", "errors", "wall_ns", "self_ns", "cpu_ns", "gpu_ns"}}: by
     # merge() of snapshots that name their rank (meta.distributed.rank); None for one process's snapshot
     ranks: Optional[Mapping[int, Mapping[str, Any]]] = None

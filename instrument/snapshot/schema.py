@@ -67,6 +67,8 @@ def stage_dict(s: Any, percentiles: bool = True) -> Dict[str, Any]:
         d["context_switches"] = {k: estimate_json(v) for k, v in s.switches.items()}
     if s.loop_blockers:
         d["loop_blockers_ns"] = dict(s.loop_blockers)
+    if s.loop_blockers_waited:
+        d["loop_blockers_waited_ns"] = dict(s.loop_blockers_waited)
     if s.other:
         d["other"] = True
     if s.overlapped_calls:
@@ -164,7 +166,8 @@ def _split_from(path: Tuple[str, ...], d: Mapping[str, Any], c: Mapping[str, Any
             "instrument_total": int(sdk.get("total", 0)), "instrument_self": int(sdk.get("self", 0)),
             "covered_run": int(cov.get("total", 0)), "covered_run_self": int(cov.get("self", 0)),
             "cpu_var": sd[0] ** 2, "cpu_var_self": sd[1] ** 2,
-            "loop_blockers": {str(k): int(v) for k, v in (d.get("loop_blockers_ns") or {}).items()}}
+            "loop_blockers": {str(k): int(v) for k, v in (d.get("loop_blockers_ns") or {}).items()},
+            "loop_blockers_waited": {str(k): int(v) for k, v in (d.get("loop_blockers_waited_ns") or {}).items()}}
 
 
 def _windows_from(path: Tuple[str, ...], raw: Any) -> Optional[Tuple[Dict[str, Any], ...]]:
