@@ -15,7 +15,7 @@ their CPU is beyond its interval at 0: CPU/wall above 1 is parallel compute.
 - instrument    instrument's own reads at its child stages' boundaries are >= half of its own time: its figures
                 (system time above all) cannot be told from instrument's
 - loop-blocked  woken but waiting for the event loop for >= verdict_loop_share of its time, more than it
-                awaited: other stages held the loop (named, with the time)
+                awaited: other stages held the loop (named, with the time each held it)
 - waiting       its asyncio task was suspended, awaiting, for at least 1 - verdict_wait_cpu of its time
 - cpu-starved   ready but waiting for a CPU (run queue) for >= verdict_runqueue_share of its time, more than it was
                 blocked; where the run queue is not readable, off the CPU with more involuntary context switches
