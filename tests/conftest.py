@@ -53,6 +53,48 @@ def fallback():
     yield from _recording_with(_pure)
 
 
+# the shares of its own time a verdict prints, by part of the split (docs/verdicts.md: one denominator)
+PRINTED_SHARES = {"runqueue": r"\(run queue\) (\d+)%|in the run queue (\d+)%", "on_cpu": r"on a CPU (\d+)%",
+                  "blocked": r"blocked (\d+)%", "awaiting": r"awaiting, (\d+)%", "loop_ready": r"event loop (\d+)%",
+                  "instrument": r"^(\d+)% of its own time is instrument"}
+
+
+def printed_shares(reason):
+    import re
+    out = {}
+    for part, pat in PRINTED_SHARES.items():
+        m = re.search(pat, reason)
+        if m:
+            out[part] = int(next(g for g in m.groups() if g))
+    return out
+
+
+def check_verdict_shares(v):
+    """A verdict's shares of the own time (evidence and printed) are of one denominator and add up to at most 100 %."""
+    split = v["evidence"].get("split", {})
+    assert sum(split.values()) <= 1.0 + 1e-3 * len(split), v
+    printed = printed_shares(v["reason"])
+    assert sum(printed.values()) <= 100 + len(printed), v
+    for part, pct in printed.items():
+        assert abs(pct - 100 * split.get(part, 0)) <= 1, (part, v)
+
+
+@pytest.fixture(autouse=True)
+def _verdicts_add_up(monkeypatch):
+    """Every verdict a test of this suite produces in its own process is walked: its shares add up."""
+    from instrument.analysis import verdict
+    made, judge = [], verdict.judge
+
+    def walked(*args, **kwargs):
+        v = judge(*args, **kwargs)
+        made.append(v)
+        return v
+    monkeypatch.setattr(verdict, "judge", walked)
+    yield
+    for v in made:
+        check_verdict_shares(v)
+
+
 @pytest.fixture(autouse=True)
 def _fresh():
     cfg = _collector.current_config()

@@ -12,6 +12,7 @@ import pytest
 
 import instrument
 from instrument.analysis import verdict
+from conftest import check_verdict_shares
 
 pytestmark = pytest.mark.native_only   # instrument's own cost, helper threads and the run queue: the C core's
 
@@ -36,29 +37,11 @@ def run_in(where, fn):
         asyncio.run(task())
 
 
-def percents(reason):
-    """The shares of the own time a verdict's reason prints, by part."""
-    pats = {"runqueue": r"\(run queue\) (\d+)%|in the run queue (\d+)%", "on_cpu": r"on a CPU (\d+)%",
-            "blocked": r"blocked (\d+)%", "awaiting": r"awaiting, (\d+)%", "loop_ready": r"event loop (\d+)%",
-            "instrument": r"^(\d+)% of its own time is instrument"}
-    out = {}
-    for part, pat in pats.items():
-        m = re.search(pat, reason)
-        if m:
-            out[part] = int(next(g for g in m.groups() if g))
-    return out
-
-
 def check_shares(snap):
     """Every verdict's printed shares are of the own time and add up to at most 100 % (rounding aside)."""
     for s in snap:
-        if not s.calls or not s.verdict:
-            continue
-        ev, printed = s.verdict["evidence"], percents(s.verdict["reason"])
-        assert sum(ev.get("split", {}).values()) <= 1.0 + 1e-3 * len(ev.get("split", {})), s.verdict
-        assert sum(printed.values()) <= 100 + len(printed), s.verdict
-        for part, pct in printed.items():   # each printed share is the evidence's, of the same denominator
-            assert abs(pct - 100 * ev["split"].get(part, 0)) <= 1, (part, s.verdict)
+        if s.calls and s.verdict:
+            check_verdict_shares(s.verdict)
 
 
 @pytest.mark.parametrize("where", ["thread", "task"])
