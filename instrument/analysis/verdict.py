@@ -282,8 +282,11 @@ def _gil_bound(s: StageStats, blocked: float, rq: float, vol: Optional[float], p
 def process_evidence(snap: Snapshot) -> Dict[str, float]:
     """What the snapshot shows of the process as a whole, over its recording: the stages' own CPU time (less
     instrument's) per wall second (`stage_cpu_cores`), and the outermost stages' wall time per wall second (the
-    threads or tasks inside stages at once, on average: `stage_threads`)."""
+    threads or tasks inside stages at once, on average: `stage_threads`).  Of a merge, per second that one of its
+    processes (or windows) recorded."""
     span = snap.meta.get("duration_ns") or 0
+    if snap.meta.get("merged_from"):   # a merge: per process (or window), the time each recorded, summed
+        span = sum(max((x.get("end_time") or 0) - (x.get("start_time") or 0), 0) for x in snap.meta["merged_from"]) * 1e9
     if span <= 0:
         return {}
     cpu = sum(_user_cpu(s) or 0 for s in snap.stages if s.calls)

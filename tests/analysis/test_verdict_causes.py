@@ -259,3 +259,24 @@ def test_every_verdict_of_a_mixed_program_prints_shares_that_add_up(backend):
 def verdict_names():
     doc = verdict.__doc__
     return {m.group(1) for m in re.finditer(r"^- ([a-z?-]+)", doc, re.M)} | {"memory-bound?"}
+
+
+def test_a_merge_of_windows_is_judged_per_second_each_window_recorded(backend):
+    """Process evidence of a merge is over the time its windows recorded, not over one window's: a single thread's
+    windows merged stay one thread inside stages at once."""
+    instrument.configure(counters=["task-clock", "context-switches"])
+    parts = []
+    for _ in range(4):
+        instrument.reset()
+        for _ in range(5):
+            with instrument.stage("req"):
+                time.sleep(0.01)
+        parts.append(instrument.snapshot())
+    merged = parts[0].merge(*parts[1:])
+    one = verdict.process_evidence(parts[0])
+    ev = verdict.process_evidence(merged)
+    assert 0 < ev["stage_threads"] <= 1.0 and 0 < one["stage_threads"] <= 1.0
+    recorded = sum(p.meta["duration_ns"] for p in parts)   # each window's own clock
+    roots = merged["req"].wall_total
+    assert ev["stage_threads"] == pytest.approx(roots / recorded, rel=0.05)
+    assert verdict.with_verdicts(merged)["req"].verdict["verdict"] == "waiting"
