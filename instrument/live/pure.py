@@ -30,7 +30,7 @@ from . import callsite
 
 # what the C core records and this fallback does not: every call is read, nothing estimated or corrected
 MISSING = ("overhead budget", "estimates", "exemplars", "asyncio task attribution", "machine probe", "run-queue time",
-           "helper-thread CPU time", "switch detection", "calibration")
+           "helper-thread CPU time", "switch detection", "calibration", "instrument's own cost apart")
 
 MAX_NAME_LEN, HIST_SUB_BITS, HIST_BLOCKS = 1024, _hist.SUB_BITS, _hist.BLOCKS
 OTHER_NAME, ITEMS_MAX, ITEM_NAME_MAX, MAX_COUNTERS = "(other)", 32, 200, 16

@@ -111,8 +111,9 @@ def test_thresholds_come_from_configuration(backend):
     with instrument.stage("half"):
         spin(0.02)
         time.sleep(0.03)
-    assert instrument.snapshot()["half"].verdict["verdict"] in ("waiting", "mixed")
-    instrument.configure(verdict_wait_cpu=0.01, verdict_compute_cpu=0.02)
+    v = instrument.snapshot()["half"].verdict
+    assert v["verdict"] in ("waiting", "mixed") or starved(v), v   # a loaded machine: cpu-starved, with its share
+    instrument.configure(verdict_wait_cpu=0.01, verdict_compute_cpu=0.02, verdict_runqueue_share=1.0)
     assert instrument.snapshot()["half"].verdict["verdict"] == "compute-bound"
     assert instrument.snapshot().meta["verdict_thresholds"]["compute_cpu"] == 0.02
 

@@ -75,7 +75,7 @@ def test_a_parent_that_only_enters_children_is_not_judged_by_instruments_own_rea
     if v["verdict"] not in ("cpu-starved", "waiting"):   # a loaded machine may hold it in the run queue
         assert v["verdict"] == "instrument" and "instrument's reads" in v["reason"], v
     assert snap["request", "a"].instrument_self == 0          # a leaf holds no child's boundaries
-    assert req.instrument_total == req.instrument_self
+    assert req.instrument_total >= req.instrument_self   # (the held split may scale its own part to its covered time)
     check_shares(snap)
 
 
