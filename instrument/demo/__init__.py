@@ -153,7 +153,8 @@ def stop_text(stopped) -> str:
     if stopped["why"] == "decided":
         return f"stopped when the diff was decided, after {turns}"
     where = f"at the time limit of {stopped['time_limit']:g} s" if stopped["why"] == "time limit" else "at --requests"
-    state = {True: "; the diff is decided", False: "; the diff is not decided", None: ""}[stopped.get("decided")]
+    state = {True: "; the diff is decided", None: ""}.get(stopped.get("decided"),
+                                                          f"; not decided: {', '.join(stopped.get('undecided', []))}")
     return f"stopped {where}, after {turns}{state}"
 
 
@@ -213,12 +214,22 @@ def _parser(parser_class=argparse.ArgumentParser):
     return p
 
 
+def undecided(d) -> list:
+    """What keeps a diff of the demo's turns from being decided: 'request/tokenize within noise' for each of the
+    request and the stages the fix targets that the diff's own tests do not judge faster beyond noise."""
+    from .service import OptimizedInputs
+    out = []
+    for path in [("request",)] + [("request", name) for name in OptimizedInputs.targets]:
+        r = d.row(path)
+        if r is None or r.judgement != "faster" or not r.significant:
+            out.append(f"{'/'.join(path)} {r.judgement if r is not None else 'not measured'}")
+    return out
+
+
 def decided(d) -> bool:
     """Whether a diff of the demo's turns is decided: the request and every stage the fix targets faster beyond
-    noise on the diff's own tests."""
-    from .service import OptimizedInputs
-    rows = [d.row(("request",))] + [d.row(("request", name)) for name in OptimizedInputs.targets]
-    return all(r is not None and r.judgement == "faster" and r.significant for r in rows)
+    noise."""
+    return not undecided(d)
 
 
 def _measure(services, sentences, args, progress, deadline, reserve):
@@ -342,7 +353,8 @@ def run_demo(argv=None, parser_class=argparse.ArgumentParser) -> int:
     advice = advise(first)
     d = instrument.diff(snapshots["baseline"], snapshots["optimized"]) if len(snapshots) == 2 else None
     if d is not None:
-        stopped["decided"] = decided(d)
+        stopped["undecided"] = undecided(d)
+        stopped["decided"] = not stopped["undecided"]
 
     say(f"\n== step 1: where the time goes — {variants[0]}, {first['request'].calls} requests of {args.batch_size} "
         f"sentences on {device}, {stop_text(stopped)} ==")
