@@ -132,8 +132,8 @@ def _stage_paths(snapshot_dict):
 
 @needs_stages
 def test_demo_run_finds_the_win_and_its_summary_is_the_snapshots(model, tmp_path, capsys):
-    # 8 turns of 4 requests of 4 sentences, the diff checked after the last; no time box here (no timing asserted)
-    assert run_demo(["--requests", "32", "--batch-size", "4", "--out", str(tmp_path), "--device", "cpu",
+    # 8 turns of 4 requests of 2 sentences, the diff checked after the last; no time box here (no timing asserted)
+    assert run_demo(["--requests", "32", "--batch-size", "2", "--out", str(tmp_path), "--device", "cpu",
                      "--time-limit", "900"]) == 0
     out = capsys.readouterr().out
     summary = json.loads((tmp_path / "summary.json").read_text())
@@ -174,8 +174,8 @@ def test_demo_run_finds_the_win_and_its_summary_is_the_snapshots(model, tmp_path
     # the finding's evidence: the items the service recorded
     fwd = base[tuple(first["path"])]
     fed, pad = fwd.items["tokens"]["total"], fwd.items["padding_tokens"]["total"]
-    assert fed == calls * 4 * 128 and summary["finding"]["padding_share"] == pad / fed > 0.5
-    assert base["request", "tokenize"].items["sentences"]["total"] == calls * 4
+    assert fed == calls * 2 * 128 and summary["finding"]["padding_share"] == pad / fed > 0.5
+    assert base["request", "tokenize"].items["sentences"]["total"] == calls * 2
     assert opt["request", "forward"].items["padding_tokens"]["total"] < pad
     lines = out.split("== summary ==")[1].strip().splitlines()
     assert 1 <= len(lines) <= 5 and lines == summary["lines"]
@@ -207,7 +207,7 @@ def test_demo_run_finds_the_win_and_its_summary_is_the_snapshots(model, tmp_path
 def test_demo_stops_at_its_time_limit_and_says_so(model, tmp_path, capsys):
     """A time limit shorter than one turn: the demo measures one turn, stops, and still writes every step and a
     summary.json whose figures are the saved snapshots'."""
-    assert run_demo(["--requests", "32", "--batch-size", "4", "--out", str(tmp_path), "--device", "cpu",
+    assert run_demo(["--requests", "32", "--batch-size", "2", "--out", str(tmp_path), "--device", "cpu",
                      "--time-limit", "0.01"]) == 0
     out = capsys.readouterr().out
     summary = json.loads((tmp_path / "summary.json").read_text())
