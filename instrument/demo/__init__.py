@@ -33,7 +33,7 @@ PROFILED_REQUESTS = 3
 SENTENCES_PATH = Path(__file__).with_name("sentences.txt")
 CHUNK = 4        # requests per turn: the variants take turns, so machine noise falls on both alike
 MIN_TURNS = 8    # turns before the diff is checked: the diff's turns basis needs 8 pairs (significance.MIN_TURNS)
-STOPPED = {"decided": "the diff is decided", "time limit": "at the time limit", "requests": "at --requests"}
+OMP_WAIT_POLICY = "PASSIVE"   # the demo's default where the environment sets none (run_demo says why)
 
 
 def load_sentences(path=SENTENCES_PATH):
@@ -76,7 +76,11 @@ def status_lines(snap) -> list:
     tool = "a tool is attached" if os.environ.get("NVTX_INJECTION64_PATH") else "no tool attached"
     nv = (f"NVTX: every stage above is a range in domain '{cfg.get('nvtx_domain')}' (via {emitter}), {tool}"
           if cfg.get("nvtx") else "NVTX: off")
-    return [line, nv]
+    policy = os.environ.get("OMP_WAIT_POLICY", "unset")
+    omp = f"OpenMP: OMP_WAIT_POLICY={policy}" + (
+        " (the demo's default: torch's threads sleep between operators rather than spin, which beside other work "
+        "takes the cores they need)" if policy == OMP_WAIT_POLICY else "")
+    return [line, nv, omp]
 
 
 # ------------------------------------------------------------------ the figures
@@ -314,8 +318,8 @@ def run_demo(argv=None, parser_class=argparse.ArgumentParser) -> int:
         print("instrument demo: --time-limit must be a number of seconds above 0", file=sys.stderr)
         return 2
     # torch's OpenMP threads spin between operators by default: beside other work the spinning takes the cores
-    # the other thread needs (a hog per core made each request 3-15x slower); waiting threads sleep instead.
-    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+    # the other thread needs (each request 2.5-14x slower at load 7 on 2 cores); waiting threads sleep instead.
+    os.environ.setdefault("OMP_WAIT_POLICY", OMP_WAIT_POLICY)
     from .service import DemoUnavailable, EmbeddingService, load_model, model_dir, resolve_device
     try:
         model_dir()
