@@ -137,7 +137,7 @@ def summarize(snapshots, advice, files, device, args, stopped, d=None) -> dict:
         out["shrank_most"] = rows[0]["path"] if rows else None
     if d is not None:
         from instrument.exporters.format import headline
-        out["diff"] = {"headline": headline(d), "significant": d.significant, "decided": decided(d),
+        out["diff"] = {"headline": headline(d), "significant": d.significant, "decided": stopped["decided"],
                        "basis": d.basis}
     return out
 
@@ -262,7 +262,8 @@ def _measure(services, sentences, args, progress, deadline, reserve):
             parts[variant].append(instrument.snapshot())
             instrument.reset()
         merged = {v: p[0].merge(*p[1:]) for v, p in parts.items()}
-        if len(merged) == 2 and turn >= MIN_TURNS and decided(instrument.diff(merged["baseline"], merged["optimized"])):
+        if len(merged) == 2 and turn >= MIN_TURNS and decided(instrument.diff(merged["baseline"],
+                                                                             merged["optimized"])):
             return merged, "decided", turn
         now = time.monotonic()
         if now + (now - began) + reserve(merged) >= deadline:
@@ -394,7 +395,8 @@ def run_demo(argv=None, parser_class=argparse.ArgumentParser) -> int:
                 f"{(r['share'] or 0) * 100:5.1f}% of forward")
 
     if len(snapshots) == 2:
-        say(f"\n== baseline → optimized: {turns} turn{'s' if turns != 1 else ''} of {CHUNK} requests a side; {stop_text(stopped)} ==")
+        say(f"\n== baseline → optimized: {turns} turn{'s' if turns != 1 else ''} of {CHUNK} requests a side; "
+            f"{stop_text(stopped)} ==")
         say(render_diff(d))
         say()   # after the diff, the advice is about what is left to do: the optimized variant
         say(render_advice(advise(snapshots["optimized"]), about=f"optimized ({out / 'optimized.json'})"))
