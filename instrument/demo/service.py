@@ -104,6 +104,7 @@ class BaselineInputs:
 class OptimizedInputs:
     """Rust fast tokenizer padding to the longest sentence; masks from a precomputed position table."""
     description = "Rust tokenizer, batches padded to their longest sentence, masks from a cached position table"
+    targets = ("tokenize", "attention_mask", "forward")   # the stages under request that the fix changes
 
     def __init__(self, folder: Path, device: str, max_length: int = MAX_LENGTH):
         try:
