@@ -5,6 +5,7 @@ import io
 import json
 import math
 from dataclasses import replace
+from statistics import NormalDist
 
 import pytest
 
@@ -256,7 +257,8 @@ def write(tmp_path, before, after):
     return str(a), str(b)
 
 
-@pytest.mark.parametrize("cpu_ms,pct,rc", [(9, 5, 0), (18, 5, 1), (18, 150, 0), (18, 99.9, 1), (9, 0, 0)])
+@pytest.mark.parametrize("cpu_ms,pct,rc", [(9, 5, 3), (18, 5, 1), (18, 150, 0), (18, 99.9, 1), (9, 0, 3),
+                                           (9, 40, 0)])
 def test_fail_on_regression(tmp_path, capsys, cpu_ms, pct, rc):
     a, b = write(tmp_path, run(10, 9, 0.02, 80.0), run(16, cpu_ms, 0.38, 81.0))   # wall +60 %: the machine's
     summary = tmp_path / "summary.json"
@@ -264,12 +266,24 @@ def test_fail_on_regression(tmp_path, capsys, cpu_ms, pct, rc):
     out, err = capsys.readouterr()
     assert out.startswith("request: 10.0 ms → 16.0 ms (+60.0%); ")
     j = json.loads(summary.read_text())
-    assert j["gate"]["failed"] is bool(rc) and j["machine"]["line"].startswith("the machines differed")
+    assert j["gate"]["failed"] is (rc == 1) and j["machine"]["line"].startswith("the machines differed")
+    assert j["gate"]["outcome"] == {0: "passed", 1: "failed", 3: "inconclusive"}[rc]
+    # each side a 60 s run whose calls all took the same time: the machine's variance alone, two tests at 0.5 %
+    cpu = next(r for r in j["rows"] if r["path"] == ["request"])["tests"]["cpu"]
+    half = NormalDist().inv_cdf(1 - 0.0025) * math.sqrt(2 * (0.27 ** 2 * 0.4 / 60 + 0.07 ** 2))
+    assert cpu["detectable"] == pytest.approx(math.exp(half) * 1.03 - 1, rel=1e-6)
+    if rc == 3:   # what could not have shown PCT, how far it could see, and how many runs would show PCT
+        assert f"inconclusive (exit 3): could not have shown a regression of {pct:g}%" in err
+        assert f"request CPU per call flags a rise from +{100 * cpu['detectable']:.1f}%" in err
+        assert [g["path"] for g in j["gate"]["blind"]] == [["request"], ["request", "model"]]
+        assert "runs a side would (from the measured spread)" in err or "within the smallest change" in err
+        for choice, code in (("pass", 0), ("fail", 1)):
+            assert cli.main(["diff", a, b, "--fail-on-regression", str(pct), "--on-inconclusive", choice]) == code
     model = next(r for r in j["rows"] if r["path"] == ["request", "model"])
     assert model["tests"]["wall"]["significant"] is False and model["tests"]["wall"]["beyond_noise"] is True
     assert model["tests"]["wall"]["not_evidence"].startswith("the machines differed; on a CPU or waiting")
     assert model["tests"]["cpu"]["significant"] is (cpu_ms == 18)
-    if rc:
+    if rc == 1:
         assert len(err.strip().splitlines()) == 1 and "2 regressions beyond noise and over" in err
         assert [g["figure"] for g in j["gate"]["regressions"]] == ["cpu", "cpu"]
     elif 0 < pct < 60:   # the wall time over PCT is named, and why it does not fail the gate
