@@ -348,17 +348,23 @@ def run_variance(s: StageStats, metric: str, machine: float) -> float:
     return calls + (c.get("var") or 0) / total ** 2 + 1 / total
 
 
-def common_change(before: Snapshot, after: Snapshot) -> Optional[_machine.Common]:
-    """The change of CPU time per call that the stages share: the median of the members' log changes (each stage
-    that holds no other, its CPU time per call well measured on both sides); None with fewer than COMMON_MIN."""
+def _leaf_changes(before: Snapshot, after: Snapshot, noise: float = math.inf) -> List[Tuple[str, float]]:
+    """(path text, log change of CPU time per call) of each stage that holds no other, with CPU time on both sides
+    measured within `noise` (the standard deviation of its log over the run)."""
     parents = {s.path[:-1] for snap in (before, after) for s in snap}
 
     def member(s: Optional[StageStats]) -> bool:
         return s is not None and (s.cpu_total or 0) > 0 and bool(s.cpu_calls) and \
-            run_variance(s, "cpu", 0.0) <= MEMBER_NOISE ** 2
-    members = [(path_text(b.path), math.log((a.cpu_total / a.cpu_calls) / (b.cpu_total / b.cpu_calls)))
-               for b, a in ((b, after.get(b.path)) for b in before)
-               if b.path not in parents and member(b) and member(a)]
+            run_variance(s, "cpu", 0.0) <= noise ** 2
+    return [(path_text(b.path), math.log((a.cpu_total / a.cpu_calls) / (b.cpu_total / b.cpu_calls)))
+            for b, a in ((b, after.get(b.path)) for b in before)
+            if b.path not in parents and member(b) and member(a)]
+
+
+def common_change(before: Snapshot, after: Snapshot) -> Optional[_machine.Common]:
+    """The change of CPU time per call that the stages share: the median of the members' log changes (each stage
+    that holds no other, its CPU time per call well measured on both sides); None with fewer than COMMON_MIN."""
+    members = _leaf_changes(before, after, MEMBER_NOISE)
     if len(members) < COMMON_MIN:
         return None
     changes = [c for _, c in members]
@@ -568,6 +574,11 @@ def diff(before: Snapshot, after: Snapshot, alpha: float = _sig.ALPHA, min_chang
     machine = _machine.compare(before, after, ref, common)
     # on the runs basis a time figure's change within the machine's own change of speed is not claimed
     speed = abs(machine.speed_change or 0.0) if basis == "runs" and ref is None else 0.0
+    if speed > min_change and common is None:   # a loop's change that sets a floor: only the part the stages share
+        leaves = [c for _, c in _leaf_changes(before, after)]
+        if leaves:
+            machine = _machine.compare(before, after, ref, common, statistics.median(leaves))
+            speed = abs(machine.speed_change or 0.0)
     plan = _Plan(basis, (_seconds(before), _seconds(after)), ref, speed, common)
     paths = list(dict.fromkeys([*(s.path for s in before), *(s.path for s in after)]))
     plans: Dict[Tuple[str, ...], Tuple[List[str], Dict[str, str]]] = {}
