@@ -456,16 +456,22 @@ def _test(plan: _Plan, metric: str, b: StageStats, a: StageStats, alpha: float, 
         if relative:   # the reference shares the machine: what is left is how differently the two respond to it
             vb = run_variance(b, metric, _sig.RELATIVE_SPREAD ** 2) + run_variance(plan.reference[0], metric, 0.0)
             va = run_variance(a, metric, _sig.RELATIVE_SPREAD ** 2) + run_variance(plan.reference[1], metric, 0.0)
-        else:
-            vb = run_variance(b, metric, _sig.machine_variance(plan.seconds[0]) if time else 0.0)
-            va = run_variance(a, metric, _sig.machine_variance(plan.seconds[1]) if time else 0.0)
-        return _with_calls(_sig.runs_test([(fb(rb[0]), vb)], [(fa(ra[0]), va)], alpha, floor), b, a, metric, vb + va)
+            return _with_calls(_sig.runs_test([(fb(rb[0]), vb)], [(fa(ra[0]), va)], alpha, floor), b, a, metric,
+                               vb + va)
+        vb = run_variance(b, metric, _sig.machine_variance(plan.seconds[0]) if time else 0.0)
+        va = run_variance(a, metric, _sig.machine_variance(plan.seconds[1]) if time else 0.0)
+        # the machine's wander averages out over a longer run (more calls); its drift between runs does not
+        fast = sum(_sig.machine_variance(t) - _sig.MACHINE_DRIFT ** 2 for t in plan.seconds) if time else 0.0
+        return _with_calls(_sig.runs_test([(fb(rb[0]), vb)], [(fa(ra[0]), va)], alpha, floor), b, a, metric,
+                           vb + va, fast)
     return _sig.runs_test([(fb(w), 0.0) for w in rb], [(fa(w), 0.0) for w in ra], alpha, floor)
 
 
-def _with_calls(t: Significance, b: StageStats, a: StageStats, metric: str, variance: float) -> Significance:
-    """The test with the share of its variance that more calls would shrink (the calls' spread over their number)."""
-    calls = sum(spread(s) ** 2 / max(s.calls, 1) * (math.pi / 2 if metric == "wall" else 1) for s in (b, a))
+def _with_calls(t: Significance, b: StageStats, a: StageStats, metric: str, variance: float,
+                machine: float = 0.0) -> Significance:
+    """The test with the share of its variance that more calls would shrink: the calls' spread over their number,
+    and `machine`, the part of the machine's variance a longer run averages out."""
+    calls = machine + sum(spread(s) ** 2 / max(s.calls, 1) * (math.pi / 2 if metric == "wall" else 1) for s in (b, a))
     return replace(t, calls_share=min(1.0, calls / variance)) if variance > 0 and t.basis != "none" else t
 
 

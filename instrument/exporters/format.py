@@ -411,10 +411,16 @@ def blind_text(d: Diff, target: float, limit: int = 3) -> Optional[str]:
             f"({_units(t)})" for r, k, t in blind[:limit]]
     more = f" (and {len(blind) - limit} more)" if len(blind) > limit else ""
     goals = [(needed(t, target), t, r) for r, k, t in blind]
-    if any(units is None for (units, _), _, _ in goals):
+    floor = max(t.min_change for _, _, t in blind)
+    if target <= floor and floor <= d.min_change:
         fix = f"no number of runs would: {relative(target)} is within the smallest change claimed " \
-              f"({relative(d.min_change)}, --min-change)" if target <= d.min_change else \
-              f"more than {MAX_UNITS} runs a side would be needed"
+              f"({relative(floor)}, --min-change)"
+    elif target <= floor:
+        fix = f"{relative(target)} is within the machine's change of speed between these runs ({relative(floor)}, " \
+              "the smallest change of time claimed): runs on machines alike would, or a reference stage " \
+              "(--reference STAGE) of the same calls"
+    elif any(units is None for (units, _), _, _ in goals):
+        fix = f"more than {MAX_UNITS} runs a side would be needed"
     else:
         units = max(u for (u, _), _, _ in goals)
         unit = {"turns": "turns", "windows": "windows a side"}.get(blind[0][2].basis, "runs a side")
