@@ -402,8 +402,8 @@ def _units(sig: Significance) -> str:
 
 def blind_text(d: Diff, target: float, limit: int = 3) -> Optional[str]:
     """What could not have shown a rise of `target` (0.1: 10 %), and what would let it: `request/model CPU per call
-    flags a rise from +80.4% (1 → 1 runs), not +10%; about 9 runs a side would (from the measured spread), or 25×
-    the calls (25,000)`; None where every judged figure could."""
+    flags a rise from +80.4% (1 → 1 runs), not +10.0%: about 229 runs a side would (from the measured spread), or a
+    reference stage (--reference STAGE) of the same calls`; None where every judged figure could."""
     blind = d.blind(target)
     if not blind:
         return None
