@@ -18,14 +18,17 @@ with versions whose `model` does 10 % and 30 % more iterations, on each design a
     python benchmarks/significance.py [--trials 20] [--seconds 30] [--runs 5] [--turns 20] [--calls 20]
                                       [--cases plain,plain-hog,runs,runs-hog,turns,windows]
                                       [--slowdowns 1.0,1.1,1.3] [--basis turns|windows|runs]
-                                      [--keep DIR]
+                                      [--keep DIR] [--gate PCT]
 
 Every call is read (overhead_budget none, as docs/cli.md's CI recipe records).  Each pair is judged
 twice: as it is, and with `tokenize` (unchanged) as the reference stage whose change of time is
 taken as the machine's (`--reference`).  Prints per case and slowdown: the trials in which `model`
 was judged slower and in which any other stage was judged changed (false alarms), the basis, the
 median estimate and interval width of model's CPU time per call, the tests (m of Bonferroni), the
-trials whose machines differed, and the load average.  (Both sides' iteration counts are made
+trials whose machines differed, the load average, and the CI gate at `--gate PCT` (default 10):
+the trials it flagged (exit 1), found inconclusive (exit 3: a judged figure could not have shown
+PCT) and passed (exit 0), with the median smallest rise its tests flag (`detectable`): model's CPU
+time per call, and the largest over every judged figure (what decides conclusive or not).  (Both sides' iteration counts are made
 the same way, `int(base * factor)`: a loop bound that is a literal constant ran 2-3 % slower here
 than one computed by int(), a real difference the turns found.)
 """
@@ -40,7 +43,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import instrument  # noqa: E402
-from instrument.analysis.diff import diff  # noqa: E402
+from instrument.analysis.diff import REGRESSIONS, diff  # noqa: E402
 
 PAGE = mmap.PAGESIZE
 
@@ -140,9 +143,15 @@ class Cell:
     def __init__(self) -> None:
         self.slow = self.others = self.differed = 0
         self.est, self.width, self.bases, self.tests, self.alarms = [], [], set(), [], []
+        self.gate = {"flagged": 0, "inconclusive": 0, "passed": 0}
+        self.model_detectable, self.gate_detectable = [], []
 
-    def add(self, d, slower: float) -> None:
+    def add(self, d, slower: float, pct: float) -> None:
         row = d.row("request/model")
+        judged = [t.detectable for r in d.rows for k, t in r.judged if k in REGRESSIONS and t.detectable]
+        outcome = "flagged" if d.regressions(pct) else "inconclusive" if d.blind(pct) or not judged else "passed"
+        self.gate[outcome] += 1
+        self.gate_detectable.append(max(judged, default=float("nan")))
         self.slow += row.judgement == "slower"
         changed = {("request",), ("request", "model")} if slower != 1.0 else set()   # model and its parent
         alarms = [f"{'/'.join(r.path)} {figure} {t.estimate:+.1%}" for r in d.rows if r.path not in changed
@@ -156,6 +165,7 @@ class Cell:
         if cpu is not None and cpu.estimate is not None:
             self.est.append(cpu.estimate)
             self.width.append(cpu.interval[1] - cpu.interval[0])
+            self.model_detectable.append(cpu.detectable)
 
     def line(self, case: str, slower: float, trials: int, load0: float, seconds: float) -> str:
         label = "identical" if slower == 1.0 else f"{slower - 1:.0%} slower"
@@ -163,7 +173,13 @@ class Cell:
                 f"{statistics.median(self.est) if self.est else float('nan'):>+11.1%} "
                 f"{statistics.median(self.width) if self.width else float('nan'):>7.0%} "
                 f"{statistics.median(self.tests):>6.0f} {self.differed:>10}/{trials:<6} "
-                f"{load0:>4.1f}-{os.getloadavg()[0]:<4.1f} {seconds:>8.1f}")
+                f"{load0:>4.1f}-{os.getloadavg()[0]:<4.1f} {seconds:>8.1f} "
+                f"{self.gate['flagged']:>4}/{self.gate['inconclusive']}/{self.gate['passed']:<4} "
+                f"{_median(self.model_detectable):>+9.1%} {_median(self.gate_detectable):>+9.1%}")
+
+
+def _median(xs: list) -> float:
+    return statistics.median(xs) if xs else float("nan")
 
 
 def main() -> None:
@@ -181,6 +197,8 @@ def main() -> None:
     p.add_argument("--basis", choices=("turns", "windows", "runs"), help="the basis asked of the diff (default: "
                    "the strongest the snapshots allow)")
     p.add_argument("--keep", metavar="DIR", help="save each trial's two snapshots there")
+    p.add_argument("--gate", type=float, default=10.0, metavar="PCT", help="the gate's threshold, as "
+                   "--fail-on-regression PCT (default 10)")
     a = p.parse_args()
     if a.keep:
         os.makedirs(a.keep, exist_ok=True)
@@ -188,9 +206,10 @@ def main() -> None:
     service(1.0, calls=2000)   # warm
     print(f"{a.trials} trials per cell; plain runs of {a.seconds:g} s, {a.runs} a side for runs; turns and windows: "
           f"{a.turns} chunks x {a.calls} requests a side; every call read (overhead_budget none); alpha 0.01 over "
-          f"all tests, min_change 3 %; load {os.getloadavg()[0]:.1f}")
+          f"all tests, min_change 3 %; gate at {a.gate:g} %; load {os.getloadavg()[0]:.1f}")
     print(f"{'case':<15} {'model':<12} {'model slower':>12} {'others':>7} {'basis':>8} {'CPU/call est':>12} "
-          f"{'width':>8} {'tests':>6} {'machines differed':>17} {'load':>10} {'s/trial':>8}", flush=True)
+          f"{'width':>8} {'tests':>6} {'machines differed':>17} {'load':>10} {'s/trial':>8} "
+          f"{'gate 1/3/0':>10} {'detectable':>9} {'gate det.':>9}", flush=True)
     for case in a.cases.split(","):
         a.hog = case.endswith("-hog")
         for slower in (float(x) for x in a.slowdowns.split(",")):
@@ -201,8 +220,8 @@ def main() -> None:
                 if a.keep:
                     for side, snap in zip(("before", "after"), sides):
                         snap.save(os.path.join(a.keep, f"{case}-{slower}-{trial}-{side}.json"))
-                plain_cell.add(diff(*sides, basis=a.basis), slower)
-                ref_cell.add(diff(*sides, basis=a.basis, reference="request/tokenize"), slower)
+                plain_cell.add(diff(*sides, basis=a.basis), slower, a.gate / 100)
+                ref_cell.add(diff(*sides, basis=a.basis, reference="request/tokenize"), slower, a.gate / 100)
             seconds = (time.perf_counter() - t0) / a.trials
             print(plain_cell.line(case, slower, a.trials, load0, seconds), flush=True)
             print(ref_cell.line(f"{case} +ref", slower, a.trials, load0, seconds), flush=True)

@@ -4,6 +4,7 @@
     instrument report FILE|DIR... [--sort total|self|calls|p99|cpu|...] [--depth N] [--fold] [--format FORMAT] [--ops]
     instrument report --tail [--quantile Q] [--json] FILE...  |  report --since EARLIER LATER [...]
     instrument diff BEFORE AFTER [--basis turns|windows|runs] [--reference STAGE] [--fail-on-regression PCT]
+                  [--on-inconclusive pass|fail]
                   [--summary FILE] [--format ...]
     instrument merge FILE... -o all.json
     instrument export --FORMAT OUT FILE... [the format's options]     (FORMAT: instrument.exporters.formats())
@@ -35,7 +36,7 @@ from .analysis.ranks import rank_view
 from .analysis.tail import tail
 from .analysis.verdict import with_verdicts
 from .exporters import ADVICE, DIFF, OPERATORS, RANKS, TAIL, View, formats
-from .exporters.format import headline, path_text, ranks_summary, significance_text
+from .exporters.format import blind_text, headline, path_text, ranks_summary, significance_text
 from .serve import multiproc
 from .snapshot import RANK_KEY, Snapshot, SnapshotError, atomic_write, merge_all, rank_of
 
@@ -340,28 +341,46 @@ def _cmd_diff(a) -> int:
         _err(f"diff: {w}")
     print(DIFF.render(d, a.format, **({"width": _terminal_width()} if a.format == "table" else {})))
     summary = dict(d.to_dict(), headline=headline(d))
-    failed = False
+    code = 0
     if a.fail_on_regression is not None:
-        pct = a.fail_on_regression / 100
-        found = d.regressions(pct)
-        failed = bool(found)
-        summary["gate"] = {"fail_on_regression_pct": a.fail_on_regression, "failed": failed,
-                           "regressions": [{"path": list(r.path), "figure": k, "estimate": t.estimate,
-                                            "interval": t.interval_list()} for r, k, t in found]}
-        if found:
-            _err(f"diff: {len(found)} regression{'s' if len(found) != 1 else ''} beyond noise and over "
-                 f"{a.fail_on_regression:g}%: " + "; ".join(_regression_text(r, k, t) for r, k, t in found))
-        else:
-            near = [f"{_regression_text(r, k, t)}: " + (f"not evidence ({r.not_evidence[k]})" if k in r.not_evidence
-                                                         else "within noise")
-                    for r in d.rows for k, t in r.tests.items() if k in REGRESSIONS and t.estimate is not None
-                    and t.estimate > pct and not (t.significant and k not in r.not_evidence)]
-            if near:
-                _err(f"diff: not failing: over {a.fail_on_regression:g}% but not a regression beyond noise: "
-                     + "; ".join(near[:3]) + (f" (and {len(near) - 3} more)" if len(near) > 3 else ""))
+        code = _gate(d, a.fail_on_regression, a.on_inconclusive, summary)
     if a.summary:
         _write(a.summary, json.dumps(summary, indent=2, allow_nan=False))
-    return 1 if failed else 0
+    return code
+
+
+INCONCLUSIVE = 3   # the gate's exit status where some judged figure could not have shown the change asked about
+
+
+def _gate(d, pct_asked: float, on_inconclusive: Optional[str], summary: Dict[str, Any]) -> int:
+    """--fail-on-regression: 1 for a regression beyond noise and over PCT; 0 where none and every judged figure
+    could have shown PCT; else inconclusive (INCONCLUSIVE, or 0 / 1 as --on-inconclusive asks)."""
+    pct = pct_asked / 100
+    found, blind = d.regressions(pct), d.blind(pct)
+    judged = any(k in REGRESSIONS for r in d.rows for k, _ in r.judged)
+    outcome = "failed" if found else "inconclusive" if blind or not judged else "passed"
+    summary["gate"] = {"fail_on_regression_pct": pct_asked, "failed": bool(found), "outcome": outcome,
+                       "regressions": [{"path": list(r.path), "figure": k, "estimate": t.estimate,
+                                        "interval": t.interval_list()} for r, k, t in found],
+                       "blind": [{"path": list(r.path), "figure": k, "detectable": t.to_dict()["detectable"]}
+                                 for r, k, t in blind]}
+    if found:
+        _err(f"diff: {len(found)} regression{'s' if len(found) != 1 else ''} beyond noise and over "
+             f"{pct_asked:g}%: " + "; ".join(_regression_text(r, k, t) for r, k, t in found))
+        return 1
+    near = [f"{_regression_text(r, k, t)}: " + (f"not evidence ({r.not_evidence[k]})" if k in r.not_evidence
+                                                 else "within noise")
+            for r in d.rows for k, t in r.tests.items() if k in REGRESSIONS and t.estimate is not None
+            and t.estimate > pct and not (t.significant and k not in r.not_evidence)]
+    if near:
+        _err(f"diff: over {pct_asked:g}% but not a regression beyond noise: "
+             + "; ".join(near[:3]) + (f" (and {len(near) - 3} more)" if len(near) > 3 else ""))
+    if outcome == "passed":
+        return 0
+    code = {"pass": 0, "fail": 1}.get(on_inconclusive or "", INCONCLUSIVE)
+    why = blind_text(d, pct) if judged else "no figure per call was judged on both sides"
+    _err(f"diff: inconclusive (exit {code}): could not have shown a regression of {pct_asked:g}%: {why}")
+    return code
 
 
 # -------------------------------------------------------------------- merge
@@ -682,7 +701,11 @@ def build_parser() -> argparse.ArgumentParser:
                    "stages that hold no other share)")
     d.add_argument("--fail-on-regression", type=_percent, metavar="PCT",
                    help="exit 1 when any stage's CPU time, wall time (where the machine does not explain it), "
-                   "instructions or page faults per call grew beyond noise and by more than PCT percent")
+                   "instructions or page faults per call grew beyond noise and by more than PCT percent; exit 0 "
+                   "where none did and each of them could have shown PCT; else inconclusive: exit "
+                   f"{INCONCLUSIVE}, saying how many runs or calls would show PCT")
+    d.add_argument("--on-inconclusive", choices=("pass", "fail"), help="with --fail-on-regression: exit 0 (pass) "
+                   f"or 1 (fail) where the gate is inconclusive, in place of {INCONCLUSIVE}")
     d.add_argument("--summary", metavar="FILE", help="write the judgement as JSON: basis, machine line, and per "
                    "stage and figure its estimate, interval and `significant` (`-`: stdout)")
     d.add_argument("--alpha", type=_option("diff_alpha"), metavar="A",

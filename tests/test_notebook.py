@@ -21,18 +21,27 @@ FAILS = "raises-exception"   # nbclient's tag for a cell expected to fail
 
 def cells(tmp_path):
     """The notebook: (source, tags) per cell."""
-    before, after, everything = (str(tmp_path / f) for f in ("before.json", "after.json", "all.json"))
+    before, after, everything, many = (str(tmp_path / f) for f in ("before.json", "after.json", "all.json",
+                                                                    "many.json"))
     return [("import time\nimport instrument\n%load_ext instrument", []),
-            ("%%instrument slow\n" + LOOP.format(sleep=0.004), []),
-            (f"before = _\nbefore.save({before!r})", []),
-            ("%%instrument fast\n" + LOOP.format(sleep=0.001), []),
+            ("%%instrument before --stage slow\n" + LOOP.format(sleep=0.004), []),
+            (f"before.save({before!r})", []),                                # kept under its name
+            ("%%instrument --stage fast\n" + LOOP.format(sleep=0.001), []),
             (f"after = _\nafter.save({after!r})\ninstrument.snapshot().save({everything!r})", []),
             ("%instrument_report", []),
             ("%instrument_report before", []),
             (f"%instrument_diff before {after}", []),
             ("instrument.snapshot()", []),
-            ("%%instrument failing\nraise ValueError('a cell that fails')", [FAILS]),
-            ("%instrument_diff before", [FAILS])]
+            ("%%instrument --stage failing\nraise ValueError('a cell that fails')", [FAILS]),
+            ("%instrument_diff before", [FAILS]),
+            ("%%instrument one\nsum(range(100_000))", []),                   # 12: one call a side
+            ("%%instrument two\nsum(range(100_000))", []),
+            ("%instrument_diff one two", []),
+            ("%%instrument many -n 6\nran = globals().get('ran', 0) + 1\nsum(range(100_000))", []),   # 15: six calls
+            (f"many.save({many!r})\nran", []),
+            ("%%instrument more -n 6\nsum(range(100_000))", []),
+            ("%instrument_diff many more", []),
+            ("%%instrument -n 0\npass", [FAILS])]
 
 
 def run_notebook(tmp_path, monkeypatch, sources):
@@ -121,6 +130,21 @@ def test_magics_and_inline_reports_in_a_real_kernel(tmp_path, monkeypatch, chrom
     said = "".join(o["text"] for o in outputs(c[11], "stream")).strip()   # IPython prints a UsageError, no trace
     assert said.startswith("UsageError: %instrument_diff compares two snapshots, BEFORE AFTER") and "got 1" in said
     assert len(said.splitlines()) == 1
+
+    # one call a side: no spread, so no judgement; it says so and how many calls would measure one
+    said = outputs(c[14], "execute_result")[0]["data"]["text/plain"]
+    assert "cell: 1 call a side measure no spread, so no change can be judged; run each cell 5 times or more " \
+           "(%%instrument -n 5)" in said and "cell: 1 call a side" in outputs(c[14], "execute_result")[0]["data"][
+               "text/html"].split("<iframe")[0]
+    # -n 6: the cell ran six times, each a call of stage `cell`, its output shown once; the snapshot kept by name
+    assert Snapshot.load(tmp_path / "many.json")["cell"].calls == 6
+    assert outputs(c[16], "execute_result")[0]["data"]["text/plain"] == "6"
+    assert len(outputs(c[15], "execute_result")) == 2   # the first run's value, then the snapshot
+    said = outputs(c[18], "execute_result")[0]["data"]["text/plain"]
+    assert "measure no spread" not in said and said.startswith("cell: ")
+    assert "UsageError: %%instrument: -n (how many times to run the cell) must be 1 or more, got 0" in \
+        "".join(o["text"] for o in outputs(c[19], "stream") + outputs(c[19], "error")) + \
+        " ".join(str(o.get("evalue")) for o in outputs(c[19], "error"))
 
 
 def test_a_snapshot_shows_inline_as_one_sandboxed_frame_whatever_its_names():

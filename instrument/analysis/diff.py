@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import math
 import statistics
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from ..snapshot import Snapshot, StageStats, as_path, path_text
@@ -125,11 +125,18 @@ class DiffRow:
     def significant(self) -> bool:
         return any(t.significant for _, t in self.judged)
 
+    @property
+    def detectable(self) -> Optional[float]:
+        """The smallest rise that every judged figure per call of the stage would have flagged (the largest of
+        their tests' `detectable`); None where none is judged."""
+        found = [t.detectable for k, t in self.judged if k in REGRESSIONS and t.detectable is not None]
+        return max(found) if found else None
+
     def to_dict(self) -> Dict[str, Any]:
         """Times in ns (keys end in _ns), calls a count, intervals relative (+0.1 = 10 % more)."""
         return {"path": list(self.path), "status": self.status,
                 **{(k if k == "calls" else f"{k}_ns"): c.to_dict() for k, c in self.metrics.items()},
-                "judgement": self.judgement, "significant": self.significant,
+                "judgement": self.judgement, "significant": self.significant, "detectable": _finite(self.detectable),
                 "interval": self.significance.interval_list(), "significance": self.significance.to_dict(),
                 "tests": {k: dict(t.to_dict(), figure=metric_text(k), beyond_noise=t.significant,
                                   significant=t.significant and k not in self.not_evidence,
@@ -175,6 +182,12 @@ class Diff:
         return [(r, k, t) for r in self.rows for k, t in r.judged
                 if k in REGRESSIONS and t.direction > 0 and t.estimate is not None and round(t.estimate, 12) > pct]
 
+    def blind(self, pct: float = 0.0) -> List[Tuple[DiffRow, str, Significance]]:
+        """(row, figure, test) of every judged figure per call that could not have shown a rise of `pct` (0.1: 10 %):
+        the smallest rise its test flags (`detectable`) is larger."""
+        return [(r, k, t) for r in self.rows for k, t in r.judged
+                if k in REGRESSIONS and t.detectable is not None and round(t.detectable, 12) > pct]
+
     def to_dict(self) -> Dict[str, Any]:
         sig = self.significance
         return {"stage": list(self.stage) if self.stage else None, "change": self.change, "change_of": self.change_of,
@@ -184,6 +197,10 @@ class Diff:
                 "significant": sig.significant, "interval": sig.interval_list(), "significance": sig.to_dict(),
                 "alpha": self.alpha, "tests": self.tests, "level": 1 - self.alpha / max(self.tests, 1),
                 "min_change": self.min_change, "rows": [r.to_dict() for r in self.rows]}
+
+
+def _finite(x: Optional[float]) -> Optional[float]:
+    return x if x is not None and math.isfinite(x) else None
 
 
 # ------------------------------------------------------------------ runs and their windows
@@ -331,17 +348,23 @@ def run_variance(s: StageStats, metric: str, machine: float) -> float:
     return calls + (c.get("var") or 0) / total ** 2 + 1 / total
 
 
-def common_change(before: Snapshot, after: Snapshot) -> Optional[_machine.Common]:
-    """The change of CPU time per call that the stages share: the median of the members' log changes (each stage
-    that holds no other, its CPU time per call well measured on both sides); None with fewer than COMMON_MIN."""
+def _leaf_changes(before: Snapshot, after: Snapshot, noise: float = math.inf) -> List[Tuple[str, float]]:
+    """(path text, log change of CPU time per call) of each stage that holds no other, with CPU time on both sides
+    measured within `noise` (the standard deviation of its log over the run)."""
     parents = {s.path[:-1] for snap in (before, after) for s in snap}
 
     def member(s: Optional[StageStats]) -> bool:
         return s is not None and (s.cpu_total or 0) > 0 and bool(s.cpu_calls) and \
-            run_variance(s, "cpu", 0.0) <= MEMBER_NOISE ** 2
-    members = [(path_text(b.path), math.log((a.cpu_total / a.cpu_calls) / (b.cpu_total / b.cpu_calls)))
-               for b, a in ((b, after.get(b.path)) for b in before)
-               if b.path not in parents and member(b) and member(a)]
+            run_variance(s, "cpu", 0.0) <= noise ** 2
+    return [(path_text(b.path), math.log((a.cpu_total / a.cpu_calls) / (b.cpu_total / b.cpu_calls)))
+            for b, a in ((b, after.get(b.path)) for b in before)
+            if b.path not in parents and member(b) and member(a)]
+
+
+def common_change(before: Snapshot, after: Snapshot) -> Optional[_machine.Common]:
+    """The change of CPU time per call that the stages share: the median of the members' log changes (each stage
+    that holds no other, its CPU time per call well measured on both sides); None with fewer than COMMON_MIN."""
+    members = _leaf_changes(before, after, MEMBER_NOISE)
     if len(members) < COMMON_MIN:
         return None
     changes = [c for _, c in members]
@@ -427,16 +450,29 @@ def _test(plan: _Plan, metric: str, b: StageStats, a: StageStats, alpha: float, 
         if common is not None:   # what is left is how far the stage strayed from the others, process to process
             rel = _strays(common) ** 2
             x, y = fb(rb[0]), fa(ra[0])
-            return _sig.runs_test([(x, run_variance(b, metric, rel))],
-                                  [(y and y / math.exp(common.change), run_variance(a, metric, rel))], alpha, floor)
+            vb, va = run_variance(b, metric, rel), run_variance(a, metric, rel)
+            return _with_calls(_sig.runs_test([(x, vb)], [(y and y / math.exp(common.change), va)], alpha, floor),
+                               b, a, metric, vb + va)
         if relative:   # the reference shares the machine: what is left is how differently the two respond to it
             vb = run_variance(b, metric, _sig.RELATIVE_SPREAD ** 2) + run_variance(plan.reference[0], metric, 0.0)
             va = run_variance(a, metric, _sig.RELATIVE_SPREAD ** 2) + run_variance(plan.reference[1], metric, 0.0)
-        else:
-            vb = run_variance(b, metric, _sig.machine_variance(plan.seconds[0]) if time else 0.0)
-            va = run_variance(a, metric, _sig.machine_variance(plan.seconds[1]) if time else 0.0)
-        return _sig.runs_test([(fb(rb[0]), vb)], [(fa(ra[0]), va)], alpha, floor)
+            return _with_calls(_sig.runs_test([(fb(rb[0]), vb)], [(fa(ra[0]), va)], alpha, floor), b, a, metric,
+                               vb + va)
+        vb = run_variance(b, metric, _sig.machine_variance(plan.seconds[0]) if time else 0.0)
+        va = run_variance(a, metric, _sig.machine_variance(plan.seconds[1]) if time else 0.0)
+        # the machine's wander averages out over a longer run (more calls); its drift between runs does not
+        fast = sum(_sig.machine_variance(t) - _sig.MACHINE_DRIFT ** 2 for t in plan.seconds) if time else 0.0
+        return _with_calls(_sig.runs_test([(fb(rb[0]), vb)], [(fa(ra[0]), va)], alpha, floor), b, a, metric,
+                           vb + va, fast)
     return _sig.runs_test([(fb(w), 0.0) for w in rb], [(fa(w), 0.0) for w in ra], alpha, floor)
+
+
+def _with_calls(t: Significance, b: StageStats, a: StageStats, metric: str, variance: float,
+                machine: float = 0.0) -> Significance:
+    """The test with the share of its variance that more calls would shrink: the calls' spread over their number,
+    and `machine`, the part of the machine's variance a longer run averages out."""
+    calls = machine + sum(spread(s) ** 2 / max(s.calls, 1) * (math.pi / 2 if metric == "wall" else 1) for s in (b, a))
+    return replace(t, calls_share=min(1.0, calls / variance)) if variance > 0 and t.basis != "none" else t
 
 
 def _mean(total: Optional[float], calls: int) -> Optional[float]:
@@ -544,6 +580,11 @@ def diff(before: Snapshot, after: Snapshot, alpha: float = _sig.ALPHA, min_chang
     machine = _machine.compare(before, after, ref, common)
     # on the runs basis a time figure's change within the machine's own change of speed is not claimed
     speed = abs(machine.speed_change or 0.0) if basis == "runs" and ref is None else 0.0
+    if speed > min_change and common is None:   # a loop's change that sets a floor: only the part the stages share
+        leaves = [c for _, c in _leaf_changes(before, after)]
+        if leaves:
+            machine = _machine.compare(before, after, ref, common, statistics.median(leaves))
+            speed = abs(machine.speed_change or 0.0)
     plan = _Plan(basis, (_seconds(before), _seconds(after)), ref, speed, common)
     paths = list(dict.fromkeys([*(s.path for s in before), *(s.path for s in after)]))
     plans: Dict[Tuple[str, ...], Tuple[List[str], Dict[str, str]]] = {}

@@ -121,13 +121,31 @@ def _pct(x: float) -> str:
     return f"{100 * x:.0f} %" if x >= 0.01 or x == 0 else f"{100 * x:.1g} %"
 
 
+def _shared(speed: float, stages: Optional[float]) -> Tuple[Optional[float], str]:
+    """The part of a loop's change of speed (relative) that the stages' own CPU time per call shares (`stages`: the
+    median log change of those that hold no other), and the words that say so.  Where they did not move the same
+    way by at least half as much (log scale), the loop strayed (beside a hog the probe ran up to 71 % slower where
+    the stages' CPU time moved a few %) and none of it is taken: no stage's change is put down to the machine on
+    the loop's word alone."""
+    probe = math.log1p(speed)
+    if stages is None or abs(stages) >= abs(probe) and stages * probe > 0:
+        return speed, ""
+    moved = f" (their median moved {'+' if stages >= 0 else '−'}{_pct(abs(math.expm1(stages)))})"
+    if stages * probe > 0 and abs(stages) >= abs(probe) / 2:
+        return math.expm1(stages), f", which the stages' own CPU time per call shares in part{moved}: that part " \
+                                   "is taken as the machine's change of speed"
+    return None, f", which the stages' own CPU time per call does not share{moved}: it is not taken as the " \
+                 "machine's change of speed"
+
+
 def compare(before: Snapshot, after: Snapshot, reference: Optional[Tuple[StageStats, StageStats]] = None,
-            common: Optional[Common] = None) -> Comparison:
+            common: Optional[Common] = None, stages: Optional[float] = None) -> Comparison:
     """Whether the two snapshots' machines differed, and the line that says so with the figures, e.g.
     "the machines differed: after spent 38 % of its running time waiting for a CPU, before 2 %: wall-time
     changes are not evidence".  `reference`: a stage (before, after) whose code did not change: its change of
     CPU time per call is the machine's change of speed, in place of the probe's or the reference loop's;
-    `common`: the stages' common change, taken so where no reference stage is named."""
+    `common`: the stages' common change, taken so where no reference stage is named; `stages`: the median log
+    change of CPU time per call of the stages that hold no other, where the loops' change is to be cut to it."""
     b, a = machine(before), machine(after)
     facts: List[Tuple[bool, str]] = []
     if b.waiting is not None and a.waiting is not None:
@@ -146,15 +164,17 @@ def compare(before: Snapshot, after: Snapshot, reference: Optional[Tuple[StageSt
                       f"the reference stage {path_shown(reference[0].path)} took {'+' if speed >= 0 else '−'}"
                       f"{abs(100 * speed):.0f} % CPU time per call, taken as the machine's change of speed"))
     elif b.probe_ns and a.probe_ns:
-        speed = a.probe_ns / b.probe_ns - 1
-        facts.append((abs(speed) > SPEED_CHANGE,
+        loop = a.probe_ns / b.probe_ns - 1
+        speed, cut = _shared(loop, stages)
+        facts.append((abs(loop) > SPEED_CHANGE,
                       f"its probe loop took {a.probe_ns:.1f} ns per iteration through the run, before "
-                      f"{b.probe_ns:.1f} ({'+' if speed >= 0 else '−'}{abs(100 * speed):.0f} %)"))
+                      f"{b.probe_ns:.1f} ({'+' if loop >= 0 else '−'}{abs(100 * loop):.0f} %){cut}"))
     elif b.reference_ns and a.reference_ns and common is None:
-        speed = a.reference_ns / b.reference_ns - 1
-        facts.append((abs(speed) > SPEED_CHANGE,
+        loop = a.reference_ns / b.reference_ns - 1
+        speed, cut = _shared(loop, stages)
+        facts.append((abs(loop) > SPEED_CHANGE,
                       f"its reference loop took {a.reference_ns:.1f} ns per iteration, before {b.reference_ns:.1f} "
-                      f"({'+' if speed >= 0 else '−'}{abs(100 * speed):.0f} %)"))
+                      f"({'+' if loop >= 0 else '−'}{abs(100 * loop):.0f} %){cut}"))
     if common is not None and reference is None:
         speed = math.expm1(common.change)
         facts.append((abs(speed) > SPEED_CHANGE, common.text()))
@@ -169,3 +189,5 @@ def compare(before: Snapshot, after: Snapshot, reference: Optional[Tuple[StageSt
         return Comparison(b, a, True, f"the machines differed: {text}: wall-time changes are not evidence", speed,
                           common)
     return Comparison(b, a, False, f"the machines were alike: {text}", speed, common)
+
+

@@ -56,6 +56,9 @@ class Significance:
     min_change: float                           # the floor the interval had to clear
     n: Tuple[int, int]                          # turns, windows or runs on each side
     reason: str = ""
+    detectable: Optional[float] = None          # the smallest rise this test flags: its interval's half-width
+                                                # beyond min_change (+0.1 = 10 % more); None where untested
+    calls_share: float = 0.0                    # the share of the estimate's variance that more calls shrink
 
     @property
     def direction(self) -> int:
@@ -74,7 +77,12 @@ class Significance:
         """Relative values as fractions (+0.1 = 10 % more)."""
         return {"significant": self.significant, "basis": self.basis, "estimate": self.estimate,
                 "interval": self.interval_list(), "p": self.p, "level": self.level,
-                "min_change": self.min_change, "n": list(self.n), "reason": self.reason}
+                "min_change": self.min_change, "n": list(self.n), "reason": self.reason,
+                "detectable": self.detectable if self.detectable is None or math.isfinite(self.detectable) else None}
+
+    def half(self) -> Optional[float]:
+        """The half-width of the interval on the log scale (None where untested)."""
+        return None if self.detectable is None else math.log1p(self.detectable) - math.log1p(self.min_change)
 
 
 def untested(reason: str, alpha: float = ALPHA, min_change: float = MIN_CHANGE,
@@ -103,7 +111,8 @@ def _decide(basis: str, d: float, half: float, p: float, alpha: float, min_chang
         reason = f"{span} includes no change ({size}, p={p:.2g})"
     else:
         reason = f"{span} reaches within ±{_pct(min_change)}, the smallest change claimed ({size}, p={p:.2g})"
-    return Significance(sig, basis, math.expm1(d), (lo, hi), p, level, min_change, n, reason)
+    return Significance(sig, basis, math.expm1(d), (lo, hi), p, level, min_change, n, reason,
+                        _exp1(half + math.log1p(min_change)))
 
 
 def _exp1(x: float) -> float:
@@ -289,3 +298,35 @@ def runs_test(before: Sequence[Tuple[float, float]], after: Sequence[Tuple[float
     spread = (sum((x - mb) ** 2 for x, _ in b) + sum((x - ma) ** 2 for x, _ in a)) / df
     return _t_decide("runs", ma - mb, math.sqrt(spread * (1 / len(b) + 1 / len(a))), df, alpha, min_change, n,
                      unit)
+
+
+# ------------------------------------------------------------------- power
+MAX_UNITS = 1000      # runs, windows or turns a side beyond which none is suggested
+
+
+def needed(sig: Significance, target: float) -> Tuple[Optional[int], Optional[float]]:
+    """What would let the test flag a rise of `target` (0.1: 10 %), from its own spread (a spread scales as
+    1/√n): the turns, windows or runs a side, and how many times the calls (None where more calls cannot: the
+    part of the variance they do not shrink is already too large, or the basis does not say).  (None, None)
+    where the test is untested or `target` is within its min_change."""
+    half, goal = sig.half(), math.log1p(target) - math.log1p(sig.min_change)
+    if half is None or goal <= 0:
+        return None, None
+    if half <= goal:
+        return min(sig.n), 1.0
+    alpha = 1 - sig.level
+    nb, na = max(sig.n[0], 1), max(sig.n[1], 1)
+    if sig.basis == "turns":
+        unit_var = (half / t_ppf(alpha / 2, max(nb - 1, 1))) ** 2 * nb      # one pair's variance
+        width = lambda m: t_ppf(alpha / 2, m - 1) * math.sqrt(unit_var / m)     # noqa: E731
+    else:   # one run's (window's) variance; one run a side: its own variance stood in for the spread between runs
+        df = math.inf if nb + na == 2 else nb + na - 2
+        unit_var = (half / t_ppf(alpha / 2, df)) ** 2 / (1 / nb + 1 / na)
+        width = lambda m: t_ppf(alpha / 2, 2 * m - 2) * math.sqrt(unit_var * 2 / m)     # noqa: E731
+    units = next((m for m in range(max(2, min(nb, na)), MAX_UNITS + 1) if width(m) <= goal), None)
+    calls = None
+    if sig.calls_share > 0:
+        fixed = 1 - sig.calls_share                  # in units of the variance now: what more calls leave
+        allowed = (goal / half) ** 2
+        calls = sig.calls_share / (allowed - fixed) if allowed > fixed else None
+    return units, calls

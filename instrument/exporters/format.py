@@ -14,7 +14,7 @@ from ..analysis import metrics as _metrics
 from ..analysis.diff import Change, Diff, DiffRow, metric_text as _figure
 from ..analysis.metrics import Bar, Metric, ordered
 from ..analysis.ranks import RankView
-from ..analysis.significance import Significance
+from ..analysis.significance import MAX_UNITS, Significance, needed
 from ..analysis.tail import TailView
 from ..analysis.verdict import with_verdicts
 from ..snapshot import Snapshot, StageStats, path_shown
@@ -392,8 +392,47 @@ def significance_text(sig: Significance, what: str = "typical call") -> str:
     if sig.basis == "none":
         return f"{what} untested ({sig.reason})"
     lo, hi = sig.interval or (None, None)
-    n = f"{sig.n[0]} turns" if sig.basis == "turns" else f"{sig.n[0]} → {sig.n[1]} {sig.basis}"
-    return f"{what} {relative(sig.estimate)} ({_level(sig.level)} interval {relative(lo)} … {relative(hi)}, {n})"
+    return f"{what} {relative(sig.estimate)} ({_level(sig.level)} interval {relative(lo)} … {relative(hi)}, " \
+           f"{_units(sig)})"
+
+
+def _units(sig: Significance) -> str:
+    return f"{sig.n[0]} turns" if sig.basis == "turns" else f"{sig.n[0]} → {sig.n[1]} {sig.basis}"
+
+
+def blind_text(d: Diff, target: float, limit: int = 3) -> Optional[str]:
+    """What could not have shown a rise of `target` (0.1: 10 %), and what would let it: `request/model CPU per call
+    flags a rise from +80.4% (1 → 1 runs), not +10.0%: about 229 runs a side would (from the measured spread), or a
+    reference stage (--reference STAGE) of the same calls`; None where every judged figure could."""
+    blind = d.blind(target)
+    if not blind:
+        return None
+    said = [f"{path_shown(r.path)} {_figure(k)} flags a rise from {relative(t.detectable)} "
+            f"({_units(t)})" for r, k, t in blind[:limit]]
+    more = f" (and {len(blind) - limit} more)" if len(blind) > limit else ""
+    goals = [(needed(t, target), t, r) for r, k, t in blind]
+    floor = max(t.min_change for _, _, t in blind)
+    if target <= floor and floor <= d.min_change:
+        fix = f"no number of runs would: {relative(target)} is within the smallest change claimed " \
+              f"({relative(floor)}, --min-change)"
+    elif target <= floor:
+        fix = f"{relative(target)} is within the machine's change of speed between these runs ({relative(floor)}, " \
+              "the smallest change of time claimed): runs on machines alike would, or a reference stage " \
+              "(--reference STAGE) of the same calls"
+    elif any(units is None for (units, _), _, _ in goals):
+        fix = f"more than {MAX_UNITS} runs a side would be needed"
+    else:
+        units = max(u for (u, _), _, _ in goals)
+        unit = {"turns": "turns", "windows": "windows a side"}.get(blind[0][2].basis, "runs a side")
+        fix = f"about {units} {unit} would (from the measured spread)"
+        if blind[0][2].n == (1, 1) and d.reference is None:
+            fix += ", or a reference stage (--reference STAGE) of the same calls"
+        if all(c is not None for (_, c), _, _ in goals):
+            factor = max(c for (_, c), _, _ in goals)
+            calls = max(max(r.metrics["calls"].before or 0, r.metrics["calls"].after or 0) for _, _, r in goals)
+            fix += f", or {factor:.2g}× the calls a side (about {math.ceil(factor * calls):,})"
+    return "; ".join(said) + more + f", not {relative(target)}: {fix}"
+
 
 
 def judgement_text(r: DiffRow) -> str:

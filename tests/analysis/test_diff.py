@@ -5,6 +5,7 @@ import io
 import json
 import math
 from dataclasses import replace
+from statistics import NormalDist
 
 import pytest
 
@@ -212,9 +213,11 @@ def test_alike_machines_let_wall_judge_and_a_stage_own_wait_does_not():
 
 def test_a_slower_machine_raises_the_floor_of_time_on_plain_runs():
     d = D.diff(run(10, 9, 0.02, 80.0), run(14, 12.6, 0.02, 120.0))    # reference loop +50 %, CPU per call +40 %
-    assert d.machine.differed and d.machine.speed_change == pytest.approx(0.5)
+    assert d.machine.differed and d.machine.speed_change == pytest.approx(0.4)   # the part the stages share
+    assert "(+50 %), which the stages' own CPU time per call shares in part (their median moved +40 %)" in \
+        d.machine.line
     cpu = d.row("request/model").tests["cpu"]
-    assert cpu.min_change == pytest.approx(0.5) and not cpu.significant and "reaches within ±50%" in cpu.reason
+    assert cpu.min_change == pytest.approx(0.4) and not cpu.significant and "reaches within ±40%" in cpu.reason
 
 
 def test_undescribed_machines():
@@ -256,7 +259,8 @@ def write(tmp_path, before, after):
     return str(a), str(b)
 
 
-@pytest.mark.parametrize("cpu_ms,pct,rc", [(9, 5, 0), (18, 5, 1), (18, 150, 0), (18, 99.9, 1), (9, 0, 0)])
+@pytest.mark.parametrize("cpu_ms,pct,rc", [(9, 5, 3), (18, 5, 1), (18, 150, 0), (18, 99.9, 1), (9, 0, 3),
+                                           (9, 40, 0)])
 def test_fail_on_regression(tmp_path, capsys, cpu_ms, pct, rc):
     a, b = write(tmp_path, run(10, 9, 0.02, 80.0), run(16, cpu_ms, 0.38, 81.0))   # wall +60 %: the machine's
     summary = tmp_path / "summary.json"
@@ -264,12 +268,24 @@ def test_fail_on_regression(tmp_path, capsys, cpu_ms, pct, rc):
     out, err = capsys.readouterr()
     assert out.startswith("request: 10.0 ms → 16.0 ms (+60.0%); ")
     j = json.loads(summary.read_text())
-    assert j["gate"]["failed"] is bool(rc) and j["machine"]["line"].startswith("the machines differed")
+    assert j["gate"]["failed"] is (rc == 1) and j["machine"]["line"].startswith("the machines differed")
+    assert j["gate"]["outcome"] == {0: "passed", 1: "failed", 3: "inconclusive"}[rc]
+    # each side a 60 s run whose calls all took the same time: the machine's variance alone, two tests at 0.5 %
+    cpu = next(r for r in j["rows"] if r["path"] == ["request"])["tests"]["cpu"]
+    half = NormalDist().inv_cdf(1 - 0.0025) * math.sqrt(2 * (0.27 ** 2 * 0.4 / 60 + 0.07 ** 2))
+    assert cpu["detectable"] == pytest.approx(math.exp(half) * 1.03 - 1, rel=1e-6)
+    if rc == 3:   # what could not have shown PCT, how far it could see, and how many runs would show PCT
+        assert f"inconclusive (exit 3): could not have shown a regression of {pct:g}%" in err
+        assert f"request CPU per call flags a rise from +{100 * cpu['detectable']:.1f}%" in err
+        assert [g["path"] for g in j["gate"]["blind"]] == [["request"], ["request", "model"]]
+        assert "runs a side would (from the measured spread)" in err or "within the smallest change" in err
+        for choice, code in (("pass", 0), ("fail", 1)):
+            assert cli.main(["diff", a, b, "--fail-on-regression", str(pct), "--on-inconclusive", choice]) == code
     model = next(r for r in j["rows"] if r["path"] == ["request", "model"])
     assert model["tests"]["wall"]["significant"] is False and model["tests"]["wall"]["beyond_noise"] is True
     assert model["tests"]["wall"]["not_evidence"].startswith("the machines differed; on a CPU or waiting")
     assert model["tests"]["cpu"]["significant"] is (cpu_ms == 18)
-    if rc:
+    if rc == 1:
         assert len(err.strip().splitlines()) == 1 and "2 regressions beyond noise and over" in err
         assert [g["figure"] for g in j["gate"]["regressions"]] == ["cpu", "cpu"]
     elif 0 < pct < 60:   # the wall time over PCT is named, and why it does not fail the gate
@@ -361,6 +377,39 @@ def test_the_probe_survives_merge_and_weighs_its_sources():
     b = probed(Snapshot(a.stages, dict(a.meta, start_time=0.5)), 44.0, kept=300)
     assert M.machine(a.merge(b)).probe_ns == pytest.approx((40 * 100 + 44 * 300) / 400)
     assert M.machine(run(10, 9, 0.02, 80.0)).probe_ns is None   # a snapshot without the probe
+
+
+def three_runs(work_ms, probe_ns, start, speed=1.0):
+    """Three plain runs merged (each a process of its own) on a machine `speed` times slower: request holds tokenize
+    (2 ms) and work (`work_ms`), each run's CPU time per call 1 % apart, with the probe's figures."""
+    runs = []
+    for k, wobble in enumerate((1.0, 1.01, 0.99)):
+        ms = {"request/tokenize": 2 * wobble * speed, "request/work": work_ms * wobble * speed}
+        stages = [st("request", 1000, int(sum(ms.values()) * MS), cpu_ns=int(1000 * sum(ms.values()) * MS))]
+        stages += [st(p, 1000, int(v * MS), cpu_ns=int(1000 * v * MS)) for p, v in ms.items()]
+        runs.append(probed(snap(*stages, pid=100 + k, start=start + 100 * k), probe_ns))
+    return runs[0].merge(*runs[1:])
+
+
+def test_the_probe_never_vetoes_a_change_the_stages_do_not_share():
+    before = three_runs(10, 89.0, 0.0)
+    # work 30 % more; the probe 71 % slower beside a hog, which the stages' CPU time per call does not share
+    d = D.diff(before, three_runs(13, 152.6, 1000.0))
+    assert d.basis == "runs" and d.row("request/work").tests["cpu"].n == (3, 3)
+    work = d.row("request/work").tests["cpu"]
+    assert work.significant and work.estimate == pytest.approx(0.3) and work.min_change == pytest.approx(0.03)
+    assert ("request", "work") in {r.path for r, k, _ in d.regressions(0.1)}
+    assert d.machine.speed_change is None and "(+71 %), which the stages' own CPU time per call does not share " \
+        "(their median moved +14 %): it is not taken as the machine's change of speed" in d.machine.line
+    assert not d.row("request/tokenize").significant
+    # the same code on a machine 30 % slower, the probe with it: the machine's change, not claimed as the code's
+    d = D.diff(before, three_runs(10, 89.0 * 1.3, 1000.0, speed=1.3))
+    assert d.machine.speed_change == pytest.approx(0.3) and not d.regressions(0.1)
+    assert d.row("request/work").tests["cpu"].min_change == pytest.approx(0.3)
+    # part shared: the probe +50 %, the stages +30 % (the machine's part and no more taken)
+    d = D.diff(before, three_runs(10, 89.0 * 1.5, 1000.0, speed=1.3))
+    assert d.machine.speed_change == pytest.approx(0.3) and "(+50 %), which the stages' own CPU time per call shares in part (their " \
+        "median moved +30 %): that part is taken as the machine's change of speed" in d.machine.line
 
 
 # ------------------------------------------------------------------------ a reference stage

@@ -201,3 +201,37 @@ def test_bonferroni_over_every_test_of_the_comparison():
     for r in d.rows:
         for t in r.tests.values():
             assert t.level == pytest.approx(1 - 0.01 / m)
+
+
+# ------------------------------------------------------------------- detectable and what would show a rise
+def test_detectable_is_the_rise_whose_interval_just_clears_the_floor():
+    v = 0.04                                                   # each run's variance of its log
+    t = S.runs_test([(1.0, v)], [(1.0, v)], alpha=0.01, min_change=0.03)
+    z = stats.norm.ppf(1 - 0.005)
+    assert t.detectable == pytest.approx(math.exp(z * math.sqrt(2 * v)) * 1.03 - 1, rel=1e-6)
+    at = S.runs_test([(1.0, v)], [(1 + t.detectable + 1e-6, v)], alpha=0.01, min_change=0.03)
+    below = S.runs_test([(1.0, v)], [(1 + t.detectable - 1e-6, v)], alpha=0.01, min_change=0.03)
+    assert at.significant and not below.significant
+
+
+def runs_with_spread(m, var):
+    """m runs whose logs have mean 0 and sample variance `var` exactly."""
+    x = np.random.default_rng(m).normal(size=m)
+    x = (x - x.mean()) / x.std(ddof=1) * math.sqrt(var)
+    return [(math.exp(v), 0.0) for v in x]
+
+
+@pytest.mark.parametrize("target", [0.1, 0.2])
+def test_runs_needed_are_the_fewest_whose_measured_spread_shows_the_target(target):
+    v = 0.04
+    one = S.runs_test([(1.0, v)], [(1.0, v)], alpha=0.002, min_change=0.03)   # one run a side: a 99.8 % test
+    m, calls = S.needed(one, target)
+    assert calls is None                                      # the test says nothing of its calls
+    for k, shows in ((m, True), (m - 1, False)):              # k runs a side, each side's spread the one run's
+        t = S.runs_test(runs_with_spread(k, v), runs_with_spread(k, v), alpha=0.002, min_change=0.03)
+        assert (t.detectable <= target) is shows, (k, t.detectable)
+    assert S.needed(one, 0.02) == (None, None)                # within min_change: no number of runs
+    # 99.9 % of its variance the calls' spread: k times the calls leave 0.1 % + 99.9 % / k of it, which shows target
+    k = S.needed(S.Significance(**{**one.__dict__, "calls_share": 0.999}), target)[1]
+    assert math.expm1(one.half() * math.sqrt(0.001 + 0.999 / k) + math.log1p(0.03)) == pytest.approx(target)
+    assert S.needed(S.Significance(**{**one.__dict__, "calls_share": 0.9}), target)[1] is None   # 10 % is too much
