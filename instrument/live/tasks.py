@@ -35,6 +35,8 @@ from . import importwatch
 
 MECHANISM = ("step hook: asyncio.events.Handle._run, BaseEventLoop._run_once and BaseEventLoop._call_soon "
              "stand-ins")
+MECHANISM_UVLOOP = ("coroutine wrapper: each task's coroutine, wrapped at uvloop.Loop.create_task, times its own "
+                    "steps (no loop-ready split)")
 FALLBACK = ("calls that overlap other tasks on their thread where no hook sees the switch (uvloop, a context entered "
             "by hand) keep their wall time; their CPU time and counters are left out (cpu_ns.overlapped_calls)")
 
@@ -78,11 +80,16 @@ def apply(enabled: bool, backend) -> None:
     if not enabled or not hasattr(backend, "step_runner"):
         _wanted = None
         importwatch.forget("asyncio")
+        importwatch.forget("uvloop")
         uninstall()
         _reason = ("the task_attribution option is off" if not enabled else
                    "the pure-Python fallback has no task clock; the C extension has one")
         return
     _wanted = backend
+    if "uvloop" in sys.modules:
+        _install_uvloop(backend)
+    else:
+        importwatch.when_imported("uvloop", _on_uvloop)
     if _targets() is None:
         _reason = "asyncio not imported yet"
         importwatch.when_imported("asyncio", _on_asyncio)
@@ -94,6 +101,49 @@ def apply(enabled: bool, backend) -> None:
 def _on_asyncio() -> None:
     if _wanted is not None:
         _install(_wanted)
+
+
+def _on_uvloop() -> None:
+    if _wanted is not None:
+        _install_uvloop(_wanted)
+
+
+def _uvloop_class():
+    m = sys.modules.get("uvloop")
+    loop = getattr(m, "Loop", None) if m is not None else None
+    return loop if isinstance(loop, type) else None
+
+
+def _uvloop_hook(loop_cls):
+    """Our create_task stand-in on uvloop.Loop, or None."""
+    m = loop_cls.__dict__.get("create_task") if loop_cls is not None else None
+    return m if getattr(m, "_instrument_create_task", False) else None
+
+
+def _install_uvloop(backend) -> None:
+    """uvloop runs task steps in its own C code, past any Handle stand-in: every coroutine a uvloop.Loop makes a
+    task of is wrapped so that its steps time themselves (a user's task factory gets the wrapped coroutine)."""
+    global _uvloop_reason
+    cls = _uvloop_class()
+    if cls is None or not hasattr(backend, "stepped"):
+        return
+    cur = cls.__dict__.get("create_task")
+    if cur is not None and _uvloop_hook(cls) is None:
+        _uvloop_reason = "uvloop.Loop.create_task was replaced by another library: left alone"
+        return
+    orig = cur.__wrapped__ if cur is not None else cls.create_task
+    stepped = backend.stepped
+
+    def create_task(self, coro, *args, **kwargs):
+        return orig(self, stepped(coro), *args, **kwargs)
+
+    create_task._instrument_create_task = True
+    create_task.__wrapped__ = orig
+    cls.create_task = create_task
+    _uvloop_reason = None
+
+
+_uvloop_reason: Optional[str] = None   # why uvloop.Loop is not hooked, where it is not
 
 
 def _install(backend) -> None:
@@ -131,6 +181,9 @@ def _hooked(handle, loop):
 def uninstall() -> None:
     """Put asyncio's own methods back (only where ours are in place)."""
     global _backend
+    cls = _uvloop_class()
+    if _uvloop_hook(cls) is not None:
+        del cls.create_task
     targets = _targets()
     if targets is not None:
         for owner, name, _ in _hooked(*targets):
@@ -143,35 +196,44 @@ def installed() -> bool:
     return _backend is not None
 
 
-def _foreign_loop() -> Optional[str]:
-    """The name of an event loop that runs handles outside asyncio.events.Handle (uvloop), when one is in use."""
+def _hooked_uvloop(loop) -> bool:
+    cls = _uvloop_class()
+    return cls is not None and isinstance(loop, cls) and _uvloop_hook(type(loop)) is not None
+
+
+def _loop_in_use():
+    """(the loop running on this thread, or None; the name of an event loop no hook sees the task switches of)."""
     aio = sys.modules.get("asyncio")
     if aio is None:
-        return None
+        return None, None
+    running = aio.events._get_running_loop()
+    be = sys.modules.get("asyncio.base_events")
+    if running is not None:
+        hooked = (be is not None and isinstance(running, be.BaseEventLoop)) or _hooked_uvloop(running)
+        return running, None if hooked else f"{type(running).__module__}.{type(running).__name__}"
     try:
         policy = type(aio.get_event_loop_policy())
     except Exception:
-        return None
-    if "uvloop" in policy.__module__:
-        return f"{policy.__module__}.{policy.__name__}"
-    be = sys.modules.get("asyncio.base_events")
-    running = aio.events._get_running_loop()
-    if running is not None and be is not None and not isinstance(running, be.BaseEventLoop):
-        return f"{type(running).__module__}.{type(running).__name__}"
-    return None
+        return None, None
+    if "uvloop" in policy.__module__ and _uvloop_hook(_uvloop_class()) is None:
+        return None, f"{policy.__module__}.{policy.__name__}"
+    return None, None
 
 
 def status(raw: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
     """What meta and doctor say: which attribution is in force, by what, and what it saw."""
     on = _backend is not None
-    foreign = _foreign_loop() if on else None
+    running, foreign = _loop_in_use() if on else (None, None)
     out: Dict[str, Any] = {
         "attribution": "overlapped calls marked" if not on or foreign else "per task",
-        "mechanism": MECHANISM if on and not foreign else None,
+        "mechanism": None if not on or foreign else MECHANISM_UVLOOP if _hooked_uvloop(running) else MECHANISM,
         "python": platform.python_version(),
         "installed": on,
-        "reason": (f"the event loop in use ({foreign}) runs its callbacks outside asyncio.events.Handle: no hook "
-                   "sees its task switches" if foreign else None) if on else _reason,
+        "reason": (f"the event loop in use ({foreign}) runs its callbacks outside asyncio.events.Handle and its "
+                   "tasks are not made by a hooked create_task: no hook sees its task switches"
+                   + (f" ({_uvloop_reason})" if _uvloop_reason else "")
+                   + "; run it on a uvloop.Loop (uvloop.new_event_loop, uvloop.run) or on asyncio's own loop "
+                   "(uvicorn --loop asyncio)" if foreign else None) if on else _reason,
         "fallback": FALLBACK,
     }
     tasks = (raw or {}).get("tasks")
