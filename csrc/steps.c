@@ -207,6 +207,8 @@ static PyObject *Runner_vectorcall(Runner *self, PyObject *const *args, size_t n
 
 /* ---------------------------------------------------- the coroutine wrapper */
 
+#if PY_VERSION_HEX >= 0x030A0000   /* am_send: Python 3.10+ (on 3.9 uvloop stays unhooked, and is named) */
+
 /* Wraps a task's coroutine where no Handle stand-in sees its steps (uvloop runs them in its own C code): each
  * send/throw is one step of the task, whose context is the current one; the step's bookkeeping runs in the
  * context around it, as run_step's does. */
@@ -352,6 +354,7 @@ static PyObject *mod_stepped(PyObject *m, PyObject *coro) {
     PyObject_GC_Track(w);
     return (PyObject *)w;
 }
+#endif
 
 /* ------------------------------------------------------------ the runners */
 
@@ -425,13 +428,18 @@ static PyMethodDef task_methods[] = {
      "iteration_runner(BaseEventLoop._run_once) -> a stand-in that marks one loop iteration"},
     {"ready_runner", (PyCFunction)mod_ready_runner, METH_O,
      "ready_runner(BaseEventLoop._call_soon) -> a stand-in that marks when a suspended task is woken"},
+#if PY_VERSION_HEX >= 0x030A0000
     {"stepped", (PyCFunction)mod_stepped, METH_O,
      "stepped(coro) -> the coroutine wrapped so that each send/throw is timed as a step of its task"},
+#endif
     {NULL}
 };
 
 int steps_add_functions(PyObject *module) {
-    if (PyType_Ready(&Runner_Type) < 0 || PyType_Ready(&Stepped_Type) < 0) return -1;
+    if (PyType_Ready(&Runner_Type) < 0) return -1;
+#if PY_VERSION_HEX >= 0x030A0000
+    if (PyType_Ready(&Stepped_Type) < 0) return -1;
+#endif
     if (!(str_context = PyUnicode_InternFromString("_context"))) return -1;
     if (!(str_when = PyUnicode_InternFromString("_when"))) return -1;
     return PyModule_AddFunctions(module, task_methods);

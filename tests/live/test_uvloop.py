@@ -124,6 +124,8 @@ def test_a_loop_no_hook_reaches_is_named_with_what_to_do(backend):
     tasks = snap.meta["tasks"]
     assert tasks["attribution"] == "overlapped calls marked" and "uvloop.loop.Loop" in tasks["reason"], tasks
     assert "uvloop.new_event_loop" in tasks["reason"] and "uvloop.loop.Loop" in text, text
+    from instrument.exporters import table
+    assert "uvloop.loop.Loop" in table.render([snap]).replace("\n", " ")
     j = snap["job"]
     assert j.calls == 5 and j.overlapped_calls >= 4, (j.calls, j.overlapped_calls)
     assert j.cpu_calls <= j.calls - j.overlapped_calls, "an overlapped call's CPU time is left out"
