@@ -15,8 +15,13 @@ scheduled: a suspended task whose step is scheduled was woken then (or at the
 due time of the timer whose callback woke it), and from then until its step runs
 it waits for the loop (loop-ready time), not for what it awaited.
 
+uvloop runs task steps in its own C code, past `Handle._run`: every coroutine a
+`uvloop.Loop` makes a task of is wrapped (`stepped`, at `uvloop.Loop.create_task`,
+before any task factory) so that its own send/throw is the step, timed with the
+same primitives; on asyncio's loops the wrapper finds its step timed already.
+
 Not covered, and marked rather than summed (`cpu_ns.overlapped_calls`): loops
-that do not run handles through `asyncio.events.Handle` (uvloop), the first step
+that do neither (tasks made on uvloop before import, other loops), the first step
 of eager tasks (3.12+ `eager_task_factory`), and contexts entered by hand with
 `Context.run` while a stage of another context is open on the thread.  Python
 3.14's context-switch watchers (`PyContext_AddWatcher`) would cover those too;
