@@ -67,13 +67,17 @@ def test_a_task_factory_of_the_users_is_chained_to(backend):
         asyncio.get_running_loop().set_task_factory(factory)
         return await asyncio.create_task(main())
 
+    t0 = time.thread_time_ns()
     snap = uvloop.run(outer())
+    spare = time.thread_time_ns() - t0 - sum(truth.values())   # the thread CPU the tasks did not measure themselves
     # main and the 5 jobs reach the user's factory wrapped (uvloop's own Cython coroutines at shutdown as they are)
     wrapped = [c for c in made if type(c).__name__ == "_Stepped"]
     assert len(wrapped) == 6 and all(asyncio.iscoroutine(c) for c in wrapped), made
     for i, mine in truth.items():
         s = snap[f"job{i}"]
-        assert s.overlapped_calls == 0 and abs(s.cpu_total - mine) <= 0.10 * mine, (i, s.cpu_total, mine)
+        # its own spins, give or take the loop's and the SDK's work inside the stage (not the other tasks' spins)
+        assert s.overlapped_calls == 0 and 0.9 * mine <= s.cpu_total <= mine + max(0.1 * mine, spare), \
+            (i, s.cpu_total, mine, spare)
 
 
 def test_the_wrapped_coroutine_reads_as_the_coroutine(backend):
