@@ -2,6 +2,8 @@
 coroutine, wrapped where uvloop.Loop makes a task of it, times its own steps.  Checked against what each task
 measures itself (thread_time_ns around its own spins); a loop no hook reaches is named, with what to do."""
 import asyncio
+import subprocess
+import sys
 import time
 
 import pytest
@@ -142,3 +144,11 @@ def test_turned_off_the_uvloop_hook_is_removed_and_back_on_it_returns(backend):
     assert "create_task" not in uvloop.Loop.__dict__
     instrument.configure(task_attribution=True)
     assert "create_task" in uvloop.Loop.__dict__
+
+
+@pytest.mark.parametrize("first", ["instrument", "uvloop"])
+def test_hooked_whichever_is_imported_first(first):
+    code = (f"import {first}; import {'uvloop' if first == 'instrument' else 'instrument'}; import uvloop; "
+            "print('create_task' in uvloop.Loop.__dict__)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0 and out.stdout.split() == ["True"], out
