@@ -48,6 +48,7 @@ FALLBACK = ("calls that overlap other tasks on their thread where no hook sees t
 _backend = None          # the backend module whose runners are installed, or None
 _wanted = None           # the backend to install once asyncio is imported
 _reason: Optional[str] = "asyncio not imported yet"
+_uvloop_reason: Optional[str] = None   # why uvloop.Loop is not hooked, where it is not
 
 
 def _targets():
@@ -148,9 +149,6 @@ def _install_uvloop(backend) -> None:
     _uvloop_reason = None
 
 
-_uvloop_reason: Optional[str] = None   # why uvloop.Loop is not hooked, where it is not
-
-
 def _install(backend) -> None:
     global _backend, _reason
     targets = _targets()
@@ -202,8 +200,10 @@ def installed() -> bool:
 
 
 def _hooked_uvloop(loop) -> bool:
+    """A uvloop.Loop (or a subclass) whose create_task is ours."""
     cls = _uvloop_class()
-    return cls is not None and isinstance(loop, cls) and _uvloop_hook(type(loop)) is not None
+    return (cls is not None and isinstance(loop, cls)
+            and getattr(getattr(type(loop), "create_task", None), "_instrument_create_task", False))
 
 
 def _loop_in_use():
