@@ -160,7 +160,8 @@ def main(argv=None) -> int:
         la = (la + os.getloadavg()[0]) / 2
         out["runs"][str(us)] = {"cpu_ns_per_step": res, "wall_ns_per_step": wall, "loadavg": la}
         base = res["uninstrumented"]
-        print(f"\n{a.loop}: {us:g} µs of work per step, {a.tasks} tasks x {a.steps} steps, {a.nested} nested stage(s), median "
+        print(f"\n{a.loop}: {us:g} µs of work per step, {a.tasks} tasks x {a.steps} steps, {a.nested} nested "
+              f"stage(s), median "
               f"of {a.rounds} rounds, load average {la:.2f} (CPU ns of the loop thread per step; wall in brackets)")
         print(f"{'configuration':40} {'ns/step':>9} {'+ns/switch':>10} {'steps/CPU-s':>12} {'(wall ns)':>10}")
         for k, v in res.items():

@@ -289,7 +289,9 @@ static PyObject *Stepped_throw(Stepped *self, PyObject *args) {
     return res;
 }
 
-static PyObject *Stepped_close(Stepped *self, PyObject *unused) { return PyObject_CallMethod(self->coro, "close", NULL); }
+static PyObject *Stepped_close(Stepped *self, PyObject *unused) {
+    return PyObject_CallMethod(self->coro, "close", NULL);
+}
 
 static PyObject *Stepped_await(Stepped *self) { Py_INCREF(self); return (PyObject *)self; }
 

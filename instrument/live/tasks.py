@@ -43,7 +43,8 @@ MECHANISM = ("step hook: asyncio.events.Handle._run, BaseEventLoop._run_once and
 MECHANISM_UVLOOP = ("coroutine wrapper: each task's coroutine, wrapped at uvloop.Loop.create_task, times its own "
                     "steps (no loop-ready split)")
 FALLBACK = ("calls that overlap other tasks on their thread where no hook sees the switch (tasks made on uvloop before "
-            "instrument was imported, other loops, a context entered by hand) keep their wall time; their CPU time and counters are left out (cpu_ns.overlapped_calls)")
+            "instrument was imported, other loops, a context entered by hand) keep their wall time; their CPU time and "
+            "counters are left out (cpu_ns.overlapped_calls)")
 
 _backend = None          # the backend module whose runners are installed, or None
 _wanted = None           # the backend to install once asyncio is imported
