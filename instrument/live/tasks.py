@@ -87,32 +87,39 @@ def apply(enabled: bool, backend) -> None:
     if not enabled or not hasattr(backend, "step_runner"):
         _wanted = None
         importwatch.forget("asyncio")
-        importwatch.forget("uvloop")
         uninstall()
         _reason = ("the task_attribution option is off" if not enabled else
                    "the pure-Python fallback has no task clock; the C extension has one")
         return
     _wanted = backend
-    if "uvloop" in sys.modules:
-        _install_uvloop(backend)
-    else:
-        importwatch.when_imported("uvloop", _on_uvloop)
     if _targets() is None:
         _reason = "asyncio not imported yet"
         importwatch.when_imported("asyncio", _on_asyncio)
         return
     importwatch.forget("asyncio")
     _install(backend)
+    _watch_loop_classes()
+    _install_uvloop(backend, _uvloop_class())
 
 
 def _on_asyncio() -> None:
     if _wanted is not None:
         _install(_wanted)
+        _watch_loop_classes()
 
 
-def _on_uvloop() -> None:
-    if _wanted is not None:
-        _install_uvloop(_wanted)
+def _loop_class_made(cls, **kwargs):
+    """asyncio.AbstractEventLoop.__init_subclass__ while attribution is on: uvloop's Loop, defined when uvloop is
+    imported (which imports asyncio first), is hooked as it is made; no import watcher is left waiting for it."""
+    if _wanted is not None and cls.__module__ == "uvloop" and cls.__name__ == "Loop":
+        _install_uvloop(_wanted, cls)
+    super(sys.modules["asyncio.events"].AbstractEventLoop, cls).__init_subclass__(**kwargs)
+
+
+def _watch_loop_classes() -> None:
+    base = sys.modules["asyncio.events"].AbstractEventLoop
+    if "__init_subclass__" not in base.__dict__:
+        base.__init_subclass__ = classmethod(_loop_class_made)
 
 
 def _uvloop_class():
@@ -127,11 +134,10 @@ def _uvloop_hook(loop_cls):
     return m if getattr(m, "_instrument_create_task", False) else None
 
 
-def _install_uvloop(backend) -> None:
+def _install_uvloop(backend, cls) -> None:
     """uvloop runs task steps in its own C code, past any Handle stand-in: every coroutine a uvloop.Loop makes a
     task of is wrapped so that its steps time themselves (a user's task factory gets the wrapped coroutine)."""
     global _uvloop_reason
-    cls = _uvloop_class()
     if cls is None or not hasattr(backend, "stepped"):
         return
     cur = cls.__dict__.get("create_task")
@@ -188,6 +194,10 @@ def uninstall() -> None:
     cls = _uvloop_class()
     if _uvloop_hook(cls) is not None:
         del cls.create_task
+    ev = sys.modules.get("asyncio.events")
+    init = ev.AbstractEventLoop.__dict__.get("__init_subclass__") if ev is not None else None
+    if getattr(init, "__func__", None) is _loop_class_made:
+        del ev.AbstractEventLoop.__init_subclass__
     targets = _targets()
     if targets is not None:
         for owner, name, _ in _hooked(*targets):
