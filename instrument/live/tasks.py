@@ -19,6 +19,8 @@ uvloop runs task steps in its own C code, past `Handle._run`: every coroutine a
 `uvloop.Loop` makes a task of is wrapped (`stepped`, at `uvloop.Loop.create_task`,
 before any task factory) so that its own send/throw is the step, timed with the
 same primitives; on asyncio's loops the wrapper finds its step timed already.
+The stand-in is put on `uvloop.Loop` as uvloop defines the class (a passing
+`AbstractEventLoop.__init_subclass__`), or at once where uvloop is imported.
 
 Not covered, and marked rather than summed (`cpu_ns.overlapped_calls`): loops
 that do neither (tasks made on uvloop before import, other loops), the first step
