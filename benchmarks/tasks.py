@@ -2,6 +2,7 @@
 
     python benchmarks/tasks.py [--rounds 21] [--tasks 50] [--steps 100] [--work-us 0,10,50] [--json out.json]
     python benchmarks/tasks.py --nested 3 --tasks 10000 --steps 1 --work-us 0 --rounds 11
+    python benchmarks/tasks.py --loop uvloop ...     (the same on uvloop: the coroutine wrapper's cost)
 
 With `--nested N`, each task opens N nested stages around its steps (the many-tasks workload: 10,000 tasks, 3
 stages, one `await asyncio.sleep(0)` each).  The load average is printed beside every figure.
@@ -70,6 +71,10 @@ def _cpu_ns(f) -> int:
     return time.thread_time_ns() - t0
 
 
+LOOPS = {"asyncio": lambda: asyncio.new_event_loop(), "uvloop": lambda: __import__("uvloop").new_event_loop()}
+_loop = "asyncio"   # --loop
+
+
 def run_once(tasks: int, steps: int, work, nested: int = 1) -> tuple:
     """(CPU ns, wall ns) per task step of one run of the workload."""
     stages = [instrument.stage(f"task{k}" if k else "task") for k in range(max(nested, 1))]
@@ -89,7 +94,7 @@ def run_once(tasks: int, steps: int, work, nested: int = 1) -> tuple:
     async def main():
         await asyncio.gather(*(task() for _ in range(tasks)))
 
-    loop = asyncio.new_event_loop()
+    loop = LOOPS[_loop]()
     try:
         gc.disable()
         c0, t0 = time.thread_time_ns(), time.perf_counter_ns()
@@ -139,19 +144,24 @@ def main(argv=None) -> int:
     ap.add_argument("--steps", type=int, default=100)
     ap.add_argument("--work-us", default="0,10,50", help="comma list of µs of work per step")
     ap.add_argument("--nested", type=int, default=1, help="stages each task opens, nested")
+    ap.add_argument("--loop", choices=sorted(LOOPS), default="asyncio")
     ap.add_argument("--json", default=None)
     a = ap.parse_args(argv)
+    global _loop
+    _loop = a.loop
     load0 = os.getloadavg()[0]
     out = {"machine": platform.platform(), "python": platform.python_version(), "cpus": os.cpu_count(),
-           "backend": live_backend.name, "tasks": a.tasks, "steps": a.steps, "rounds": a.rounds,
-           "mechanism": live_tasks.MECHANISM, "reads_per_step": reads_per_step(a.tasks, a.steps, a.nested), "runs": {}}
+           "backend": live_backend.name, "loop": a.loop, "tasks": a.tasks, "steps": a.steps, "rounds": a.rounds,
+           "mechanism": live_tasks.MECHANISM_UVLOOP if a.loop == "uvloop" else live_tasks.MECHANISM,
+           "reads_per_step": reads_per_step(a.tasks, a.steps, a.nested), "runs": {}}
     for us in (float(x) for x in a.work_us.split(",")):
         la = os.getloadavg()[0]
         res, wall = measure(a.rounds, a.tasks, a.steps, us, a.nested)
         la = (la + os.getloadavg()[0]) / 2
         out["runs"][str(us)] = {"cpu_ns_per_step": res, "wall_ns_per_step": wall, "loadavg": la}
         base = res["uninstrumented"]
-        print(f"\n{us:g} µs of work per step, {a.tasks} tasks x {a.steps} steps, {a.nested} nested stage(s), median "
+        print(f"\n{a.loop}: {us:g} µs of work per step, {a.tasks} tasks x {a.steps} steps, {a.nested} nested "
+              f"stage(s), median "
               f"of {a.rounds} rounds, load average {la:.2f} (CPU ns of the loop thread per step; wall in brackets)")
         print(f"{'configuration':40} {'ns/step':>9} {'+ns/switch':>10} {'steps/CPU-s':>12} {'(wall ns)':>10}")
         for k, v in res.items():

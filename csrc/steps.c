@@ -84,6 +84,54 @@ static int64_t switch_out(ThreadState *ts, TaskThread *tt, PyObject *ctx, Stack 
     return t1;
 }
 
+/* What a step saves of the one it runs inside (a step inside a step: the running one pauses). */
+typedef struct {
+    PyObject *ctx, *prev, *prev_step_ctx, *prev_handle;
+    Stack *outer, *prev_outer;
+    int64_t prev_t0;
+    int32_t prev_seg;
+} StepSave;
+
+/* A step of ctx begins (called in the context around it): ctx's stack switches in, the loop's record starts. */
+static void step_begin(ThreadState *ts, TaskThread *tt, PyObject *ctx, PyObject *handle, StepSave *sv) {
+    g_task_steps++;
+    int32_t node;
+    int64_t t0 = g_open_frames > 0 ? now_ns() : 0;
+    sv->ctx = ctx;
+    sv->prev_seg = tt->seg_node;
+    if (tt->step_t0 && t0) step_segment(tt, t0, 0);   /* a step inside a step: the running one pauses */
+    switch_in(ts, tt, ctx, &sv->outer, &node);
+    Py_XINCREF(sv->outer);
+    sv->prev = tt->ctx, sv->prev_step_ctx = tt->step_ctx, sv->prev_handle = tt->step_handle;
+    sv->prev_outer = tt->step_outer;
+    sv->prev_t0 = tt->step_t0;
+    tt->ctx = tt->step_ctx = ctx;
+    tt->step_outer = sv->outer;
+    tt->step_handle = handle;
+    tt->step_t0 = t0;
+    tt->seg_t0 = t0, tt->seg_node = node;
+    if (!tt->batch_t0) tt->batch_t0 = t0;
+}
+
+/* The step ends (called in the context around it, with the step's exception, if any, pending). */
+static void step_end(ThreadState *ts, StepSave *sv) {
+    PyObject *et, *ev, *tb;
+    TaskThread *tt;
+    PyErr_Fetch(&et, &ev, &tb);
+    if ((tt = ts->tasks)) {
+        int64_t t1 = switch_out(ts, tt, sv->ctx, sv->outer);
+        tt->ctx = sv->prev;
+        tt->step_ctx = sv->prev_step_ctx;
+        tt->step_outer = sv->prev_outer;
+        tt->step_handle = sv->prev_handle;
+        tt->step_t0 = sv->prev_t0;
+        tt->seg_t0 = t1 ? t1 : sv->prev_t0 ? now_ns() : 0;   /* the one paused goes on */
+        tt->seg_node = sv->prev_t0 ? sv->prev_seg : 0;
+    }
+    PyErr_Restore(et, ev, tb);
+    Py_XDECREF(sv->outer);
+}
+
 static PyObject *run_step(Runner *self, PyObject *const *args, size_t nargsf, PyObject *kwnames) {
     ThreadState *ts = ts_get();
     TaskThread *tt = ts ? tt_get(ts) : NULL;
@@ -93,37 +141,10 @@ static PyObject *run_step(Runner *self, PyObject *const *args, size_t nargsf, Py
         Py_XDECREF(ctx);
         return PyObject_Vectorcall(self->run, args, nargsf, kwnames);
     }
-    g_task_steps++;
-    Stack *outer;
-    int32_t node;
-    int64_t t0 = g_open_frames > 0 ? now_ns() : 0;
-    int32_t prev_seg = tt->seg_node;
-    if (tt->step_t0 && t0) step_segment(tt, t0, 0);   /* a step inside a step: the running one pauses */
-    switch_in(ts, tt, ctx, &outer, &node);
-    Py_XINCREF(outer);
-    PyObject *prev = tt->ctx, *prev_step_ctx = tt->step_ctx, *prev_handle = tt->step_handle;
-    Stack *prev_outer = tt->step_outer;
-    int64_t prev_t0 = tt->step_t0;
-    tt->ctx = tt->step_ctx = ctx;
-    tt->step_outer = outer;
-    tt->step_handle = args[0];
-    tt->step_t0 = t0;
-    tt->seg_t0 = t0, tt->seg_node = node;
-    if (!tt->batch_t0) tt->batch_t0 = t0;
+    StepSave sv;
+    step_begin(ts, tt, ctx, args[0], &sv);
     PyObject *res = PyObject_Vectorcall(self->run, args, nargsf, kwnames);
-    PyObject *et, *ev, *tb;
-    PyErr_Fetch(&et, &ev, &tb);
-    if ((tt = ts->tasks)) {
-        int64_t t1 = switch_out(ts, tt, ctx, outer);
-        tt->ctx = prev;
-        tt->step_ctx = prev_step_ctx;
-        tt->step_outer = prev_outer;
-        tt->step_handle = prev_handle;
-        tt->step_t0 = prev_t0;
-        tt->seg_t0 = t1 ? t1 : prev_t0 ? now_ns() : 0, tt->seg_node = prev_t0 ? prev_seg : 0;   /* the one paused goes on */
-    }
-    PyErr_Restore(et, ev, tb);
-    Py_XDECREF(outer);
+    step_end(ts, &sv);
     Py_DECREF(ctx);
     return res;
 }
@@ -183,6 +204,161 @@ static PyObject *Runner_vectorcall(Runner *self, PyObject *const *args, size_t n
     }
     return res;
 }
+
+/* ---------------------------------------------------- the coroutine wrapper */
+
+#if PY_VERSION_HEX >= 0x030A0000   /* am_send: Python 3.10+ (on 3.9 uvloop stays unhooked, and is named) */
+
+/* Wraps a task's coroutine where no Handle stand-in sees its steps (uvloop runs them in its own C code): each
+ * send/throw is one step of the task, whose context is the current one; the step's bookkeeping runs in the
+ * context around it, as run_step's does. */
+typedef struct {
+    PyObject_HEAD
+    PyObject *coro;
+} Stepped;
+
+static PyTypeObject Stepped_Type;
+
+/* Before a send/throw: 1 when the step is timed (sv filled), 0 when it runs as it is (no context entered around
+ * it, or a Handle stand-in timed it already). */
+static int stepped_begin(ThreadState **pts, StepSave *sv) {
+    if (!g_enabled) return 0;
+    ThreadState *ts = ts_get();
+    TaskThread *tt = ts ? tt_get(ts) : NULL;
+    PyObject *ctx = PyThreadState_GET()->context;
+    if (!tt) PyErr_Clear();
+    if (!tt || !ctx || ctx == tt->step_ctx) return 0;
+    Py_INCREF(ctx);   /* leaving it drops the thread's reference */
+    if (PyContext_Exit(ctx) < 0) { PyErr_Clear(); Py_DECREF(ctx); return 0; }
+    step_begin(ts, tt, ctx, NULL, sv);
+    if (PyContext_Enter(ctx) < 0) PyErr_Clear();   /* cannot fail: it was just left */
+    *pts = ts;
+    return 1;
+}
+
+static void stepped_end(ThreadState *ts, StepSave *sv) {
+    PyObject *et, *ev, *tb, *ctx = sv->ctx;
+    PyErr_Fetch(&et, &ev, &tb);
+    int left = PyContext_Exit(ctx) == 0;
+    if (!left) PyErr_Clear();
+    step_end(ts, sv);
+    if (left && PyContext_Enter(ctx) < 0) PyErr_Clear();
+    Py_DECREF(ctx);
+    PyErr_Restore(et, ev, tb);
+}
+
+static PySendResult Stepped_am_send(Stepped *self, PyObject *arg, PyObject **result) {
+    ThreadState *ts = NULL;
+    StepSave sv;
+    int timed = stepped_begin(&ts, &sv);
+    PySendResult r = PyIter_Send(self->coro, arg, result);
+    if (timed) stepped_end(ts, &sv);
+    return r;
+}
+
+/* A send's outcome as a method returns it: the value yielded, or StopIteration carrying the value returned. */
+static PyObject *send_result(PySendResult r, PyObject *res) {
+    if (r != PYGEN_RETURN) return res;
+    if (res == Py_None) PyErr_SetNone(PyExc_StopIteration);
+    else {
+        PyObject *e = PyObject_CallOneArg(PyExc_StopIteration, res);
+        if (e) PyErr_SetObject(PyExc_StopIteration, e);
+        Py_XDECREF(e);
+    }
+    Py_DECREF(res);
+    return NULL;
+}
+
+static PyObject *Stepped_send(Stepped *self, PyObject *arg) {
+    PyObject *res = NULL;
+    PySendResult r = Stepped_am_send(self, arg, &res);
+    return send_result(r, res);
+}
+
+static PyObject *Stepped_iternext(Stepped *self) { return Stepped_send(self, Py_None); }
+
+static PyObject *Stepped_throw(Stepped *self, PyObject *args) {
+    ThreadState *ts = NULL;
+    StepSave sv;
+    PyObject *throw = PyObject_GetAttrString(self->coro, "throw");
+    if (!throw) return NULL;
+    int timed = stepped_begin(&ts, &sv);
+    PyObject *res = PyObject_Call(throw, args, NULL);
+    if (timed) stepped_end(ts, &sv);
+    Py_DECREF(throw);
+    return res;
+}
+
+static PyObject *Stepped_close(Stepped *self, PyObject *unused) {
+    return PyObject_CallMethod(self->coro, "close", NULL);
+}
+
+static PyObject *Stepped_await(Stepped *self) { Py_INCREF(self); return (PyObject *)self; }
+
+/* What the coroutine has (cr_frame, cr_code, __qualname__: asyncio's task repr and stacks) reads through. */
+static PyObject *Stepped_getattro(Stepped *self, PyObject *name) {
+    PyObject *v = PyObject_GenericGetAttr((PyObject *)self, name);
+    if (v || !PyErr_ExceptionMatches(PyExc_AttributeError)) return v;
+    PyErr_Clear();
+    return PyObject_GetAttr(self->coro, name);
+}
+
+static PyObject *Stepped_repr(Stepped *self) { return PyObject_Repr(self->coro); }
+static int Stepped_traverse(Stepped *self, visitproc visit, void *arg) { Py_VISIT(self->coro); return 0; }
+static int Stepped_clear(Stepped *self) { Py_CLEAR(self->coro); return 0; }
+static void Stepped_dealloc(Stepped *self) {
+    PyObject_GC_UnTrack(self);
+    Stepped_clear(self);
+    PyObject_GC_Del(self);
+}
+
+static PyMethodDef Stepped_methods[] = {
+    {"send", (PyCFunction)Stepped_send, METH_O, "one step of the task, timed as its own"},
+    {"throw", (PyCFunction)Stepped_throw, METH_VARARGS, "one step of the task, timed as its own"},
+    {"close", (PyCFunction)Stepped_close, METH_NOARGS, "closes the coroutine"},
+    {NULL}
+};
+
+static PyMemberDef Stepped_members[] = {
+    {"__wrapped__", T_OBJECT, offsetof(Stepped, coro), READONLY, "the task's coroutine"},
+    {NULL}
+};
+
+static PyAsyncMethods Stepped_async = {
+    .am_await = (unaryfunc)Stepped_await,
+    .am_send = (sendfunc)Stepped_am_send,
+};
+
+static PyTypeObject Stepped_Type = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "instrument._native._Stepped",
+    .tp_basicsize = sizeof(Stepped),
+    .tp_dealloc = (destructor)Stepped_dealloc,
+    .tp_repr = (reprfunc)Stepped_repr,
+    .tp_as_async = &Stepped_async,
+    .tp_getattro = (getattrofunc)Stepped_getattro,
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC,
+    .tp_traverse = (traverseproc)Stepped_traverse,
+    .tp_clear = (inquiry)Stepped_clear,
+    .tp_iter = PyObject_SelfIter,
+    .tp_iternext = (iternextfunc)Stepped_iternext,
+    .tp_methods = Stepped_methods,
+    .tp_members = Stepped_members,
+};
+
+/* stepped(coro): the coroutine wrapped so that each of its steps is timed as its task's; anything else as it is. */
+static PyObject *mod_stepped(PyObject *m, PyObject *coro) {
+    if (!PyCoro_CheckExact(coro)) { Py_INCREF(coro); return coro; }
+    Stepped *w = PyObject_GC_New(Stepped, &Stepped_Type);
+    if (!w) return NULL;
+    Py_INCREF(coro);
+    w->coro = coro;
+    PyObject_GC_Track(w);
+    return (PyObject *)w;
+}
+#endif
+
+/* ------------------------------------------------------------ the runners */
 
 static PyObject *Runner_get(PyObject *self, PyObject *obj, PyObject *type) {
     if (obj == NULL || obj == Py_None) { Py_INCREF(self); return self; }
@@ -254,11 +430,18 @@ static PyMethodDef task_methods[] = {
      "iteration_runner(BaseEventLoop._run_once) -> a stand-in that marks one loop iteration"},
     {"ready_runner", (PyCFunction)mod_ready_runner, METH_O,
      "ready_runner(BaseEventLoop._call_soon) -> a stand-in that marks when a suspended task is woken"},
+#if PY_VERSION_HEX >= 0x030A0000
+    {"stepped", (PyCFunction)mod_stepped, METH_O,
+     "stepped(coro) -> the coroutine wrapped so that each send/throw is timed as a step of its task"},
+#endif
     {NULL}
 };
 
 int steps_add_functions(PyObject *module) {
     if (PyType_Ready(&Runner_Type) < 0) return -1;
+#if PY_VERSION_HEX >= 0x030A0000
+    if (PyType_Ready(&Stepped_Type) < 0) return -1;
+#endif
     if (!(str_context = PyUnicode_InternFromString("_context"))) return -1;
     if (!(str_when = PyUnicode_InternFromString("_when"))) return -1;
     return PyModule_AddFunctions(module, task_methods);

@@ -2,7 +2,7 @@
 
 instrument.live.pure, the small pure-Python fallback, implements a declared subset: everything
 here but CounterGroup, the nvtx_* functions, the asyncio runners (step_runner, iteration_runner,
-ready_runner) and the _perf_mmap_* decoders.  It reads every call and reports exact sums in
+ready_runner, stepped) and the _perf_mmap_* decoders.  It reads every call and reports exact sums in
 the same rows (estimate rows with var 0 and reads equal to the calls read); configure() takes
 every option, and overhead_budget, exemplars, run_queue and helper_cpu change nothing there;
 calibrate() gives the same keys, saying what it does not measure.
@@ -171,6 +171,7 @@ def set_probe_hook(hook: Optional[Callable[[], int]], /) -> None: ...   # after 
 def step_runner(run: Callable[[Any], Any], /) -> Callable[[Any], Any]: ...
 def iteration_runner(run: Callable[[Any], Any], /) -> Callable[[Any], Any]: ...
 def ready_runner(call_soon: Callable[..., Any], /) -> Callable[..., Any]: ...   # stands in for BaseEventLoop._call_soon
+def stepped(coro: Any, /) -> Any: ...   # a task's coroutine whose send/throw time its steps (uvloop); Python 3.10+
 
 def nvtx_init(domain: str, /) -> None: ...
 def nvtx_domain() -> str: ...

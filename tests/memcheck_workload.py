@@ -80,6 +80,22 @@ loop.close()
 del loop
 import gc  # noqa: E402
 gc.collect()
+try:   # the coroutine wrapper on uvloop (csrc/steps.c): steps, cancelled and never-finishing tasks
+    import uvloop  # noqa: E402
+except ImportError:
+    uvloop = None
+if uvloop is not None:
+    async def main3():
+        with instrument.stage("uv"):
+            hs = [asyncio.ensure_future(hang()) for _ in range(3)]
+            ds = [asyncio.ensure_future(doomed()) for _ in range(3)]
+            await asyncio.gather(*(task(i) for i in range(10)))
+            for d in ds:
+                d.cancel()
+            await asyncio.gather(*ds, return_exceptions=True)
+            del hs
+    uvloop.run(main3())
+    gc.collect()
 instrument.configure(task_attribution=False)
 asyncio.run(main())
 instrument.configure(task_attribution=True)

@@ -59,6 +59,9 @@ def render(snaps: Sequence[Snapshot], sort: str = "tree", depth: Optional[int] =
     if overlapped:
         lines.append(f"{overlapped} calls overlapped other asyncio tasks on their thread with no task-switch hook: "
                      "their CPU time and counters are left out (n/a), never summed")
+        why = (snap.meta.get("tasks") or {}).get("reason")
+        if why:   # the loop or setting no hook reaches, and what to do about it
+            lines += textwrap.wrap(f"  why: {why}", width, subsequent_indent="    ")
     sampled = [s for s in rows if s.cpu_estimated or any(c.get("estimated") for c in s.counters.values())]
     if sampled:
         reads = sum(s.cpu_reads for s in sampled)

@@ -191,8 +191,8 @@ def format_text(d):
     if tk:
         lines.append("asyncio           %s" % (
             "CPU time and counters per task (%s; Python %s); %s" % (tk.get("mechanism"), tk.get("python"),
-                                                                    "uvloop and hand-entered contexts: overlapped calls marked")
-            if tk.get("installed") else
+                                                                    "hand-entered contexts: overlapped calls marked")
+            if tk.get("installed") and not tk.get("reason") else
             "overlapped calls marked, their CPU time and counters left out (%s)" % tk.get("reason")
             if tk.get("reason") != "asyncio not imported yet" else
             "CPU time and counters per task once asyncio is imported (%s; Python %s)" % (MECHANISM_SHORT, tk.get("python"))))
