@@ -180,6 +180,8 @@ def judge(s: StageStats, th: Mapping[str, float], process: Optional[Mapping[str,
     cpu_ratio = _cpu_per_wall(s, wall)
     if cpu_ratio is not None:
         ev["cpu_per_wall"] = round(cpu_ratio, 3)
+    if process:
+        ev.update({k: round(v, 3) for k, v in process.items()})
     gpu_share = None
     if s.gpu and s.gpu.get("total_ns") is not None and s.wall_total:
         gpu_share = s.gpu["total_ns"] / s.wall_total
@@ -209,8 +211,6 @@ def judge(s: StageStats, th: Mapping[str, float], process: Optional[Mapping[str,
         return out("instrument", f"{sdk:.0%} of its own time is instrument's reads at its child stages' boundaries "
                    f"({s.instrument_self / 1e6:.3g} ms): the code of its own took "
                    f"{shares.get('on_cpu', 0):.0%} on a CPU; its system time cannot be told from instrument's")
-    if process:
-        ev.update({k: round(v, 3) for k, v in process.items()})
     off = _off_cpu(s, shares, cpu_ratio, th, process or {}, out)
     if off is not None:
         return off
