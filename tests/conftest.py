@@ -113,6 +113,15 @@ def run_python(code, env=None, timeout=120, cwd=None):
     return subprocess.run([sys.executable, "-c", code], env=e, capture_output=True, text=True, timeout=timeout, cwd=cwd)
 
 
+def spin_ns(ns):
+    """Burn `ns` of this thread's CPU; returns the thread CPU time it measured itself."""
+    import time
+    t0 = time.thread_time_ns()
+    while time.thread_time_ns() - t0 < ns:
+        pass
+    return time.thread_time_ns() - t0
+
+
 HOG = "import os, sys; os.sched_setaffinity(0, {int(sys.argv[1])})\nwhile True: pass"
 
 

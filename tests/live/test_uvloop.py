@@ -10,16 +10,10 @@ import pytest
 
 import instrument
 from instrument.live import tasks as live_tasks
+from conftest import spin_ns
 
 uvloop = pytest.importorskip("uvloop")
 pytestmark = pytest.mark.native_only   # what only the C core records (conftest.py)
-
-
-def spin(ns):
-    t0 = time.thread_time_ns()
-    while time.thread_time_ns() - t0 < ns:
-        pass
-    return time.thread_time_ns() - t0
 
 
 def spinning_tasks(n):
@@ -28,10 +22,10 @@ def spinning_tasks(n):
 
     async def job(i):
         with instrument.stage(f"job{i}"):
-            c = spin(2_000_000)
+            c = spin_ns(2_000_000)
             with instrument.stage("wait"):
                 await asyncio.sleep(0.001)
-            c += spin(2_000_000)
+            c += spin_ns(2_000_000)
         truth[i] = c
 
     async def main():
@@ -115,7 +109,7 @@ def test_a_loop_no_hook_reaches_is_named_with_what_to_do(backend):
 
     async def job():
         with instrument.stage("job"):
-            spin(200_000)
+            spin_ns(200_000)
             await asyncio.sleep(0.001)
 
     async def main():
