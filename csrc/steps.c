@@ -247,9 +247,18 @@ static void stepped_end(ThreadState *ts, StepSave *sv) {
     PyErr_Restore(et, ev, tb);
 }
 
+/* Whether the wrapper lost its coroutine (cleared by the garbage collector): then an error, never a crash. */
+static int cleared(Stepped *self) {
+    if (self->coro) return 0;
+    PyErr_SetString(PyExc_RuntimeError, "instrument: this task's coroutine was already cleared");
+    return 1;
+}
+
 static PySendResult Stepped_am_send(Stepped *self, PyObject *arg, PyObject **result) {
     ThreadState *ts = NULL;
     StepSave sv;
+    *result = NULL;
+    if (cleared(self)) return PYGEN_ERROR;
     int timed = stepped_begin(&ts, &sv);
     PySendResult r = PyIter_Send(self->coro, arg, result);
     if (timed) stepped_end(ts, &sv);
@@ -280,6 +289,7 @@ static PyObject *Stepped_iternext(Stepped *self) { return Stepped_send(self, Py_
 static PyObject *Stepped_throw(Stepped *self, PyObject *args) {
     ThreadState *ts = NULL;
     StepSave sv;
+    if (cleared(self)) return NULL;
     PyObject *throw = PyObject_GetAttrString(self->coro, "throw");
     if (!throw) return NULL;
     int timed = stepped_begin(&ts, &sv);
@@ -290,6 +300,7 @@ static PyObject *Stepped_throw(Stepped *self, PyObject *args) {
 }
 
 static PyObject *Stepped_close(Stepped *self, PyObject *unused) {
+    if (!self->coro) Py_RETURN_NONE;   /* nothing left to close */
     return PyObject_CallMethod(self->coro, "close", NULL);
 }
 
@@ -298,7 +309,7 @@ static PyObject *Stepped_await(Stepped *self) { Py_INCREF(self); return (PyObjec
 /* What the coroutine has (cr_frame, cr_code, __qualname__: asyncio's task repr and stacks) reads through. */
 static PyObject *Stepped_getattro(Stepped *self, PyObject *name) {
     PyObject *v = PyObject_GenericGetAttr((PyObject *)self, name);
-    if (v || !PyErr_ExceptionMatches(PyExc_AttributeError)) return v;
+    if (v || !PyErr_ExceptionMatches(PyExc_AttributeError) || !self->coro) return v;
     PyErr_Clear();
     return PyObject_GetAttr(self->coro, name);
 }

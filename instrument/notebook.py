@@ -133,7 +133,13 @@ def load(ipython: Any, snapshot: Callable[[], Snapshot], stage: Callable[[str], 
             try:
                 a = parser.parse_args(shlex.split(line))
                 if a.name is not None and not a.name.isidentifier():
-                    raise ValueError(f"NAME must be a Python name, got {a.name!r}")
+                    raise ValueError(f"NAME (the variable the snapshot is kept in) must be a Python name, got "
+                                     f"{a.name!r}; --stage {a.name} names the stage")
+                held = self.shell.user_ns.get(a.name) if a.name is not None else None
+                if held is not None and not isinstance(held, Snapshot):
+                    raise ValueError(f"{a.name} already holds a {type(held).__name__}, which NAME (the variable the "
+                                     f"snapshot is kept in) would replace; pick another NAME, or --stage {a.name} "
+                                     "to name the stage")
                 if a.n < 1:
                     raise ValueError(f"-n (how many times to run the cell) must be 1 or more, got {a.n}")
                 recording = stage(a.stage)

@@ -41,7 +41,10 @@ def cells(tmp_path):
             (f"many.save({many!r})\nran", []),
             ("%%instrument more -n 6\nsum(range(100_000))", []),
             ("%instrument_diff many more", []),
-            ("%%instrument -n 0\npass", [FAILS])]
+            ("%%instrument -n 0\npass", [FAILS]),
+            ("model = 'kept'", []),                                            # 20
+            ("%%instrument model\npass", [FAILS]),                            # 21: would replace a user's variable
+            ("model", [])]
 
 
 def run_notebook(tmp_path, monkeypatch, sources):
@@ -145,6 +148,11 @@ def test_magics_and_inline_reports_in_a_real_kernel(tmp_path, monkeypatch, chrom
     assert "UsageError: %%instrument: -n (how many times to run the cell) must be 1 or more, got 0" in \
         "".join(o["text"] for o in outputs(c[19], "stream") + outputs(c[19], "error")) + \
         " ".join(str(o.get("evalue")) for o in outputs(c[19], "error"))
+    # NAME never replaces a variable of the user's that is not a snapshot: it says so, and names --stage
+    said = "".join(o["text"] for o in outputs(c[21], "stream")) + " ".join(str(o.get("evalue")) for o in
+                                                                         outputs(c[21], "error"))
+    assert "model already holds a str" in said and "--stage model" in said, said
+    assert outputs(c[22], "execute_result")[0]["data"]["text/plain"] == "'kept'"
 
 
 def test_a_snapshot_shows_inline_as_one_sandboxed_frame_whatever_its_names():

@@ -189,5 +189,3 @@ def compare(before: Snapshot, after: Snapshot, reference: Optional[Tuple[StageSt
         return Comparison(b, a, True, f"the machines differed: {text}: wall-time changes are not evidence", speed,
                           common)
     return Comparison(b, a, False, f"the machines were alike: {text}", speed, common)
-
-

@@ -29,7 +29,6 @@ from ..snapshot import EXEMPLAR_SPLIT, Snapshot, StageStats
 Path = Tuple[str, ...]
 PARTS = ("on_cpu", "runqueue", "blocked", "awaiting", "loop_ready", "unknown")   # a kept call's self time, in parts
 PART_TEXT = {"on_cpu": "on a CPU", "runqueue": "waiting for a CPU (run queue)", "blocked": "blocked (I/O, locks, sleep)",
-             "instrument": "instrument's own reads",
              "awaiting": "awaiting", "loop_ready": "waiting for the event loop",
              "unknown": "off the CPU part of the time, in calls left unread (run queue or blocked)"}
 

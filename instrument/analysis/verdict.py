@@ -284,9 +284,15 @@ def process_evidence(snap: Snapshot) -> Dict[str, float]:
     instrument's) per wall second (`stage_cpu_cores`), and the outermost stages' wall time per wall second (the
     threads or tasks inside stages at once, on average: `stage_threads`).  Of a merge, per second that one of its
     processes (or windows) recorded."""
-    span = snap.meta.get("duration_ns") or 0
-    if snap.meta.get("merged_from"):   # a merge: per process (or window), the time each recorded, summed
-        span = sum(max((x.get("end_time") or 0) - (x.get("start_time") or 0), 0) for x in snap.meta["merged_from"]) * 1e9
+    meta = snap.meta
+    window = meta.get("window") or {}
+    span = meta.get("duration_ns") or 0
+    if window.get("duration_ns"):   # a window (since()): its own time, not the whole recording's
+        span = window["duration_ns"]
+    elif meta.get("merged_from"):   # a merge: per process (or window), the time each recorded, summed
+        span = sum(max((x.get("end_time") or 0) - (x.get("start_time") or 0), 0) for x in meta["merged_from"]) * 1e9
+    elif window.get("start_time") is not None and window.get("end_time") is not None:   # a window of a merge
+        span = max(window["end_time"] - window["start_time"], 0) * 1e9
     if span <= 0:
         return {}
     cpu = sum(_user_cpu(s) or 0 for s in snap.stages if s.calls)

@@ -434,7 +434,6 @@ def blind_text(d: Diff, target: float, limit: int = 3) -> Optional[str]:
     return "; ".join(said) + more + f", not {relative(target)}: {fix}"
 
 
-
 def judgement_text(r: DiffRow) -> str:
     """`slower beyond noise: CPU per call +23.5% (…)`, `within noise: …`, `untested: …`."""
     metric, sig = r.decision

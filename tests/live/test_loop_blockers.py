@@ -36,7 +36,7 @@ def assert_figures_hold(s, wall):
 
 
 def test_a_step_that_leaves_wait_and_spins_in_cpu_is_held_by_cpu(backend):
-    """The issue's workload: 20 tasks each sleep 1 ms in `wait`, then spin 2 ms in `cpu`, both in the step that the
+    """20 tasks each sleep 1 ms in `wait`, then spin 2 ms in `cpu`, both in the step that the
     sleep's end wakes.  The loop was held by `cpu`: for the spins' time while another task was ready, counted once,
     not once per waiting task; what it cost the waiting calls is summed over them and exceeds the run's wall time.
     A thread's stage (a sleeper beside the loop) is never a blocker: only the loop's thread has them."""
