@@ -451,6 +451,14 @@ def _hold(stages: List[StageStats]) -> List[StageStats]:
                         fields.update(cpu_total=sys_now + user, cpu_sys_total=sys_now)
                 elif h["cpu"] is not None and st.cpu_total < h["cpu"]:
                     fields["cpu_total"] = h["cpu"]
+            elif st.cpu_total is not None and st.cpu_sys_total is not None and h["cpu"] is not None \
+                    and h["sys"] is not None and st.cpu_total >= h["cpu"]:
+                # every call read: CPU time is an exact sum and stays; a call's system time from rusage may pass its
+                # CPU time (the kernel's tick-sampled split), so user and system time are each kept from going down
+                user = max(st.cpu_total - st.cpu_sys_total, h["cpu"] - h["sys"])
+                sys_now = max(st.cpu_total - user, h["sys"])
+                if sys_now != st.cpu_sys_total:
+                    fields["cpu_sys_total"] = sys_now
             h["cpu"] = fields.get("cpu_total", st.cpu_total)
             h["sys"] = fields.get("cpu_sys_total", st.cpu_sys_total)
             ctr = {}
