@@ -18,20 +18,25 @@ pytestmark = pytest.mark.native_only   # what only the C core records (conftest.
 
 def spinning_tasks(n):
     """n tasks, each in its own stage, spinning 2 ms + 2 ms around an await; returns (main, what each measured)."""
-    truth = {}
+    truth, own = {}, {}
 
     async def job(i):
+        t0 = time.thread_time_ns()
         with instrument.stage(f"job{i}"):
             c = spin_ns(2_000_000)
             with instrument.stage("wait"):
+                t1 = time.thread_time_ns()
                 await asyncio.sleep(0.001)
+                t2 = time.thread_time_ns()
             c += spin_ns(2_000_000)
         truth[i] = c
+        own[i] = (t1 - t0) + (time.thread_time_ns() - t2)   # the task's own CPU in its two steps, stages' cost too
 
     async def main():
         await asyncio.gather(*(job(i) for i in range(n)))
         return instrument.snapshot()
 
+    main.own = own
     return main, truth
 
 
@@ -42,8 +47,10 @@ def test_under_uvloop_run_each_task_is_charged_its_own_spins(backend):
     for i, mine in truth.items():
         s, w = snap[f"job{i}"], snap[f"job{i}/wait"]
         assert s.calls == 1 and s.overlapped_calls == 0 and w.overlapped_calls == 0, (i, s.overlapped_calls)
-        # 13x its own spins if the other tasks' bursts during its await were charged to it
-        assert abs(s.cpu_total - mine) <= 0.10 * mine, (i, s.cpu_total, mine)
+        # 13x its own spins if the other tasks' bursts during its await were charged to it; within 10 % of them on
+        # a quiet machine, and never more than the task's own CPU in its steps (measured around them) and 10 %
+        mine_all = main.own[i]
+        assert 0.9 * mine <= s.cpu_total <= max(mine, mine_all) + 0.10 * mine, (i, s.cpu_total, mine, mine_all)
         assert w.cpu_total < 0.10 * mine, (i, w.cpu_total, mine)
     tasks = snap.meta["tasks"]
     assert tasks["attribution"] == "per task" and tasks["mechanism"] == live_tasks.MECHANISM_UVLOOP, tasks
