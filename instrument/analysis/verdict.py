@@ -143,8 +143,9 @@ def _evidence(s: StageStats, wall: int, shares: Mapping[str, float]) -> Dict[str
 
 
 def _user_cpu(s: StageStats) -> Optional[float]:
-    """The stage's own CPU time less instrument's (the reads at its children's boundaries)."""
-    return None if s.cpu_self is None else max(s.cpu_self - s.instrument_self, 0)
+    """The stage's own CPU time less instrument's (the reads at its children's boundaries): its split's on_cpu."""
+    on = s.split_part("on_cpu", True)
+    return None if on is None else max(on, 0)
 
 
 def _user_sys_share(s: StageStats) -> Optional[float]:
@@ -167,7 +168,7 @@ def _cpu_per_wall(s: StageStats, wall: int) -> Optional[float]:
     cpu = _user_cpu(s)
     if cpu is None or not s.cpu_calls or not wall:
         return None
-    measured = (wall * s.cpu_calls / s.calls if s.calls else wall) - min(s.instrument_self, s.cpu_self or 0)
+    measured = (wall * s.cpu_calls / s.calls if s.calls else wall) - (s.split_part("instrument", True) or 0)
     return (cpu + s.helpers_beyond_noise()) / measured if measured > 0 else None
 
 

@@ -91,13 +91,12 @@ class StageStats:
         if h is not None and (h["total"] < 0 or h["self"] < 0):
             object.__setattr__(self, "helpers", {**h, "total": max(h["total"], 0.0), "self": max(h["self"], 0.0)})
 
-    def helpers_beyond_noise(self, self_: bool = True) -> float:
-        """Helper threads' CPU (self or total) where it is beyond its 99 % interval at 0, else 0."""
+    def helpers_beyond_noise(self) -> float:
+        """Helper threads' CPU in the stage's own time where it is beyond its 99 % interval at 0, else 0."""
         h = self.helpers
         if h is None:
             return 0.0
-        v, var = (h["self"], h["var_self"]) if self_ else (h["total"], h["var"])
-        return v if v - Z99 * math.sqrt(max(var, 0.0)) > 0 else 0.0
+        return h["self"] if h["self"] - Z99 * math.sqrt(max(h["var_self"], 0.0)) > 0 else 0.0
 
     @classmethod
     def empty(cls, path: Tuple[str, ...]) -> "StageStats":
