@@ -172,10 +172,12 @@ def test_demo_run_finds_the_win_and_its_summary_is_the_snapshots(model, one_torc
     stopped = summary["stopped"]
     assert calls == CHUNK * stopped["turns"] and MIN_TURNS <= stopped["turns"] <= 32 // CHUNK
     assert stopped["decided"] == summary["diff"]["decided"] == decided(d)
-    assert stopped["undecided"] == undecided(d) and all(d.row(p.split()[0]).judgement in p for p in undecided(d))
+    assert stopped["undecided"] == undecided(d)
+    assert all(d.row(p.split()[0]).judgement_of(("cpu", "wall")) in p for p in undecided(d))
     assert stopped["why"] == ("decided" if decided(d) else "requests")
     assert ("stopped when the diff was decided" if decided(d) else "stopped at --requests") in summary["lines"][0]
-    assert summary["diff"]["significant"] == d.significant and d.row("request").judgement == "faster"
+    # the request's time is faster beyond noise (its page faults may move either way: the heap's layout)
+    assert summary["diff"]["significant"] == d.significant and d.row("request").judgement_of(("cpu", "wall")) == "faster"
     # the advice's first stage is the one whose self time per call falls most
     from instrument.analysis.advice import advise
     first = advise(base)[0]

@@ -98,7 +98,11 @@ class DiffRow:
     @property
     def judgement(self) -> str:
         """slower, faster, mixed (some figures more, some less), within noise, or untested."""
-        judged = self.judged
+        return self.judgement_of()
+
+    def judgement_of(self, figures: Optional[Tuple[str, ...]] = None) -> str:
+        """The judgement of the stage by the given figures only (e.g. ("cpu", "wall"): its time), else by all."""
+        judged = [(k, t) for k, t in self.judged if figures is None or k in figures]
         if not judged:
             return "untested"
         ways = {t.direction for _, t in judged} - {0}

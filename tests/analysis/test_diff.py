@@ -39,6 +39,9 @@ def test_headline_from_the_top_stage_judged_on_load_free_figures_first():
     assert d.stage == ("request",) and d.change == pytest.approx(-0.276) and d.change_of == "mean"
     r = d.row("request")
     assert r.decision[0] == "instructions" and r.judgement == "faster"
+    # judged by some figures only: its time is within noise, a figure it does not have is untested
+    assert r.judgement_of(("cpu", "wall")) == "within noise" and r.judgement_of(("instructions",)) == "faster"
+    assert r.judgement_of(("page-faults",)) == "untested"
     cpu = r.tests["cpu"]
     assert cpu.estimate == pytest.approx(-0.25) and not cpu.significant and cpu.interval[1] > -0.03
 
