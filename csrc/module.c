@@ -9,6 +9,7 @@
 
 #include "enter_exit.h"
 #include "exemplars.h"
+#include "gil.h"
 #include "hist.h"
 #include "items.h"
 #include "nodes.h"
@@ -91,6 +92,14 @@ static int opt_cpu_split(PyObject *v, int apply) { return set_flag(v, apply, &g_
 static int opt_run_queue(PyObject *v, int apply) { return set_flag(v, apply, &g_run_queue, "run_queue"); }
 static int opt_helper_cpu(PyObject *v, int apply) { return set_flag(v, apply, &g_helper_cpu, "helper_cpu"); }
 
+/* The GIL sampler (gil.h): learning where the GIL lies happens on the first configure that turns it on. */
+static int opt_gil_wait(PyObject *v, int apply) {
+    int on;
+    if (set_flag(v, 1, &on, "gil_wait") < 0) return -1;
+    if (apply) gil_enable(on, 0);
+    return 0;
+}
+
 static int opt_nvtx(PyObject *v, int apply) {
     int on;
     if (set_flag(v, 1, &on, "nvtx") < 0) return -1;
@@ -136,6 +145,7 @@ static const struct { const char *name; OptionSet set; } OPTIONS[] = {
     {"enabled", opt_enabled}, {"cpu_clock", opt_cpu_clock}, {"cpu_split", opt_cpu_split}, {"nvtx", opt_nvtx},
     {"max_stages", opt_max_stages}, {"trace_events", opt_trace_events}, {"exemplars", opt_exemplars},
     {"overhead_budget", opt_overhead_budget}, {"run_queue", opt_run_queue}, {"helper_cpu", opt_helper_cpu},
+    {"gil_wait", opt_gil_wait},
 };
 #define N_OPTIONS ((int)(sizeof(OPTIONS) / sizeof(OPTIONS[0])))
 
@@ -170,13 +180,16 @@ static PyObject *mod_configure(PyObject *m, PyObject *args, PyObject *kw) {
 
 /* configuration(): the hot-path options in force, as configure() takes them. */
 static PyObject *mod_configuration(PyObject *m, PyObject *unused) {
-    return Py_BuildValue("{s:O,s:O,s:O,s:O,s:i,s:n,s:i,s:N,s:O,s:O}", "enabled", g_enabled ? Py_True : Py_False,
+    return Py_BuildValue("{s:O,s:O,s:O,s:O,s:i,s:n,s:i,s:N,s:O,s:O,s:O}", "enabled", g_enabled ? Py_True : Py_False,
                          "cpu_clock", g_cpu_clock ? Py_True : Py_False, "cpu_split", g_cpu_split ? Py_True : Py_False,
                          "nvtx", g_nvtx ? Py_True : Py_False, "max_stages", (int)g_max_nodes,
                          "trace_events", (Py_ssize_t)g_ring_cap, "exemplars", (int)g_exemplar_k, "overhead_budget",
                          g_budget > 0 ? PyFloat_FromDouble(g_budget) : Py_NewRef(Py_None),
-                         "run_queue", g_run_queue ? Py_True : Py_False, "helper_cpu", g_helper_cpu ? Py_True : Py_False);
+                         "run_queue", g_run_queue ? Py_True : Py_False, "helper_cpu", g_helper_cpu ? Py_True : Py_False,
+                         "gil_wait", g_gil ? Py_True : Py_False);
 }
+
+static PyObject *mod_gil_status(PyObject *m, PyObject *unused) { return gil_status(); }
 
 static void forget_counters(StatsArray *a) {
     for (int32_t i = 0; i < a->n; i++) {
@@ -297,7 +310,8 @@ static PyObject *counters_to_list(const NodeStats *s) {
 }
 
 static PyObject *estimates(const NodeStats *s) {
-    static const char *names[Q_SCALARS] = {"cpu", "sys", "vcsw", "ivcsw", "runqueue", "helpers"};
+    static const char *names[Q_SCALARS] = {"cpu", "sys", "vcsw", "ivcsw", "runqueue", "helpers", "off_samples",
+                                           "gil_samples"};
     PyObject *d = PyDict_New();
     for (int q = 0; d && q < Q_SCALARS; q++) {
         PyObject *e = estimate_row(s, q);
@@ -494,6 +508,7 @@ static PyMethodDef native_methods[] = {
     {"configure", (PyCFunction)(void (*)(void))mod_configure, METH_VARARGS | METH_KEYWORDS,
      "configure(**options): the hot-path options (those config.py marks hot)"},
     {"configuration", (PyCFunction)mod_configuration, METH_NOARGS, "the hot-path options in force"},
+    {"gil_status", (PyCFunction)mod_gil_status, METH_NOARGS, "the GIL sampler: mechanism, period, its own CPU time"},
     {"calibrate", (PyCFunction)mod_calibrate, METH_VARARGS, NULL},
     {"set_counters", (PyCFunction)mod_set_counters, METH_VARARGS, "set_counters(events, exclude_kernel, taskclock_index)"},
     {"set_hooks", (PyCFunction)mod_set_hooks, METH_VARARGS, "set_hooks(enter, exit): called around every stage; None, None clears"},

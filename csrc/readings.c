@@ -9,6 +9,8 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "gil.h"
+
 #define HELPERS_MAX 32           /* beyond this many helper threads, their CPU is not read (too costly) */
 #define HELPERS_RESCAN_NS 100000000   /* the thread list is looked at again when its count changes, or every 100 ms */
 #define HELPERS_BASE ((int64_t)1 << 50)   /* only deltas count: a base keeps a reading positive (-1 means unread) */
@@ -43,7 +45,7 @@ static int64_t g_helpers_gone = 0, g_helpers_scanned = 0;   /* CPU of helpers no
 static int runs_stages(long tid) {
     for (ThreadState *t = g_threads; t; t = t->next)
         if ((long)t->native_id == tid) return 1;
-    return 0;
+    return tid == gil_sampler_tid();   /* the GIL sampler: its cost is the SDK's own */
 }
 
 /* The helper threads now: the process's threads that run no stage.  One that left the list (ended, or now runs
@@ -99,6 +101,13 @@ int64_t helpers_cpu(ThreadState *ts) {
     return HELPERS_BASE + sum;
 }
 
+/* The GIL sampler's counts of this thread (its slot made on first use, again after a fork). */
+static void read_gil(ThreadState *ts, Reading *r) {
+    if (ts->gil && !gil_read(ts->gil, &r->q[Q_OFF], &r->q[Q_GIL])) gil_slot_free(ts->gil), ts->gil = NULL;
+    if (!ts->gil && !(ts->gil = gil_slot_new())) return;
+    gil_read(ts->gil, &r->q[Q_OFF], &r->q[Q_GIL]);
+}
+
 static void read_rusage(Reading *r) {
     struct rusage u;
     if (getrusage(RUSAGE_THREAD, &u) != 0) return;
@@ -131,6 +140,7 @@ static void read_edge(ThreadState *ts, Reading *r, int exit, int cpu) {
         if (exit) r->t = r->tq = now_ns();
         if (exit && cpu) read_cpu(ts, r);
         if (g_run_queue) r->q[Q_RQ] = sched_run_delay(ts);
+        if (g_gil) read_gil(ts, r);
         if (!exit && cpu) read_cpu(ts, r);
         if (!exit) r->t = r->tq = now_ns();
         if (ts_switches(ts) == sw) return;

@@ -64,8 +64,9 @@ static Fit fit(const Sums *m, int per_call) {
 
 /* Whether quantity q of calls that left the CPU is predicted per call: their running time holds their time off
  * the CPU (a preempted call of 80 µs of work can run 4 ms), which says nothing of their own work (CPU time, system
- * time, counters); their run-queue time and the helper threads' CPU meanwhile grow with it. */
-static int per_call(int q, int switched) { return switched && q != Q_RQ && q != Q_HELPERS; }
+ * time, counters); their run-queue time, the helper threads' CPU and
+ * the GIL sampler's samples meanwhile grow with it. */
+static int per_call(int q, int switched) { return switched && q != Q_RQ && q != Q_HELPERS && q != Q_OFF && q != Q_GIL; }
 
 /* The fit a call of stratum b is predicted by: its stratum's, or all strata's where its stratum has no read. */
 static Fit fit_for(const Cell *c, int q, int b) {

@@ -22,6 +22,8 @@ enum {
     Q_IVCSW,      /* involuntary ones: the thread was preempted */
     Q_RQ,         /* time ready in the run queue, waiting for a CPU: /proc/thread-self/schedstat */
     Q_HELPERS,    /* CPU time of the process's threads that run no stage (torch/OpenMP pools, ...) */
+    Q_OFF,        /* the GIL sampler's samples that found the thread blocked (gil.h) */
+    Q_GIL,        /* of them, those that found it waiting for the GIL */
     Q_SCALARS,
     Q_CTR = Q_SCALARS,
     Q_MAX = Q_CTR + PERF_MAX_EVENTS

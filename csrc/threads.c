@@ -5,6 +5,7 @@
 #include <stdlib.h>
 #include <unistd.h>
 
+#include "gil.h"
 #include "taskclock.h"   /* TaskThread, freed here (plain memory, no call into it) */
 
 ThreadState *g_threads = NULL;
@@ -29,6 +30,7 @@ static void ThreadState_dealloc(ThreadState *ts) {
     if (ts->clk_state == 1) perf_clock_close(&ts->clk);
     perf_clock_close(&ts->sw);
     if (ts->sched_fd >= 0) close(ts->sched_fd);
+    gil_slot_free(ts->gil);
     g_n_threads--;
     g_threads_gen++;
     if (ts->prev) ts->prev->next = ts->next; else if (g_threads == ts) g_threads = ts->next;
@@ -65,6 +67,7 @@ ThreadState *ts_create(void) {
     if (perf_switch_open(&ts->sw) < 0) ts->sw.page = NULL;
     ts->tasks = NULL;
     ts->sched_fd = -1;
+    ts->gil = NULL;
     if (pthread_getcpuclockid(pthread_self(), &ts->cpu_clock_id) != 0) ts->cpu_clock_id = CLOCK_THREAD_CPUTIME_ID;
     static uint64_t next_serial = 0;
     ts->serial = ++next_serial;

@@ -18,6 +18,7 @@ typedef struct ThreadState {
     perf_clock sw;               /* whether the thread left the CPU (perf_switch_seq); page NULL: unavailable */
     int sched_fd;                /* /proc/thread-self/schedstat of this thread; -1 not open, -2 unavailable */
     clockid_t cpu_clock_id;      /* this thread's CPU clock, readable from other threads (collect) */
+    struct GilSlot *gil;         /* the GIL sampler's slot of this thread (gil.h); NULL: not sampled (yet) */
     struct TaskThread *tasks;    /* asyncio attribution (taskclock.c), allocated on first use */
     struct ThreadState *prev, *next;
 } ThreadState;

@@ -189,6 +189,9 @@ OPTIONS: Tuple[Option, ...] = (
     Option("helper_cpu", "INSTRUMENT_HELPER_CPU", True, _bool,
            "read the CPU time of the process's threads that run no stage (torch/OpenMP intra-op pools, tokenizer "
            "pools) with the CPU time: parallel compute shows as CPU, not as waiting", hot=True),
+    Option("gil_wait", "INSTRUMENT_GIL_WAIT", True, _bool,
+           "sample which stage threads wait for the GIL (a native thread reads their /proc syscall files, within "
+           "0.5 % of one core): a stage's blocked time split into GIL wait and the rest", hot=True),
     Option("task_attribution", "INSTRUMENT_TASK_ATTRIBUTION", True, _bool,
            "charge CPU time and counters inside asyncio tasks to each task's own stages (a hook on asyncio's task "
            "steps); off: a call that overlaps other tasks on its thread keeps its wall time, its CPU time and counters "

@@ -233,10 +233,10 @@ def test_the_parts_of_the_wall_split_add_up_to_the_wall_time(backend):
     assert {tuple(s["path"]) for s in stages} >= {("request", "io"), ("handler",)}
     for s in stages:
         split = s["wall_split_ns"]
-        assert set(split) <= {"on_cpu", "runqueue", "blocked", "instrument", "awaiting", "loop_ready", "unknown"}
+        assert set(split) <= {"on_cpu", "runqueue", "blocked", "gil", "instrument", "awaiting", "loop_ready", "unknown"}
         for k in ("total", "self"):
             assert sum(p[k] for p in split.values()) == pytest.approx(s["wall_ns"][k], rel=1e-9, abs=2), (s, k)
-        covered = sum(split[p]["total"] for p in ("on_cpu", "runqueue", "blocked", "instrument") if p in split)
+        covered = sum(split[p]["total"] for p in ("on_cpu", "runqueue", "blocked", "gil", "instrument") if p in split)
         assert s["covered_running_ns"]["total"] == pytest.approx(covered, rel=1e-9, abs=2)
 
 

@@ -488,13 +488,17 @@ def _not_evidence(b: StageStats, a: StageStats, machine: _machine.Comparison) ->
     this stage's wait for a CPU) differed, only the wall time of a stage off the CPU most of its time (sleeping,
     waiting for I/O, a lock, a device: what CPU time does not see) is evidence, and only where the machine explains
     less than half of its change per call: the change of its time waiting for a CPU, and the machine's change of
-    speed on its CPU time."""
+    speed on its CPU time.  A change of its wait for the GIL is one of waiting too (other threads' Python), not of
+    its own code: it is explained like the wait for a CPU."""
     wb, wa = _machine.waiting(b), _machine.waiting(a)
     own = wb is not None and wa is not None and abs(wa - wb) > _machine.WAITING_POINTS
-    if not machine.differed and not own:
+    gb, ga = _gil_waiting(b), _gil_waiting(a)
+    gil = gb is not None and ga is not None and abs(ga - gb) > _machine.WAITING_POINTS
+    if not machine.differed and not own and not gil:
         return None
     why = "the machines differed" if machine.differed else \
-        f"it waited for a CPU {100 * wb:.0f} % → {100 * wa:.0f} % of its running time"
+        f"it waited for a CPU {100 * wb:.0f} % → {100 * wa:.0f} % of its running time" if own else \
+        f"it waited for the GIL {100 * gb:.0f} % → {100 * ga:.0f} % of its running time"
     if b.runqueue is None or a.runqueue is None:
         return why                         # the machine's part cannot be told: none of the change is evidence
     busy = max(((s.cpu_total or 0) + s.runqueue["total"]) / s.covered_run if s.covered_run else 1.0 for s in (b, a))
@@ -502,12 +506,20 @@ def _not_evidence(b: StageStats, a: StageStats, machine: _machine.Comparison) ->
         return f"{why}; on a CPU or waiting for one {100 * min(busy, 1):.0f} % of its time: CPU time judges it"
     change = a.wall_mean - b.wall_mean
     waiting = _mean(a.runqueue["total"], a.cpu_calls) - _mean(b.runqueue["total"], b.cpu_calls)
+    gil_wait = (_mean(a.split_part("gil"), a.cpu_calls) or 0.0) - (_mean(b.split_part("gil"), b.cpu_calls) or 0.0)
     speed = (machine.speed_change or 0.0) * (_mean(b.cpu_total, b.cpu_calls) or 0.0)
-    explained = waiting + speed
+    explained = waiting + gil_wait + speed
     if abs(change - explained) > abs(explained):
         return None
-    return f"{why}; waiting for a CPU {_signed_us(waiting)} and the machine's speed {_signed_us(speed)} of its " \
-           f"{_signed_us(change)} per call"
+    return f"{why}; waiting for a CPU {_signed_us(waiting)}" + \
+        (f", for the GIL {_signed_us(gil_wait)}" if gb is not None and ga is not None else "") + \
+        f" and the machine's speed {_signed_us(speed)} of its {_signed_us(change)} per call"
+
+
+def _gil_waiting(s: StageStats) -> Optional[float]:
+    """Share of the stage's running time it spent waiting for the GIL; None where not measured."""
+    gil = s.split_part("gil")
+    return None if gil is None or not s.covered_run else min(1.0, gil / s.covered_run)
 
 
 def _signed_us(ns: float) -> str:

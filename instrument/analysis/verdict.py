@@ -20,9 +20,11 @@ their CPU is beyond its interval at 0: CPU/wall above 1 is parallel compute.
 - cpu-starved   ready but waiting for a CPU (run queue) for >= verdict_runqueue_share of its time, more than it was
                 blocked; where the run queue is not readable, off the CPU with more involuntary context switches
                 (preemptions) than voluntary ones
-- gil-bound     CPU / wall < verdict_wait_cpu, blocked >= a third of its time (more than in the run queue), giving
-                up the CPU, while several threads were inside stages at once and the process's stages kept a CPU
-                busy (process_evidence)
+- gil-bound     waiting to take the GIL (the split's measured "gil" part) >= a third of its time, and no less than
+                it queued for a CPU or was blocked otherwise; where the GIL wait is not measured (gil_wait off, the
+                pure-Python recorder): CPU / wall < verdict_wait_cpu, blocked >= a third of its time (more than in
+                the run queue), giving up the CPU, while several threads were inside stages at once and the
+                process's stages kept a CPU busy (process_evidence)
 - waiting       CPU / wall < verdict_wait_cpu otherwise: blocked (I/O, locks, sleep, the device)
 - kernel-bound  on the CPU with system (kernel) time >= verdict_kernel_share of its own CPU time (instrument's
                 cost counted as system time), over calls long enough for the kernel's accounting to resolve
@@ -39,11 +41,11 @@ A verdict never claims more than its numbers: `evidence` holds them, and
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import Any, Dict, Mapping, Optional
+from typing import Any, Dict, List, Mapping, Optional, Sequence
 
 from .. import config
 from .. import counters as _counters
-from ..snapshot import SPLIT, Snapshot, StageStats
+from ..snapshot import SPLIT, Snapshot, StageStats, path_text
 
 HARDWARE = ("cycles", "instructions", "cache-references", "cache-misses")
 SYNC_OPS = ("cudaDeviceSynchronize", "cudaStreamSynchronize", "cudaEventSynchronize", "cudaMemcpy")
@@ -172,9 +174,11 @@ def _cpu_per_wall(s: StageStats, wall: int) -> Optional[float]:
     return (cpu + s.helpers_beyond_noise()) / measured if measured > 0 else None
 
 
-def judge(s: StageStats, th: Mapping[str, float], process: Optional[Mapping[str, float]] = None) -> Dict[str, Any]:
+def judge(s: StageStats, th: Mapping[str, float], process: Optional[Mapping[str, float]] = None,
+          busiest: Sequence[str] = ()) -> Dict[str, Any]:
     """The verdict of one stage: {"verdict", "reason", "evidence", "limited_by"}.  `process`: what the whole
-    snapshot shows of the process (`process_evidence`), for the rules that look beyond the stage."""
+    snapshot shows of the process (`process_evidence`), for the rules that look beyond the stage; `busiest`: its
+    stages most on a CPU (`busiest_stages`), where a stage that waits for the GIL would look for its holders."""
     wall = s.wall_self if s.wall_self else s.wall_total
     shares = _shares(s, wall)
     ev = _evidence(s, wall, shares)
@@ -212,7 +216,7 @@ def judge(s: StageStats, th: Mapping[str, float], process: Optional[Mapping[str,
         return out("instrument", f"{sdk:.0%} of its own time is instrument's reads at its child stages' boundaries "
                    f"({s.instrument_self / 1e6:.3g} ms): the code of its own took "
                    f"{shares.get('on_cpu', 0):.0%} on a CPU; its system time cannot be told from instrument's")
-    off = _off_cpu(s, shares, cpu_ratio, th, process or {}, out)
+    off = _off_cpu(s, shares, cpu_ratio, th, process or {}, busiest, out)
     if off is not None:
         return off
     if cpu_ratio is None and gpu_share is None:
@@ -224,10 +228,10 @@ def judge(s: StageStats, th: Mapping[str, float], process: Optional[Mapping[str,
 
 
 def _off_cpu(s: StageStats, share: Mapping[str, float], cpu_ratio: Optional[float], th: Mapping[str, float],
-             process: Mapping[str, float], out) -> Optional[dict]:
+             process: Mapping[str, float], busiest: Sequence[str], out) -> Optional[dict]:
     """loop-blocked, cpu-starved, gil-bound or waiting, when the stage's time went off the CPU; None otherwise."""
     loop, awaiting, rq, blocked = (share.get(p, 0.0) for p in ("loop_ready", "awaiting", "runqueue", "blocked"))
-    on = share.get("on_cpu", 0.0)
+    on, gil = share.get("on_cpu", 0.0), share.get("gil", 0.0)
     if loop >= th["loop_share"] and loop >= awaiting and loop >= max(rq, blocked):
         held = blockers_text(s)
         return out("loop-blocked", f"woken but waiting for the event loop {loop:.0%} of its own time"
@@ -236,6 +240,9 @@ def _off_cpu(s: StageStats, share: Mapping[str, float], cpu_ratio: Optional[floa
         return out("waiting", f"its task was suspended, awaiting, {awaiting:.0%} of its own time; on a CPU {on:.0%}")
     if cpu_ratio is None:
         return None
+    if s.gil_self is not None and gil >= GIL_SHARE and gil >= max(rq, blocked):
+        return out("gil-bound", f"waiting to take the GIL {gil:.0%} of its own time, on a CPU {on:.0%}, ready for a "
+                   f"CPU {rq:.0%}, blocked otherwise {blocked:.0%}" + _gil_holders(s, busiest))
     if s.runqueue is not None and rq >= th["runqueue_share"] and rq >= blocked:
         why = f"ready but waiting for a CPU (run queue) {rq:.0%} of its own time, on a CPU {on:.0%}"
         p = (s.switches.get("involuntary") or {}).get("self")
@@ -248,7 +255,7 @@ def _off_cpu(s: StageStats, share: Mapping[str, float], cpu_ratio: Optional[floa
     if s.runqueue is None and inv is not None and vol is not None and inv > vol and inv >= 1:
         return out("cpu-starved", f"CPU/wall {cpu_ratio:.2f} with {inv:.2g} preemptions per call and {vol:.2g} "
                    "voluntary switches: the thread was taken off the CPU, not waiting (run-queue time not readable)")
-    if _gil_bound(s, blocked, rq, vol, process):
+    if s.gil_self is None and _gil_bound(s, blocked, rq, vol, process):
         return out("gil-bound", f"blocked {blocked:.0%} of its own time, on a CPU {on:.0%}, while other threads ran "
                    f"Python: the process's stages were on a CPU {process['stage_cpu_cores']:.2g} cores on average "
                    f"with {process['stage_threads']:.2g} threads inside stages at once, and only one runs Python at "
@@ -264,10 +271,27 @@ def _off_cpu(s: StageStats, share: Mapping[str, float], cpu_ratio: Optional[floa
     return out("waiting", why)
 
 
-# gil-bound, until the GIL wait is measured: blocked a third of its own time or more (and more than it queued for a
-# CPU), giving up the CPU, while several threads were inside stages at once and the process's stages kept a CPU
-# busy (Python runs on one thread at a time); a thread that waits for the GIL also queues for a CPU each time it is
-# woken to check it, so the blocked part is a lower bound of the wait
+# gil-bound: waiting to take the GIL (measured: the split's "gil" part) a third of its own time or more, and at least
+# as long as it queued for a CPU or was blocked otherwise
+GIL_SHARE = 1 / 3
+
+
+def _gil_holders(s: StageStats, busiest: Sequence[str]) -> str:
+    """Which stages held the GIL is not sampled; the stages of the process most on a CPU are where to look."""
+    names = [p for p in busiest if p != path_text(s.path)][:3]
+    return f"; which stage held it is not sampled: the stages most on a CPU were {', '.join(names)}" if names else ""
+
+
+def busiest_stages(snap: Snapshot, n: int = 4) -> List[str]:
+    """The snapshot's stages by their own time on a CPU, most first (those with any)."""
+    on = [(s.split_part("on_cpu", True) or 0, path_text(s.path)) for s in snap.stages if s.calls]
+    return [p for v, p in sorted(on, key=lambda x: -x[0])[:n] if v > 0]
+
+
+# gil-bound, where the GIL wait is not measured (the pure-Python recorder, gil_wait off): blocked a third of its own
+# time or more (and more than it queued for a CPU), giving up the CPU, while several threads were inside stages at
+# once and the process's stages kept a CPU busy (Python runs on one thread at a time); a thread that waits for the
+# GIL also queues for a CPU each time it is woken to check it, so the blocked part is a lower bound of the wait
 GIL_BLOCKED_SHARE = 1 / 3
 GIL_STAGE_THREADS = 1.5
 GIL_STAGE_CPU_CORES = 0.3
@@ -348,8 +372,8 @@ def _sync_share(s: StageStats) -> Optional[float]:
 def with_verdicts(snap: Snapshot, th: Optional[Mapping[str, float]] = None) -> Snapshot:
     """A copy of `snap` whose stages carry their verdicts (thresholds as in `thresholds()`)."""
     th = thresholds(snap, th)
-    process = process_evidence(snap)
-    stages = [replace(s, verdict=judge(s, th, process)) if s.calls else s for s in snap.stages]
+    process, busiest = process_evidence(snap), busiest_stages(snap)
+    stages = [replace(s, verdict=judge(s, th, process, busiest)) if s.calls else s for s in snap.stages]
     meta = snap.meta
     meta["verdict_thresholds"] = th
     return Snapshot(stages, meta, snap.events, snap.exemplars)

@@ -154,7 +154,7 @@ def counter_text(event: str, value: Optional[float]) -> str:
     return f"{value:,.0f}" if abs(value) < 10_000 else si(value)   # events are whole: an estimate's fraction is noise
 
 
-SPLIT_SHORT = {"on_cpu": "cpu", "runqueue": "runq", "blocked": "blocked", "awaiting": "await",
+SPLIT_SHORT = {"on_cpu": "cpu", "runqueue": "runq", "blocked": "blocked", "gil": "gil", "awaiting": "await",
                "loop_ready": "loop", "unknown": "unread"}
 
 

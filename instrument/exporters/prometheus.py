@@ -59,7 +59,8 @@ FAMILIES = {
                                            "every call read)"),
     "instrument_stage_wall_split_seconds": ("counter", ["component"], "seconds",
                                             "A stage's own wall time in parts: component on_cpu, runqueue (ready, "
-                                            "waiting for a CPU), blocked, instrument (its own reads at the child "
+                                            "waiting for a CPU), blocked, gil (waiting to take the GIL), instrument "
+                                            "(its own reads at the child "
                                             "stages' boundaries), awaiting, loop_ready, unknown"),
     "instrument_stage_gpu_seconds": ("counter", [], "seconds", "GPU time of a stage, from CUDA events"),
     "instrument_stage_gpu_samples": ("counter", [], "calls", "Calls of a stage whose GPU time was measured"),

@@ -336,6 +336,7 @@ def _meta(raw: Dict[str, Any]) -> Dict[str, Any]:
     overhead = _overhead(raw)
     if overhead is not None:
         meta["overhead"] = overhead
+    meta["gil_wait"] = _backend.current.gil_status()
     for integ in integrations.registered():
         try:
             st = integrations.call(integ, "status", raw)
@@ -402,6 +403,10 @@ def _cpu_fields(s: Dict[str, Any]) -> Dict[str, Any]:
     self_ = min(round(cpu["self"]), max(s["cov_run_self"], 0))
     out.update(cpu_total=total, cpu_self=self_, cpu_calls=covered, cpu_var=cpu["var"], cpu_var_self=cpu["var_self"],
                cpu_read_calls=cpu["reads"] if cpu["reads"] != covered else None)
+    off, gil = est.get("off_samples"), est.get("gil_samples")
+    if off is not None and gil is not None and off["reads"]:   # the GIL sampler's samples of the calls (gil.h)
+        out["gil_samples"] = {"gil": max(gil["self"], 0.0), "blocked": max(off["self"], 0.0),
+                              "gil_total": max(gil["total"], 0.0), "blocked_total": max(off["total"], 0.0)}
     if est["sys"] is not None:
         out["cpu_sys_total"] = int(min(max(est["sys"]["total"], 0), total))
         out["cpu_sys_self"] = int(min(max(est["sys"]["self"], 0), max(self_, 0)))
@@ -475,24 +480,30 @@ def _hold(stages: List[StageStats]) -> List[StageStats]:
 
 
 def _hold_split(h: Dict[str, Any], st: StageStats, fields: Dict[str, Any]) -> None:
-    """The estimated parts of the stage's own running time (on a CPU, run queue, blocked: the rest) never go down
-    either: each kept at least at its last value, the growth of the covered time shared among those that grew.
+    """The estimated parts of the stage's own running time (on a CPU, run queue, GIL wait, blocked: the rest) never
+    go down either: each kept at least at its last value, the growth of the covered time shared among those that
+    grew.  The GIL wait is the blocked time times the share of the GIL sampler's samples of it that found the GIL.
     Of the totals, the run-queue time is held to the running time the CPU time leaves (the CPU time is held to the
     threads' clocks; both are estimates where calls went unread, and their sum could pass the running time), and
     never goes down either."""
-    rq = st.runqueue
+    rq, n = st.runqueue, st.gil_samples
     if st.cpu_self is None or rq is None:
         return
     left = max(st.covered_run - max(fields.get("cpu_total", st.cpu_total) or 0, 0), 0)
     queued_total = max(min(rq["total"], left), h.get("rq_total", 0))
     h["rq_total"] = queued_total
     rq = dict(rq, total=queued_total)
+    if n is not None:   # the GIL wait: of the blocked time, the share of its samples that found the GIL
+        off = max(left - queued_total, 0)
+        h["gil_total"] = min(max(off * _share(n["gil_total"], n["blocked_total"]), h.get("gil_total", 0)), off)
+        fields["gil_total"] = math.floor(h["gil_total"])
     cov = max(st.covered_run_self, 0)
     cpu = max(fields.get("cpu_self", st.cpu_self), 0)
     sdk = min(max(st.instrument_self, 0), cpu)   # instrument's own cost, on a CPU: a part of its own
     parts = [cpu - sdk, sdk, max(rq["self"], 0)]
     if sum(parts) > cov:
         parts = [p * cov / sum(parts) for p in parts]
+    parts.append((cov - sum(parts)) * _share(n["gil"], n["blocked"]) if n is not None else 0.0)
     parts.append(cov - sum(parts))
     floors = h.get("split")
     if floors is not None:
@@ -500,11 +511,17 @@ def _hold_split(h: Dict[str, Any], st: StageStats, fields: Dict[str, Any]) -> No
         over, room = sum(parts) - cov, sum(p - f for p, f in zip(parts, floors))
         if over > 0 and room > 0:
             parts = [p - (p - f) * min(over / room, 1) for p, f in zip(parts, floors)]
-    user, sdk, queued = (math.floor(p) for p in parts[:3])   # whole ns, never below their last (whole) values
-    h["split"] = [user, sdk, queued, cov - user - sdk - queued]   # blocked gets what they leave: at least its own
-    fields["cpu_self"] = user + sdk
+    user, sdk, queued, gil = (math.floor(p) for p in parts[:4])   # whole ns, never below their last (whole) values
+    h["split"] = [user, sdk, queued, gil, cov - user - sdk - queued - gil]   # blocked gets what they leave: at least
+    fields["cpu_self"] = user + sdk                                          # its own
     fields["instrument_self"] = sdk
     fields["runqueue"] = dict(rq, self=queued)
+    if n is not None:
+        fields["gil_self"] = gil
+
+
+def _share(part: float, whole: float) -> float:
+    return min(max(part / whole, 0.0), 1.0) if whole > 0 else 0.0
 
 
 def _forget_held() -> None:

@@ -112,6 +112,7 @@ def _integrations():
     cal["budget"] = cfg.overhead_budget
     out["overhead"] = cal
     out["sources"] = sources(cal)
+    out["gil_wait"] = backend.current.gil_status()
     if importlib.util.find_spec("torch") is None:
         out["torch"] = {"installed": False, "reason": "torch is not installed: profiler and GPU integration are off"}
         out["cuda"] = {"available": False, "reason": "needs torch"}
@@ -129,6 +130,16 @@ def _integrations():
         out["torch"] = {"installed": True, "reason": "import failed: %s" % exc}
         out["cuda"] = {"available": False, "reason": "torch import failed"}
     return out
+
+
+def gil_text(g) -> str:
+    """The GIL sampler in one line: its mechanism, rate and cost, or why it is off."""
+    if g.get("enabled"):
+        cost = g["sampler_cpu_ns"] / (g["seconds"] * 1e9) if g.get("seconds") else 0.0
+        return ("%s; every %.1f ms while stages are open (%d samples so far), its CPU %.3f %% of one core so far "
+                "(at most %.1f %%)" % (g["mechanism"], g["period_ns"] / 1e6, g["reads"], 100 * cost,
+                                      100 * g["cpu_share_max"]))
+    return "not measured (%s)" % (g.get("reason") or "the gil_wait option is off")
 
 
 def _yn(v):
@@ -184,6 +195,9 @@ def format_text(d):
         lines.append("switch detection  %s" % ov["switches"])
     if ov.get("helper_cpu"):
         lines.append("helper-thread CPU %s" % ov["helper_cpu"])
+    gil = d.get("gil_wait") or {}
+    if gil:
+        lines.append("GIL wait          %s" % gil_text(gil))
     for name, src in (d.get("sources") or {}).items():   # a read that updates the scheduler can preempt inside it
         lines.append("%-18s%s: %s" % ("read: " + name, src["source"], "UPDATES THE SCHEDULER (can preempt the "
                                       "thread inside the read)" if src["updates_scheduler"] else "no scheduler update"))

@@ -30,7 +30,7 @@ from . import callsite
 
 # what the C core records and this fallback does not: every call is read, nothing estimated or corrected
 MISSING = ("overhead budget", "estimates", "exemplars", "asyncio task attribution", "machine probe", "run-queue time",
-           "helper-thread CPU time", "switch detection", "calibration", "instrument's own cost apart")
+           "helper-thread CPU time", "switch detection", "calibration", "instrument's own cost apart", "GIL wait")
 
 MAX_NAME_LEN, HIST_SUB_BITS, HIST_BLOCKS = 1024, _hist.SUB_BITS, _hist.BLOCKS
 OTHER_NAME, ITEMS_MAX, ITEM_NAME_MAX, MAX_COUNTERS = "(other)", 32, 200, 16
@@ -43,7 +43,7 @@ now_ns, thread_cpu_ns, hist_index = time.perf_counter_ns, time.thread_time_ns, _
 _lock = threading.Lock()   # guards the node table and the sums; taken once per call, at its record
 _options: Dict[str, Any] = {"enabled": True, "cpu_clock": True, "cpu_split": True, "nvtx": False, "max_stages": 10000,
                             "trace_events": 0, "exemplars": 32, "overhead_budget": None, "run_queue": True,
-                            "helper_cpu": True}
+                            "helper_cpu": True, "gil_wait": True}
 _enabled = _cpu_clock = _cpu_split = True
 _nvtx = _hook_enter = _hook_exit = _root_exit_hook = None   # _nvtx: instrument.live.nvtx while NVTX emission is on
 _ctr_events: List[tuple] = []    # [(type, config)] every thread opens
@@ -458,7 +458,7 @@ def _check(name: str, ok, allowed: str):
 
 
 # the hot-path options (config.py marks them hot) and their checks, as csrc/module.c's table; exemplars,
-# overhead_budget, run_queue and helper_cpu are taken and given back, and change nothing here (MISSING)
+# overhead_budget, run_queue, helper_cpu and gil_wait are taken and given back, and change nothing here (MISSING)
 _CHECKS = {"max_stages": _check("max_stages", lambda v: isinstance(v, int) and 1 <= v <= 10_000_000,
                                 "an integer from 1 to 10000000"),
            "trace_events": _check("trace_events", lambda v: isinstance(v, int) and 0 <= v <= 100_000_000,
@@ -493,6 +493,11 @@ def configuration() -> Dict[str, Any]:
 
 
 NOT_MEASURED = "not measured by the pure-Python fallback"
+
+
+def gil_status() -> Dict[str, Any]:
+    """The C core's GIL sampler's status keys: none here (MISSING)."""
+    return {"enabled": False, "mechanism": "none", "reason": NOT_MEASURED}
 
 
 def calibrate(n: int = 200) -> Dict[str, Any]:

@@ -89,6 +89,21 @@ def merge_counters(a: Mapping[str, Mapping[str, Any]], b: Mapping[str, Mapping[s
     return out
 
 
+def _combined_gil(a: Stage, b: Stage, sign: int) -> Dict[str, Any]:
+    """The GIL wait and its samples of two recordings merged (sign +1), or of a window (-1); None where neither
+    was sampled (one that was not adds nothing)."""
+    if a.gil_total is None and b.gil_total is None:
+        return {"gil_total": None, "gil_self": None, "gil_samples": None}
+    if b.gil_total is None or a.gil_total is None:
+        x = a if a.gil_total is not None else b
+        if sign < 0 and x is b:
+            return {"gil_total": None, "gil_self": None, "gil_samples": None}
+        return {"gil_total": x.gil_total, "gil_self": x.gil_self, "gil_samples": dict(x.gil_samples or {})}
+    na, nb = a.gil_samples or {}, b.gil_samples or {}
+    return {"gil_total": max(a.gil_total + sign * b.gil_total, 0), "gil_self": max(a.gil_self + sign * b.gil_self, 0),
+            "gil_samples": {k: max(na.get(k, 0.0) + sign * nb.get(k, 0.0), 0.0) for k in set(na) | set(nb)}}
+
+
 def _combined_split(a: Stage, b: Stage, sign: int) -> Dict[str, Any]:
     """The split's fields of two recordings merged (sign +1), or of a window (-1: what `a` added to `b`)."""
     def blockers(x: Mapping[str, int], y: Mapping[str, int]) -> Dict[str, int]:
@@ -102,6 +117,7 @@ def _combined_split(a: Stage, b: Stage, sign: int) -> Dict[str, Any]:
             "switches": {k: merge_estimate(a.switches.get(k), b.switches.get(k), sign)
                          for k in set(a.switches) | set(b.switches)},
             "loop_total": a.loop_total + sign * b.loop_total, "loop_self": a.loop_self + sign * b.loop_self,
+            **_combined_gil(a, b, sign),
             "instrument_total": a.instrument_total + sign * b.instrument_total,
             "instrument_self": a.instrument_self + sign * b.instrument_self,
             "covered_run": a.covered_run + sign * b.covered_run,

@@ -18,7 +18,8 @@ from . import schema as _schema
 from .base import Z99, SnapshotError, as_path, ci99, json_number, path_text
 
 QUANTILES = (("p50", 0.5), ("p90", 0.9), ("p99", 0.99), ("p999", 0.999))
-SPLIT = ("on_cpu", "runqueue", "blocked", "instrument", "awaiting", "loop_ready", "unknown")   # a stage's wall time
+SPLIT = ("on_cpu", "runqueue", "blocked", "gil", "instrument", "awaiting", "loop_ready", "unknown")   # a stage's wall
+# time; "gil": of the time off the CPU by the thread's own doing, waiting to take the GIL (the rest is "blocked")
 SWITCHES = ("voluntary", "involuntary")
 
 
@@ -78,6 +79,13 @@ class StageStats:
     instrument_self: int = 0
     # the stages that held the event loop while calls of this one were ready to run, {path text: ns}: the time each
     # held it (each moment once, however many calls waited) and the ready time of the calls it cost (summed over them)
+    # of the time blocked (off the CPU by the thread's own doing), waiting to take the GIL, total and self: the blocked
+    # time times the share of the GIL sampler's samples of it that found the thread waiting for the GIL; gil_samples
+    # holds those samples' (estimated) numbers, {"gil", "blocked", "gil_total", "blocked_total"}, for the interval;
+    # None where not sampled
+    gil_total: Optional[int] = None
+    gil_self: Optional[int] = None
+    gil_samples: Optional[Mapping[str, float]] = None
     loop_blockers: Mapping[str, int] = field(default_factory=dict)
     loop_blockers_waited: Mapping[str, int] = field(default_factory=dict)
     # per rank of a torch.distributed job, {rank: {"calls", "errors", "wall_ns", "self_ns", "cpu_ns", "gpu_ns"}}: by
@@ -204,8 +212,15 @@ class StageStats:
             return sdk
         if part == "runqueue":
             return rq
+        if rq is None and part in ("blocked", "gil"):
+            return None
+        off = max(cov - cpu - rq, 0)
+        gil = self.gil_self if self_ else self.gil_total
+        gil = None if gil is None else min(max(gil, 0), off)
+        if part == "gil":
+            return gil
         if part == "blocked":
-            return max(cov - cpu - (rq or 0), 0) if rq is not None else None
+            return off - (gil or 0)
         raise KeyError(f"no wall-time part {part!r}; the parts are: {', '.join(SPLIT)}")
 
     @property
@@ -222,13 +237,31 @@ class StageStats:
             if t is None or (part == "unknown" and not t and not s_):
                 continue
             d: Dict[str, Any] = {"total": json_number(t), "self": json_number(s_)}
-            if part in ("on_cpu", "runqueue", "blocked") and self.cpu_estimated:
+            if part == "gil":
+                d.update(self._gil_interval(t))
+            elif part in ("on_cpu", "runqueue", "blocked") and self.cpu_estimated:
                 var = self.cpu_var if part == "on_cpu" else (self.runqueue or {}).get("var", 0.0)
                 if part == "blocked":
                     var = self.cpu_var + (self.runqueue or {}).get("var", 0.0)
                 d["ci99"] = [round(x, 3) for x in ci99(t, var, self.covered_run)]   # as saved: a variance comes
                 # back from its saved standard deviation to the last bit or so
             out[part] = d
+        return out
+
+    def _gil_interval(self, gil: float) -> Dict[str, Any]:
+        """The GIL wait's samples and its 99 % interval: the blocked time it is a share of, times the share's Wilson
+        interval over the samples of that time (a share of 1 from few samples still has room below it)."""
+        n = self.gil_samples or {}
+        g, b = max(n.get("gil_total", 0.0), 0.0), max(n.get("blocked_total", 0.0), 0.0)
+        off = gil + (self.split_part("blocked") or 0)
+        out: Dict[str, Any] = {"samples": {k: round(v, 3) for k, v in n.items()}}
+        if b > 0:
+            p, z = min(g / b, 1.0), Z99
+            mid, half = (p + z * z / (2 * b)), z * math.sqrt(p * (1 - p) / b + z * z / (4 * b * b))
+            lo, hi = (mid - half) / (1 + z * z / b), (mid + half) / (1 + z * z / b)
+            out["ci99"] = [round(min(max(lo, 0.0), 1.0) * off, 3), round(min(max(hi, 0.0), 1.0) * off, 3)]
+        else:
+            out["ci99"] = [0.0, round(off, 3)]   # no sample found the thread blocked: any share of it may be the GIL
         return out
 
     def attributed_wall(self, wall: Optional[int] = None) -> Optional[float]:

@@ -159,6 +159,12 @@ def _split_from(path: Tuple[str, ...], d: Mapping[str, Any], c: Mapping[str, Any
         d.get("covered_running_ns") or split.get("covered_running") or {}   # older files: inside the split
     switches = d.get("context_switches") or {}
     sd = float(c.get("sd") or 0), float(c.get("sd_self") or 0)
+    gil = split.get("gil")
+    if gil is not None and not (isinstance(gil, Mapping) and isinstance(gil.get("total"), (int, float))
+                                and isinstance(gil.get("self"), (int, float))
+                                and isinstance(gil.get("samples", {}), Mapping)):
+        raise SnapshotError(f"stage {path_text(path)}: wall_split_ns.gil needs a total and a self (numbers) and "
+                            f"samples (an object), got {str(gil)[:80]}")
     return {"runqueue": _estimate_from(path, "wall_split_ns.runqueue", rq),
             "helpers": _estimate_from(path, "cpu_ns.helpers", c.get("helpers")),
             "switches": {k: _estimate_from(path, f"context_switches.{k}", v) for k, v in switches.items()},
@@ -166,6 +172,8 @@ def _split_from(path: Tuple[str, ...], d: Mapping[str, Any], c: Mapping[str, Any
             "instrument_total": int(sdk.get("total", 0)), "instrument_self": int(sdk.get("self", 0)),
             "covered_run": int(cov.get("total", 0)), "covered_run_self": int(cov.get("self", 0)),
             "cpu_var": sd[0] ** 2, "cpu_var_self": sd[1] ** 2,
+            "gil_total": None if gil is None else int(gil["total"]), "gil_self": None if gil is None else int(gil["self"]),
+            "gil_samples": None if gil is None else {str(k): float(v) for k, v in (gil.get("samples") or {}).items()},
             "loop_blockers": {str(k): int(v) for k, v in (d.get("loop_blockers_ns") or {}).items()},
             "loop_blockers_waited": {str(k): int(v) for k, v in (d.get("loop_blockers_waited_ns") or {}).items()}}
 

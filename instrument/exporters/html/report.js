@@ -5,6 +5,7 @@
   // the parts of a stage's own wall time (StageStats.split_part), in the order they are stacked
   var PARTS = [["on_cpu", "on a CPU", "#2f9e44"], ["runqueue", "run queue: ready, waiting for a CPU", "#e8590c"],
     ["blocked", "blocked: off the CPU by its own doing (I/O, locks, sleep)", "#868e96"],
+    ["gil", "GIL: waiting to take Python's global interpreter lock", "#e03131"],
     ["instrument", "instrument: its own reads at the child stages' boundaries", "#fcc419"],
     ["awaiting", "awaiting: its asyncio task suspended, not yet woken", "#4dabf7"],
     ["loop_ready", "loop-ready: woken, waiting for the event loop", "#ae3ec9"],
