@@ -80,7 +80,8 @@ static void sample_all(void) {
     pthread_mutex_unlock(&g_mu);
 }
 
-/* The sampler: never takes the GIL.  SCHED_BATCH at nice 19: its wake-ups do not preempt the threads it samples.
+/* The sampler: never takes the GIL.  SCHED_BATCH: its wake-ups do not preempt the threads it samples, and at the
+ * default weight it still gets its turn beside CPU hogs (a lower one would wait for hundreds of ms there).
  * Its period keeps its whole CPU time (reads, wake-ups) within g_share of one core; while no stage is open
  * anywhere it reads nothing. */
 static void *sampler(void *arg) {
@@ -88,7 +89,6 @@ static void *sampler(void *arg) {
     __atomic_store_n(&g_tid, (long)syscall(SYS_gettid), __ATOMIC_RELAXED);
     struct sched_param sp = {0};
     pthread_setschedparam(pthread_self(), SCHED_BATCH, &sp);
-    setpriority(PRIO_PROCESS, (id_t)syscall(SYS_gettid), 19);
     int64_t cpu0 = clock_of(CLOCK_THREAD_CPUTIME_ID), last = cpu0;
     double per_tick = 0;   /* a tick's CPU time, wake-up included, averaged (not the first: the thread's start) */
     for (uint64_t ticks = 0;; ticks++) {

@@ -56,7 +56,7 @@ def fallback():
 # the shares of its own time a verdict prints, by part of the split (docs/verdicts.md: one denominator)
 PRINTED_SHARES = {"runqueue": r"\(run queue\) (\d+)%|in the run queue (\d+)%", "on_cpu": r"on a CPU (\d+)%",
                   "blocked": r"blocked (\d+)%", "awaiting": r"awaiting, (\d+)%", "loop_ready": r"event loop (\d+)%",
-                  "instrument": r"^(\d+)% of its own time is instrument"}
+                  "instrument": r"^(\d+)% of its own time is instrument", "gil": r"take the GIL (\d+)%"}
 
 
 def printed_shares(reason):

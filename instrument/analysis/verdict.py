@@ -241,8 +241,8 @@ def _off_cpu(s: StageStats, share: Mapping[str, float], cpu_ratio: Optional[floa
     if cpu_ratio is None:
         return None
     if s.gil_self is not None and gil >= GIL_SHARE and gil >= max(rq, blocked):
-        return out("gil-bound", f"waiting to take the GIL {gil:.0%} of its own time, on a CPU {on:.0%}, ready for a "
-                   f"CPU {rq:.0%}, blocked otherwise {blocked:.0%}" + _gil_holders(s, busiest))
+        return out("gil-bound", f"waiting to take the GIL {gil:.0%} of its own time, on a CPU {on:.0%}, in the run "
+                   f"queue {rq:.0%}, blocked {blocked:.0%}" + _gil_holders(s, busiest))
     if s.runqueue is not None and rq >= th["runqueue_share"] and rq >= blocked:
         why = f"ready but waiting for a CPU (run queue) {rq:.0%} of its own time, on a CPU {on:.0%}"
         p = (s.switches.get("involuntary") or {}).get("self")

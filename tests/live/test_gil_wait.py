@@ -1,0 +1,255 @@
+"""GIL wait per stage: the split's `gil` part, checked against what each thread measures inside its own calls
+(wall less its CPU clock less the kernel's run-queue time: a pure-Python thread off the CPU by its own doing is
+waiting for the GIL), and against waits that are not the GIL's (a pipe, a lock, a sleep).  The sampler is the C
+core's; on a loaded 2-core machine."""
+import ctypes
+import os
+import threading
+import time
+
+import pytest
+
+import instrument
+from conftest import run_python
+from instrument import _native
+from instrument.live import doctor
+from instrument.snapshot import SPLIT, Snapshot
+
+pytestmark = pytest.mark.native_only
+
+
+def _python_work(n=60_000):
+    x = 0
+    for i in range(n):
+        x += i
+    return x
+
+
+# libc through PyDLL: its calls keep the GIL, so reading the run queue inside a window is not followed by a wait for
+# the GIL (with run-queue time of its own) before the window closes, as a Python-level read would be
+_libc = ctypes.PyDLL(None)
+_libc.pread.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_size_t, ctypes.c_long]
+_libc.pread.restype = ctypes.c_ssize_t
+_fds = threading.local()
+
+
+def _run_delay():
+    """This thread's run-queue time so far (/proc/thread-self/schedstat), read without letting go of the GIL."""
+    if not hasattr(_fds, "fd"):
+        _fds.fd = os.open("/proc/thread-self/schedstat", os.O_RDONLY)   # per thread: thread-self resolves at open
+    buf = ctypes.create_string_buffer(128)
+    n = _libc.pread(_fds.fd, buf, 127, 0)
+    return int(buf.raw[:n].split()[1])
+
+
+def _off(work):
+    """Run work() and return what this thread was off the CPU by its own doing meanwhile: wall less CPU less run
+    queue, read around it by the test (none of its reads lets go of the GIL)."""
+    _run_delay()
+    r, c, w = _run_delay(), time.thread_time_ns(), time.perf_counter_ns()
+    work()
+    w, c, r = time.perf_counter_ns() - w, time.thread_time_ns() - c, _run_delay() - r
+    return w - c - r
+
+
+def _adds_up(s):
+    for k in ("total", "self"):
+        parts = sum(v[k] for p, v in s.wall_split.items())
+        assert parts == pytest.approx(s.wall_total if k == "total" else s.wall_self, rel=0.02, abs=1000)
+
+
+def _threads(target, n):
+    ts = [threading.Thread(target=target) for _ in range(n)]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join()
+
+
+def _call(st, work):
+    def call():
+        with st:
+            work()
+    return call
+
+
+def test_four_python_threads_on_two_cores_wait_for_the_gil(backend):
+    """Four threads of pure-Python work: the stage's GIL wait is what the threads measured off the CPU around their
+    own calls (within 15 %), and no less than inside them; it is taken out of blocked, the parts add up, and the
+    verdict is gil-bound."""
+    around, inside = [], []
+
+    def worker():
+        st = instrument.stage("py")
+        for _ in range(25):
+            around.append(_off(_call(st, lambda: inside.append(_off(_python_work)))))
+    _threads(worker, 4)
+    s = instrument.snapshot()["py"]
+    gil, off = s.split_part("gil"), sum(around)
+    assert off > 0.3 * s.wall_total, "four Python threads should wait for the GIL most of the time"
+    assert abs(gil - off) <= 0.15 * off and gil >= 0.85 * sum(inside), (gil, off, sum(inside), s.wall_split)
+    assert s.split_part("blocked") <= 0.15 * off
+    lo, hi = s.wall_split["gil"]["ci99"]
+    assert lo <= gil <= hi and s.wall_split["gil"]["samples"]["gil_total"] > 0
+    _adds_up(s)
+    assert s.verdict["verdict"] == "gil-bound", s.verdict
+    assert s.verdict["evidence"]["split"]["gil"] >= 1 / 3
+
+
+def test_a_pipe_read_alone_is_not_gil_wait(backend):
+    """A pipe read with no other Python thread running (the writer is a process): blocked, GIL wait <= 5 %."""
+    import subprocess
+    import sys
+    writer = subprocess.Popen([sys.executable, "-c", "import sys, time\nfor _ in range(20):\n    time.sleep(0.01)\n"
+                               "    sys.stdout.write('x'); sys.stdout.flush()"], stdout=subprocess.PIPE)
+    try:
+        for _ in range(20):
+            with instrument.stage("pipe"):
+                os.read(writer.stdout.fileno(), 1)
+    finally:
+        writer.wait()
+    s = instrument.snapshot()["pipe"]
+    assert s.split_part("gil") <= 0.05 * s.wall_total, s.wall_split
+    assert s.split_part("blocked") >= 0.5 * s.wall_total
+    assert s.wall_split["gil"]["samples"]["blocked_total"] > 0   # the sampler saw the thread blocked, not on the GIL
+    _adds_up(s)
+
+
+def test_a_lock_held_by_a_sleeping_thread_is_blocked_not_gil_wait(backend):
+    """A threading.Lock held by a thread that sleeps: the waiting stage's GIL wait <= 10 %, the rest blocked."""
+    lock, held = threading.Lock(), threading.Event()
+
+    def holder():
+        with lock:
+            held.set()
+            time.sleep(0.3)
+    t = threading.Thread(target=holder)
+    t.start()
+    held.wait()
+    with instrument.stage("lock"):
+        with lock:
+            pass
+    t.join()
+    s = instrument.snapshot()["lock"]
+    assert s.split_part("gil") <= 0.10 * s.wall_total, s.wall_split
+    assert s.split_part("blocked") >= 0.5 * s.wall_total
+    _adds_up(s)
+
+
+def test_gil_wait_only_where_the_threads_own_timing_shows_it(backend):
+    """numpy's matmul releases the GIL; beside a pure-Python thread it waits to take it back after each product.
+    Each stage's GIL wait is no more than what its thread measured off the CPU inside its calls, and the Python
+    thread, which holds the GIL for its switch interval, waits far less than the matmul's thread."""
+    np = pytest.importorskip("numpy")
+    a = np.random.default_rng(0).random((200, 200))
+    stop, py_off, mm_off = threading.Event(), [], []
+    py, mm = instrument.stage("py"), instrument.stage("mm")
+
+    def python_thread():
+        while not stop.is_set():
+            py_off.append(_off(_call(py, lambda: _python_work(20_000))))
+    t = threading.Thread(target=python_thread)
+    t.start()
+    try:
+        for _ in range(40):
+            mm_off.append(_off(_call(mm, lambda: a @ a)))
+    finally:
+        stop.set()
+        t.join()
+    snap = instrument.snapshot()
+    mm, py = snap["mm"], snap["py"]
+    for s, off in ((mm, sum(mm_off)), (py, sum(py_off))):   # within the estimate's own interval where sampled few
+        assert s.split_part("gil") <= max(off, 0) * 1.15 + 1_000_000 or s.wall_split["gil"]["ci99"][0] <= off, \
+            (s.path, s.wall_split, off)
+    _adds_up(mm)
+    _adds_up(py)
+
+
+def test_off_there_is_no_gil_part(backend):
+    """gil_wait off: no gil part (none is guessed), the sampler reads nothing; doctor says it is off."""
+    instrument.configure(gil_wait=False)
+    before = _native.gil_status()["reads"]
+
+    def worker():
+        for _ in range(5):
+            with instrument.stage("py"):
+                _python_work()
+    _threads(worker, 3)
+    s = instrument.snapshot()["py"]
+    assert s.split_part("gil") is None and "gil" not in s.wall_split and s.gil_samples is None
+    assert _native.gil_status()["reads"] == before
+    assert "GIL wait          not measured" in doctor.format_text(doctor.collect())
+
+
+def test_the_pure_python_recorder_has_no_gil_part(fallback):
+    def worker():
+        for _ in range(3):
+            with instrument.stage("py"):
+                _python_work()
+    _threads(worker, 2)
+    s = instrument.snapshot()
+    assert s["py"].split_part("gil") is None and s.meta["gil_wait"]["mechanism"] == "none"
+    assert "GIL wait" in s.meta["backend"]["missing"]
+
+
+def test_the_gil_part_survives_save_load_merge_and_windows(backend, tmp_path):
+    """Saved and loaded, merged with itself (the waits and samples sum) and as a window (what a later snapshot
+    added): the gil part and its interval come back."""
+    def worker():
+        for _ in range(8):
+            with instrument.stage("py"):
+                _python_work()
+    _threads(worker, 3)
+    early = instrument.snapshot()
+    _threads(worker, 3)
+    later = instrument.snapshot()
+    path = tmp_path / "s.json"
+    later.save(path)
+    back = Snapshot.load(path)
+    s, b = later["py"], back["py"]
+    assert s.gil_total is not None and (b.gil_total, b.gil_self) == (s.gil_total, s.gil_self)
+    assert b.gil_samples == pytest.approx(s.gil_samples, rel=1e-3)
+    assert b.wall_split["gil"]["ci99"] == pytest.approx(s.wall_split["gil"]["ci99"], rel=1e-6)
+    both = Snapshot.merge(later, later)["py"]
+    assert both.gil_total == 2 * s.gil_total
+    assert both.gil_samples["gil_total"] == pytest.approx(2 * s.gil_samples["gil_total"])
+    window = later.since(early)["py"]
+    assert window.gil_total == s.gil_total - early["py"].gil_total
+    assert set(SPLIT) >= set(s.wall_split)
+
+
+def test_a_forked_child_samples_its_own_threads():
+    """After a fork the child's threads are sampled by a sampler of its own (the parent's does not exist there)."""
+    r = run_python("""
+import os, threading, json
+import instrument
+from instrument import _native
+def work():
+    for _ in range(20):
+        with instrument.stage("py"):
+            x = 0
+            for i in range(60000): x += i
+with instrument.stage("warm"):
+    pass
+pid = os.fork()
+if pid == 0:
+    ts = [threading.Thread(target=work) for _ in range(3)]
+    [t.start() for t in ts]; [t.join() for t in ts]
+    s = instrument.snapshot()["py"]
+    print(json.dumps({"gil": s.split_part("gil"), "off": s.split_part("gil") + s.split_part("blocked"),
+                      "reads": _native.gil_status()["reads"]}))
+    os._exit(0)
+os.waitpid(pid, 0)
+""")
+    assert r.returncode == 0, r.stderr
+    import json
+    got = json.loads(r.stdout.strip().splitlines()[-1])
+    assert got["reads"] > 0 and got["off"] > 0 and got["gil"] >= 0.5 * got["off"], got
+
+
+def test_doctor_names_the_mechanism_its_rate_and_cost(backend):
+    g = _native.gil_status()
+    assert g["enabled"] and g["mechanism"].startswith("futex sampling") and g["cpu_share_max"] > 0
+    text = doctor.format_text(doctor.collect())
+    assert "GIL wait          futex sampling of /proc/self/task/<tid>/syscall; every" in text
+    assert "of one core so far (at most 0.5 %)" in text
