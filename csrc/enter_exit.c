@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "exemplars.h"
+#include "gil.h"
 #include "nvtx_emit.h"
 #include "record.h"
 #include "rootexit.h"
@@ -108,6 +109,7 @@ static Frame *frame_push(Stack *st, ThreadState *ts, Stage *self, int32_t node) 
     }
     Frame *f = &st->frames[st->depth++];
     g_open_frames++;
+    if (__builtin_expect(g_gil_idle, 0)) gil_wake();
     Py_INCREF(self);
     f->stage = self;
     f->ts_serial = ts->serial;

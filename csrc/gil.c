@@ -19,7 +19,7 @@
 #define LEARN_NS 500000000        /* how long gil_learn() looks for the waiting thread */
 #define PERIOD_MIN_NS 1000000     /* at most 1,000 samples a second per thread */
 #define PERIOD_MAX_NS 100000000
-#define IDLE_NS 20000000          /* while no stage is open anywhere, the sampler only looks again this often */
+#define IDLE_NS 100000000         /* while no stage is open anywhere, the sampler waits for one this long at most */
 
 struct GilSlot {
     long tid;
@@ -29,12 +29,14 @@ struct GilSlot {
 };
 
 int g_gil = 0;
+volatile int g_gil_idle = 0;
 static uintptr_t g_lo, g_hi;      /* the GIL's futexes lie in [g_lo, g_hi) */
 static int g_learned = 0;         /* 1 found, -1 not, 0 not tried */
 static char g_why[200] = "not tried yet";
 static double g_share = 0.005;
 static uint32_t g_fork_epoch = 1;
 static pthread_mutex_t g_mu = PTHREAD_MUTEX_INITIALIZER;   /* the slots' table, and the figures below */
+static pthread_cond_t g_wake = PTHREAD_COND_INITIALIZER;   /* a stage opened while the sampler was idle */
 static GilSlot **g_slots = NULL;
 static int g_n = 0, g_cap = 0;
 static int g_running = 0;         /* the sampler thread runs in this process */
@@ -80,6 +82,29 @@ static void sample_all(void) {
     pthread_mutex_unlock(&g_mu);
 }
 
+/* Waits for a stage to open (gil_wake), IDLE_NS at most: a wake that crossed the check is late by that much. */
+static void idle(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_REALTIME, &t);
+    t.tv_nsec += IDLE_NS % 1000000000;
+    t.tv_sec += IDLE_NS / 1000000000 + t.tv_nsec / 1000000000;
+    t.tv_nsec %= 1000000000;
+    pthread_mutex_lock(&g_mu);
+    g_gil_idle = 1;
+    __atomic_thread_fence(__ATOMIC_SEQ_CST);
+    while (g_gil_idle && __atomic_load_n(&g_open_frames, __ATOMIC_RELAXED) <= 0)
+        if (pthread_cond_timedwait(&g_wake, &g_mu, &t) != 0) break;
+    g_gil_idle = 0;
+    pthread_mutex_unlock(&g_mu);
+}
+
+void gil_wake(void) {
+    pthread_mutex_lock(&g_mu);
+    g_gil_idle = 0;
+    pthread_cond_signal(&g_wake);
+    pthread_mutex_unlock(&g_mu);
+}
+
 /* The sampler: never takes the GIL.  SCHED_BATCH: its wake-ups do not preempt the threads it samples, and at the
  * default weight it still gets its turn beside CPU hogs (a lower one would wait for hundreds of ms there).
  * Its period keeps its whole CPU time (reads, wake-ups) within g_share of one core; while no stage is open
@@ -93,7 +118,7 @@ static void *sampler(void *arg) {
     double per_tick = 0;   /* a tick's CPU time, wake-up included, averaged (not the first: the thread's start) */
     for (uint64_t ticks = 0;; ticks++) {
         if (!g_on || __atomic_load_n(&g_open_frames, __ATOMIC_RELAXED) <= 0) {
-            nap(IDLE_NS);
+            idle();
             continue;
         }
         nap(g_period);
@@ -112,6 +137,8 @@ static void *sampler(void *arg) {
 
 static void forked_child(void) {   /* only the forking thread lives on: no sampler, no slot of the parent's */
     pthread_mutex_init(&g_mu, NULL);
+    pthread_cond_init(&g_wake, NULL);
+    g_gil_idle = 0;
     g_n = 0;
     g_running = 0;
     g_tid = 0;
@@ -250,9 +277,10 @@ PyObject *gil_status(void) {
     uint64_t ticks = g_ticks, reads = g_reads;
     int threads = g_n;
     pthread_mutex_unlock(&g_mu);
-    return Py_BuildValue("{s:O,s:s,s:s,s:d,s:L,s:L,s:K,s:K,s:i,s:d}", "enabled", g_gil ? Py_True : Py_False,
+    return Py_BuildValue("{s:O,s:s,s:s,s:d,s:L,s:L,s:K,s:K,s:i,s:d,s:l}", "enabled", g_gil ? Py_True : Py_False,
                          "mechanism", g_learned == 1 ? "futex sampling of /proc/self/task/<tid>/syscall" : "none",
                          "reason", g_why, "cpu_share_max", g_share, "sampler_cpu_ns", (long long)cpu,
                          "period_ns", (long long)period, "ticks", (unsigned long long)ticks,
-                         "reads", (unsigned long long)reads, "threads", threads, "seconds", (double)since / 1e9);
+                         "reads", (unsigned long long)reads, "threads", threads, "seconds", (double)since / 1e9,
+                         "tid", gil_sampler_tid());
 }

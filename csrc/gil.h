@@ -18,6 +18,7 @@ typedef struct GilSlot GilSlot;   /* one stage thread's syscall file and counts 
 #pragma GCC visibility push(hidden)
 
 extern int g_gil;                 /* the sampler runs: stage threads get a slot and read its counts */
+extern volatile int g_gil_idle;   /* it waits for a stage to open: the first to open one wakes it (gil_wake) */
 
 /* Finds the GIL's futex addresses (once per process; with the GIL held).  0 found, -1 not: gil_status() says why. */
 int gil_learn(void);
@@ -29,6 +30,7 @@ void gil_slot_free(GilSlot *s);   /* at the thread's end */
 /* The slot's cumulative counts: samples that found the thread blocked, and of them on the GIL.  A slot made before
  * a fork is stale in the child: 0 returned, and the caller makes a new one. */
 int gil_read(GilSlot *s, int64_t *blocked, int64_t *gil);
+void gil_wake(void);              /* a stage opened while the sampler was idle */
 long gil_sampler_tid(void);       /* the sampler thread's id, 0 when none: it runs no stage and is no helper */
 PyObject *gil_status(void);       /* what doctor and the snapshot's meta say: mechanism, rate, cost */
 

@@ -1,0 +1,130 @@
+"""The GIL sampler: what it costs and how close its figure is, side by side with the sampler off.
+
+    python benchmarks/gil_wait.py [--rounds 5] [--calls 40]
+
+Three workloads, each run with `gil_wait` on and off in interleaved rounds (the order alternating):
+- four threads of pure-Python stages (GIL contention): throughput on/off, and the stages' GIL wait against what the
+  threads measured off the CPU around their own calls (wall less thread CPU less /proc run-queue time, read without
+  letting go of the GIL);
+- one thread of the same stages (no contention): throughput on/off;
+- no stage open for a second: the sampler's CPU time then.
+The sampler's own CPU time is read from its thread's CPU clock.  Medians; ratios against the sampler-off run of the
+same round.
+"""
+import argparse
+import ctypes
+import json
+import os
+import platform
+import statistics
+import threading
+import time
+
+import instrument
+from instrument import _native
+
+_libc = ctypes.PyDLL(None)   # calls that keep the GIL
+_libc.pread.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_size_t, ctypes.c_long]
+_libc.pread.restype = ctypes.c_ssize_t
+_local = threading.local()
+
+
+def run_delay():
+    if not hasattr(_local, "fd"):
+        _local.fd = os.open("/proc/thread-self/schedstat", os.O_RDONLY)
+    buf = ctypes.create_string_buffer(128)
+    n = _libc.pread(_local.fd, buf, 127, 0)
+    return int(buf.raw[:n].split()[1])
+
+
+def sampler_cpu_ns():
+    """The sampler thread's CPU time so far, from its own CPU clock (all of it: reads, wake-ups, idle looks)."""
+    tid = _native.gil_status()["tid"]
+    return time.clock_gettime_ns((~tid << 3) | 6) if tid else 0   # MAKE_THREAD_CPUCLOCK(tid, SCHED)
+
+
+def work(n=60_000):
+    x = 0
+    for i in range(n):
+        x += i
+
+
+def threads_run(n_threads, calls):
+    """n_threads threads of `calls` stage calls each: (wall s, the threads' own off-CPU ns around their calls)."""
+    offs = []
+    st = instrument.stage("py")
+
+    def worker():
+        run_delay()
+        for _ in range(calls):
+            r, c, w = run_delay(), time.thread_time_ns(), time.perf_counter_ns()
+            with st:
+                work()
+            offs.append(time.perf_counter_ns() - w - (time.thread_time_ns() - c) - (run_delay() - r))
+    ts = [threading.Thread(target=worker) for _ in range(n_threads)]
+    t0 = time.perf_counter()
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join()
+    return time.perf_counter() - t0, sum(offs)
+
+
+def one(on, n_threads, calls):
+    instrument.configure(gil_wait=on)
+    instrument.reset()
+    c0, w0 = sampler_cpu_ns(), time.perf_counter()
+    wall, off = threads_run(n_threads, calls)
+    cost = (sampler_cpu_ns() - c0) / (time.perf_counter() - w0) / 1e9
+    s = instrument.snapshot()["py"]
+    return {"wall": wall, "off": off, "gil": s.split_part("gil"), "cost": cost}
+
+
+def idle(seconds=1.0):
+    instrument.configure(gil_wait=True)
+    c0, w0 = sampler_cpu_ns(), time.perf_counter()
+    time.sleep(seconds)
+    return (sampler_cpu_ns() - c0) / (time.perf_counter() - w0) / 1e9
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--calls", type=int, default=40)
+    ap.add_argument("--json", action="store_true")
+    a = ap.parse_args()
+    instrument.configure(gil_wait=True)
+    threads_run(1, 2)   # the sampler starts
+    out = {}
+    for n in (4, 1):
+        ratios, costs, acc = [], [], []
+        for r in range(a.rounds):
+            pair = {}
+            for on in ((True, False) if r % 2 else (False, True)):
+                pair[on] = one(on, n, a.calls)
+            ratios.append(pair[False]["wall"] / pair[True]["wall"])
+            costs.append(pair[True]["cost"])
+            if pair[True]["off"] > 0.05 * pair[True]["wall"] * 1e9 * n:
+                acc.append(pair[True]["gil"] / pair[True]["off"])
+        out[f"{n}_threads"] = {"throughput_on_over_off": statistics.median(ratios),
+                               "sampler_cpu_share": statistics.median(costs),
+                               "gil_over_threads_own_off": statistics.median(acc) if acc else None,
+                               "rounds": a.rounds}
+    out["idle_sampler_cpu_share"] = statistics.median(idle() for _ in range(3))
+    out["status"] = _native.gil_status()
+    out["machine"] = f"{platform.platform()}; {os.cpu_count()} CPUs; load {os.getloadavg()[0]:.2f}"
+    if a.json:
+        print(json.dumps(out, indent=1))
+        return
+    print(out["machine"])
+    for n in (4, 1):
+        d = out[f"{n}_threads"]
+        acc = d["gil_over_threads_own_off"]
+        print(f"{n} thread(s): throughput with the sampler / without {d['throughput_on_over_off']:.3f}; its CPU "
+              f"{100 * d['sampler_cpu_share']:.3f} % of one core" +
+              (f"; GIL wait / the threads' own off-CPU time {acc:.3f}" if acc is not None else ""))
+    print(f"no stage open: its CPU {100 * out['idle_sampler_cpu_share']:.4f} % of one core")
+
+
+if __name__ == "__main__":
+    main()
