@@ -88,6 +88,7 @@ static void call_add(ExemplarCall *c, const ExemplarPart *x) {
         p->ns += x->ns, p->awaiting += x->awaiting, p->loop += x->loop;
         p->on_cpu = known_sum(p->on_cpu, x->on_cpu);
         p->runqueue = known_sum(p->runqueue, x->runqueue);
+        p->gil = known_sum(p->gil, x->gil);
         return;
     }
     if (c->n >= EXEMPLAR_MAX_PARTS - 1 && x->node != -1) {   /* full: the last slot adds up the rest */
@@ -277,9 +278,14 @@ void exemplar_exit(Stack *st, const Frame *f, const CallMeasure *m, ThreadState 
     ExemplarCall *c = st->exemplar;
     int64_t susp = m->susp - f->child_susp, loop = m->loop - f->child_loop;
     ExemplarPart x = {f->node, at_least_0((double)(m->wall - f->child_wall)), -1, -1, at_least_0((double)(susp - loop)),
-                      at_least_0((double)loop)};
+                      at_least_0((double)loop), -1};
     if (m->read && !isnan(m->x[Q_CPU])) x.on_cpu = at_least_0(m->x[Q_CPU] - f->child[Q_CPU]);
     if (m->read && !isnan(m->x[Q_RQ])) x.runqueue = at_least_0(m->x[Q_RQ] - f->child[Q_RQ]);
+    if (m->read && x.on_cpu >= 0 && x.runqueue >= 0 && !isnan(m->x[Q_OFF]) && !isnan(m->x[Q_GIL])) {
+        double off = m->x[Q_OFF] - f->child[Q_OFF], gil = m->x[Q_GIL] - f->child[Q_GIL];   /* samples */
+        double blocked = (double)(x.ns - susp - x.on_cpu - x.runqueue);
+        x.gil = off > 0 ? at_least_0(blocked * fmin(gil / off, 1.0)) : 0;
+    }
     if (!m->read && g_switches && !m->switched) {   /* never left the CPU: on it for all its running time */
         x.on_cpu = at_least_0((double)(x.ns - susp));
         x.runqueue = 0;
@@ -298,8 +304,8 @@ static PyObject *exemplar_tuple(int32_t root, const Exemplar *x, int slow, int s
     if (!parts) return NULL;
     for (int32_t k = 0; k < x->n; k++) {
         const ExemplarPart *p = &x->parts[k];
-        PyObject *t = Py_BuildValue("(iLLLLL)", p->node, (long long)p->ns, (long long)p->on_cpu, (long long)p->runqueue,
-                                    (long long)p->awaiting, (long long)p->loop);
+        PyObject *t = Py_BuildValue("(iLLLLLL)", p->node, (long long)p->ns, (long long)p->on_cpu, (long long)p->runqueue,
+                                    (long long)p->awaiting, (long long)p->loop, (long long)p->gil);
         if (!t) { Py_DECREF(parts); return NULL; }
         PyList_SET_ITEM(parts, k, t);
     }

@@ -14,9 +14,9 @@ struct CallMeasure;   /* record.h */
 #define EXEMPLAR_MAX_K 1024
 
 /* A stage's self time in one root call, and how it went: on a CPU, waiting for one, awaiting, waiting for the
- * loop (blocked is the rest); on_cpu and runqueue -1 where that stage was not read in the call.  Node -1: the
- * "(other)" of a full breakdown. */
-typedef struct { int32_t node; int64_t ns, on_cpu, runqueue, awaiting, loop; } ExemplarPart;
+ * loop, waiting for the GIL (blocked is the rest); on_cpu and runqueue -1 where that stage was not read in the call,
+ * gil -1 where the GIL sampler's counts were not.  Node -1: the "(other)" of a full breakdown. */
+typedef struct { int32_t node; int64_t ns, on_cpu, runqueue, awaiting, loop, gil; } ExemplarPart;
 
 /* A root call in progress: its breakdown so far.  Pooled: taken at the root's enter, given back at its exit. */
 typedef struct ExemplarCall {

@@ -122,6 +122,7 @@ static void *sampler(void *arg) {
             continue;
         }
         nap(g_period);
+        if (!g_on) continue;   /* turned off meanwhile */
         sample_all();
         int64_t cpu = clock_of(CLOCK_THREAD_CPUTIME_ID), d = cpu - last;
         if (ticks) per_tick = per_tick ? 0.9 * per_tick + 0.1 * (double)d : (double)d;

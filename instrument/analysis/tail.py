@@ -27,8 +27,9 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 from ..snapshot import EXEMPLAR_SPLIT, Snapshot, StageStats
 
 Path = Tuple[str, ...]
-PARTS = ("on_cpu", "runqueue", "blocked", "awaiting", "loop_ready", "unknown")   # a kept call's self time, in parts
+PARTS = ("on_cpu", "runqueue", "blocked", "gil", "awaiting", "loop_ready", "unknown")   # a kept call's self time
 PART_TEXT = {"on_cpu": "on a CPU", "runqueue": "waiting for a CPU (run queue)", "blocked": "blocked (I/O, locks, sleep)",
+             "gil": "waiting for the GIL",
              "awaiting": "awaiting", "loop_ready": "waiting for the event loop",
              "unknown": "off the CPU part of the time, in calls left unread (run queue or blocked)"}
 
@@ -124,6 +125,8 @@ def _parts(b: Mapping[str, Any]) -> Dict[str, float]:
     if any(split.get(k) is None for k in EXEMPLAR_SPLIT):
         return {"unknown": float(b["wall_ns"])}
     out = {k: float(split[k]) for k in EXEMPLAR_SPLIT}
+    if split.get("gil") is not None:   # sampled in the call: out of blocked
+        out["gil"] = float(split["gil"])
     out["blocked"] = max(float(b["wall_ns"]) - sum(out.values()), 0.0)
     return out
 

@@ -252,6 +252,8 @@ def _exemplar_from(d: Any) -> Dict[str, Any]:
             split = b.get("split")
             if isinstance(split, Mapping):   # how that stage's self time went in the call (None: not read)
                 part["split"] = {k: None if split.get(k) is None else int(split[k]) for k in EXEMPLAR_SPLIT}
+                if split.get("gil") is not None:   # where the GIL sampler's counts were read in the call
+                    part["split"]["gil"] = int(split["gil"])
             parts.append(part)
         out = {"path": list(path), "wall_ns": int(d["wall_ns"]), "start_ns": int(d.get("start_ns") or 0),
                "pid": d.get("pid"), "tid": d.get("tid"), "seq": d.get("seq"), "slow": bool(d.get("slow")),

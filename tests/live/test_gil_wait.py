@@ -136,10 +136,19 @@ def test_a_lock_held_by_a_sleeping_thread_is_blocked_not_gil_wait(backend):
     _adds_up(s)
 
 
+def _off_cpu(work):
+    """Run work() and return the wall time this thread was off the CPU meanwhile (wall less CPU: the CPU window
+    inside the wall one), whatever kept it off (the GIL, the run queue, I/O)."""
+    w, c = time.perf_counter_ns(), time.thread_time_ns()
+    work()
+    c = time.thread_time_ns() - c
+    return time.perf_counter_ns() - w - c
+
+
 def test_gil_wait_only_where_the_threads_own_timing_shows_it(backend):
-    """numpy's matmul releases the GIL; beside a pure-Python thread it waits to take it back after each product.
-    Each stage's GIL wait is no more than what its thread measured off the CPU inside its calls, and the Python
-    thread, which holds the GIL for its switch interval, waits far less than the matmul's thread."""
+    """numpy's matmul releases the GIL; beside a pure-Python thread it waits to take it back after products.  Each
+    stage's GIL wait is no more than the time its thread measured itself off the CPU around its calls.  (The run
+    queue's share is not taken out here: a Python-level read of it lets other threads take the GIL in between.)"""
     np = pytest.importorskip("numpy")
     a = np.random.default_rng(0).random((200, 200))
     stop, py_off, mm_off = threading.Event(), [], []
@@ -147,20 +156,19 @@ def test_gil_wait_only_where_the_threads_own_timing_shows_it(backend):
 
     def python_thread():
         while not stop.is_set():
-            py_off.append(_off(_call(py, lambda: _python_work(20_000))))
+            py_off.append(_off_cpu(_call(py, lambda: _python_work(20_000))))
     t = threading.Thread(target=python_thread)
     t.start()
     try:
         for _ in range(40):
-            mm_off.append(_off(_call(mm, lambda: a @ a)))
+            mm_off.append(_off_cpu(_call(mm, lambda: a @ a)))
     finally:
         stop.set()
         t.join()
     snap = instrument.snapshot()
     mm, py = snap["mm"], snap["py"]
-    for s, off in ((mm, sum(mm_off)), (py, sum(py_off))):   # within the estimate's own interval where sampled few
-        assert s.split_part("gil") <= max(off, 0) * 1.15 + 1_000_000 or s.wall_split["gil"]["ci99"][0] <= off, \
-            (s.path, s.wall_split, off)
+    for s, off in ((mm, sum(mm_off)), (py, sum(py_off))):
+        assert s.split_part("gil") <= off, (s.path, s.wall_split, off)
     _adds_up(mm)
     _adds_up(py)
 
@@ -168,6 +176,7 @@ def test_gil_wait_only_where_the_threads_own_timing_shows_it(backend):
 def test_off_there_is_no_gil_part(backend):
     """gil_wait off: no gil part (none is guessed), the sampler reads nothing; doctor says it is off."""
     instrument.configure(gil_wait=False)
+    time.sleep(0.01)   # a round of reads under way when it was turned off ends
     before = _native.gil_status()["reads"]
 
     def worker():
