@@ -66,6 +66,21 @@ class _Configuration(TypedDict):
     overhead_budget: Optional[float]       # None: every call read
     run_queue: bool
     helper_cpu: bool
+    gil_wait: bool                         # the GIL sampler runs (it is not started where its GIL is not found)
+
+class _GilStatus(TypedDict):
+    """The GIL sampler (csrc/gil.h): meta.gil_wait, doctor."""
+    enabled: bool
+    mechanism: str                         # "futex sampling of /proc/self/task/<tid>/syscall", or "none"
+    reason: str                            # why it is off ("" when on)
+    cpu_share_max: float                   # the most of one core its CPU time may take
+    sampler_cpu_ns: int                    # its CPU time so far
+    period_ns: int                         # its period now
+    ticks: int
+    reads: int                             # samples taken
+    threads: int                           # stage threads sampled now
+    seconds: float                         # how long it has run
+    tid: int                               # its thread id (0: none)
 
 class _Calibration(TypedDict):
     read_ns: float                         # one call's reads, both boundaries: the overhead budget's unit
@@ -101,6 +116,8 @@ class _Estimates(TypedDict):
     ivcsw: Optional[_EstimateRow]      # involuntary ones
     runqueue: Optional[_EstimateRow]   # time ready in the run queue
     helpers: Optional[_EstimateRow]    # CPU time of the process's threads that run no stage
+    off_samples: Optional[_EstimateRow]   # the GIL sampler's samples that found the thread blocked
+    gil_samples: Optional[_EstimateRow]   # of them, those that found it waiting for the GIL
 
 class _StatsRow(TypedDict):
     node: int
@@ -143,14 +160,15 @@ class _CollectResult(TypedDict, total=False):
     clock_ns: int
     read_cost_ns: float                                 # what one call's reads cost the thread, through the run
     read_cost_calls: int                                # the read calls timed for it (0: calibrate()'s figure)
-    # (root, seq, slow, sample, wall, t0, tid, [(node, self ns, on CPU, run queue, awaiting, loop-ready)])
-    exemplars: List[Tuple[int, int, bool, bool, int, int, int, List[Tuple[int, int, int, int, int, int]]]]
+    # (root, seq, slow, sample, wall, t0, tid, [(node, self ns, on CPU, run queue, awaiting, loop-ready, GIL)])
+    exemplars: List[Tuple[int, int, bool, bool, int, int, int, List[Tuple[int, int, int, int, int, int, int]]]]
     exemplar_bytes: Tuple[int, int]                     # stores, open or pooled calls
     tasks: Dict[str, int]                               # steps, switch_reads, unhooked_changes, overlapped, abandoned
 
 def stage(name: str, /) -> Stage: ...
 def configure(**options: Any) -> None: ...             # the keys of _Configuration; unknown ones are refused
 def configuration() -> _Configuration: ...
+def gil_status() -> _GilStatus: ...
 def calibrate(n: int = ..., /) -> _Calibration: ...
 def set_counters(events: Sequence[Tuple[int, int]], exclude_kernel: bool, taskclock_index: int, /) -> None: ...
 def set_hooks(enter: Optional[Callable[[str], Any]], exit: Optional[Callable[[Any], Any]], /) -> None: ...

@@ -569,7 +569,8 @@ def _row(nid: int, s: _Sums) -> Dict[str, Any]:
             "susp_self": 0, "loop_total": 0, "loop_self": 0, "covered": s.covered, "cov_run": s.cov_run,
             "cov_run_self": s.cov_run_self, "cpu_bound": cpu["total"] if cpu is not None else 0.0,
             "hist": sorted(s.hist.items()),
-            "estimates": dict({n: _exact(q[k]) for k, n in enumerate(SCALARS)}, cpu=cpu, runqueue=None, helpers=None),
+            "estimates": dict({n: _exact(q[k]) for k, n in enumerate(SCALARS)}, cpu=cpu, runqueue=None, helpers=None,
+                              off_samples=None, gil_samples=None),
             "counters": counters, "blockers": [], "items": [(k, *v) for k, v in s.items.items()]}
 
 
