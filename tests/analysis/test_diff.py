@@ -214,6 +214,28 @@ def test_alike_machines_let_wall_judge_and_a_stage_own_wait_does_not():
                                       "+3.31 ms and the machine's speed +40 µs of its +3.2 ms per call"}
 
 
+def with_gil(s, share):
+    """Stage `s` with `share` of its running time waiting for the GIL (its samples: all of its blocked ones)."""
+    gil = int(share * s.covered_run)
+    return replace(s, gil_total=gil, gil_self=gil, gil_samples={"gil": 50.0, "blocked": 50.0, "gil_total": 50.0,
+                                                              "blocked_total": 50.0})
+
+
+def test_a_change_of_gil_wait_is_waiting_not_code():
+    """The wall time grew by what the stage waited for the GIL, its CPU time did not: the wall change is explained
+    as waiting (not evidence); a wall change the GIL wait does not explain stays evidence."""
+    b, a = run(10, 2, 0.02, 80.0), run(14, 2, 0.02, 80.0)
+    b = Snapshot([b["request"], with_gil(b["request/model"], 0.5)], b.meta)
+    a = Snapshot([a["request"], with_gil(a["request/model"], 0.636)], a.meta)
+    r = D.diff(b, a).row("request/model")
+    assert b["request/model"].split_part("gil") == pytest.approx(0.5 * 8 * MS * 400, rel=1e-6)
+    assert r.not_evidence["wall"].startswith("it waited for the GIL 50 % → 64 % of its running time; waiting for a "
+                                             "CPU +64 µs, for the GIL +3.12 ms and the machine's speed +0 µs of its "
+                                             "+3.2 ms per call"), r.not_evidence
+    a2 = Snapshot([a["request"], with_gil(run(14, 2, 0.02, 80.0)["request/model"], 0.52)], a.meta)
+    assert "wall" not in D.diff(b, a2).row("request/model").not_evidence   # +3.2 ms, of it GIL wait +1 ms or so
+
+
 def test_a_slower_machine_raises_the_floor_of_time_on_plain_runs():
     d = D.diff(run(10, 9, 0.02, 80.0), run(14, 12.6, 0.02, 120.0))    # reference loop +50 %, CPU per call +40 %
     assert d.machine.differed and d.machine.speed_change == pytest.approx(0.4)   # the part the stages share

@@ -190,3 +190,29 @@ def test_kernel_time_is_judged_kernel_bound_with_its_evidence():
     assert "preallocate" in tip["next"] and "profile" not in tip["next"] and "operator" not in tip["next"]
     # the threshold is an option, recorded with the snapshot
     assert verdict.with_verdicts(snap(alloc), {"kernel_share": 0.9})["alloc"].verdict["verdict"] == "compute-bound"
+
+
+def test_gil_bound_from_the_measured_gil_wait_names_where_to_look():
+    """A stage 60 % of whose own time was GIL wait is gil-bound, the share printed as in its evidence, and the reason
+    names the stages most on a CPU (which held the GIL is not sampled); the same stage with its GIL wait below a
+    third and its other waits larger is not."""
+    from dataclasses import replace
+    from instrument.analysis import verdict as V
+    from instrument.snapshot import Snapshot
+    from snapfactory import st
+    ms = 1_000_000
+
+    def stage(path, gil_share, cpu_share, calls=100):
+        s = st(path, calls, 10 * ms, cpu_ns=int(calls * 10 * ms * cpu_share))
+        run = s.wall_total
+        return replace(s, covered_run=run, covered_run_self=run, gil_total=int(gil_share * run),
+                       gil_self=int(gil_share * run),
+                       runqueue={"total": 0.05 * run, "self": 0.05 * run, "var": 0.0, "var_self": 0.0, "reads": calls},
+                       gil_samples={"gil": 60.0, "blocked": 61.0, "gil_total": 60.0, "blocked_total": 61.0})
+    snap = V.with_verdicts(Snapshot([stage("py", 0.6, 0.3), stage("tokenize", 0.0, 0.9), stage("io", 0.2, 0.1)],
+                                    {"pid": 1, "start_time": 0.0, "end_time": 3.0, "duration_ns": 3 * 10 ** 9}))
+    v = snap["py"].verdict
+    assert v["verdict"] == "gil-bound" and "waiting to take the GIL 60% of its own time" in v["reason"]
+    assert v["evidence"]["split"]["gil"] == 0.6
+    assert "which stage held it is not sampled: the stages most on a CPU were tokenize" in v["reason"]
+    assert snap["io"].verdict["verdict"] != "gil-bound"     # blocked otherwise 65 %: more than its GIL wait
