@@ -117,7 +117,11 @@ static void *sampler(void *arg) {
     int64_t cpu0 = clock_of(CLOCK_THREAD_CPUTIME_ID), last = cpu0;
     double per_tick = 0;   /* a tick's CPU time, wake-up included, averaged (not the first: the thread's start) */
     for (uint64_t ticks = 0;; ticks++) {
-        if (!g_on || __atomic_load_n(&g_open_frames, __ATOMIC_RELAXED) <= 0) {
+        if (!g_on) {   /* turned off: it looks again now and then (configure turns it on without a wake) */
+            nap(IDLE_NS);
+            continue;
+        }
+        if (__atomic_load_n(&g_open_frames, __ATOMIC_RELAXED) <= 0) {
             idle();
             continue;
         }

@@ -177,16 +177,21 @@ def test_off_there_is_no_gil_part(backend):
     """gil_wait off: no gil part (none is guessed), the sampler reads nothing; doctor says it is off."""
     instrument.configure(gil_wait=False)
     time.sleep(0.01)   # a round of reads under way when it was turned off ends
-    before = _native.gil_status()["reads"]
+    before, tid = _native.gil_status()["reads"], _native.gil_status()["tid"]
+    assert tid, "the sampler started with the default configuration"
+    clock = (~tid << 3) | 6   # the sampler thread's CPU clock (MAKE_THREAD_CPUCLOCK(tid, SCHED))
+    cpu0, wall0 = time.clock_gettime_ns(clock), time.perf_counter_ns()
 
     def worker():
         for _ in range(5):
             with instrument.stage("py"):
                 _python_work()
     _threads(worker, 3)
+    cpu, wall = time.clock_gettime_ns(clock) - cpu0, time.perf_counter_ns() - wall0
     s = instrument.snapshot()["py"]
     assert s.split_part("gil") is None and "gil" not in s.wall_split and s.gil_samples is None
     assert _native.gil_status()["reads"] == before
+    assert cpu <= 0.005 * wall + 500_000, (cpu, wall)   # off, the sampler only looks now and then: it never spins
     assert "GIL wait          not measured" in doctor.format_text(doctor.collect())
 
 
