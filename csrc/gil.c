@@ -8,12 +8,12 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/resource.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 
-/* The GIL's state (its condition variables and mutexes, about 210 bytes from CPython 3.9 to 3.13) around the futex
- * a thread was seen waiting on: that futex is the first condition variable's, near the state's start. */
+/* The GIL's state around the futex a thread was seen waiting on: CPython's _gil_runtime_state holds a few words
+ * (interval, last holder, locked, switch number), then a condition variable (whose futex a waiter sleeps on), a
+ * mutex, and for forced switching a second condition variable and mutex, about 210 bytes in all with glibc. */
 #define GIL_BELOW 128
 #define GIL_ABOVE 192
 #define LEARN_NS 500000000        /* how long gil_learn() looks for the waiting thread */
