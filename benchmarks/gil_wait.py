@@ -3,9 +3,10 @@
     python benchmarks/gil_wait.py [--rounds 5] [--calls 40]
 
 Three workloads, each run with `gil_wait` on and off in interleaved rounds (the order alternating):
-- four threads of pure-Python stages (GIL contention): throughput on/off, and the stages' GIL wait against what the
-  threads measured off the CPU around their own calls (wall less thread CPU less /proc run-queue time, read without
-  letting go of the GIL);
+- four threads of pure-Python stages (GIL contention), each thread in one outer call around its inner calls:
+  throughput on/off, and the outer stage's GIL wait against what the threads measured off the CPU around it (wall
+  less thread CPU less /proc run-queue time, read without letting go of the GIL, again where a timeslice ended
+  among the reads);
 - one thread of the same stages (no contention): throughput on/off;
 - no stage open for a second: the sampler's CPU time then.
 The sampler's own CPU time is read from its thread's CPU clock.  Medians; ratios against the sampler-off run of the
@@ -29,12 +30,24 @@ _libc.pread.restype = ctypes.c_ssize_t
 _local = threading.local()
 
 
-def run_delay():
+def schedstat():
+    """This thread's (run-queue ns, timeslices), read without letting go of the GIL."""
     if not hasattr(_local, "fd"):
         _local.fd = os.open("/proc/thread-self/schedstat", os.O_RDONLY)
     buf = ctypes.create_string_buffer(128)
     n = _libc.pread(_local.fd, buf, 127, 0)
-    return int(buf.raw[:n].split()[1])
+    f = buf.raw[:n].split()
+    return int(f[1]), int(f[2])
+
+
+def edge():
+    """(wall, CPU, run queue) with no timeslice ending among the reads."""
+    while True:
+        r1, n1 = schedstat()
+        w, c = time.perf_counter_ns(), time.thread_time_ns()
+        r2, n2 = schedstat()
+        if n1 == n2:
+            return w, c, r2
 
 
 def sampler_cpu_ns():
@@ -50,17 +63,21 @@ def work(n=60_000):
 
 
 def threads_run(n_threads, calls):
-    """n_threads threads of `calls` stage calls each: (wall s, the threads' own off-CPU ns around their calls)."""
+    """n_threads threads, each in one call of a stage around `calls` pieces of work (a thread waiting for the GIL
+    drops it soon after taking it, wherever its code is: reads around many short calls would hold waits of their
+    own): (wall s, the threads' own off-CPU ns around their calls)."""
     offs = []
-    st = instrument.stage("py")
+    st, inner = instrument.stage("py"), instrument.stage("work")
 
     def worker():
-        run_delay()
-        for _ in range(calls):
-            r, c, w = run_delay(), time.thread_time_ns(), time.perf_counter_ns()
-            with st:
-                work()
-            offs.append(time.perf_counter_ns() - w - (time.thread_time_ns() - c) - (run_delay() - r))
+        schedstat()
+        w0, c0, r0 = edge()
+        with st:
+            for _ in range(calls):
+                with inner:
+                    work()
+        w1, c1, r1 = edge()
+        offs.append(w1 - w0 - (c1 - c0) - (r1 - r0))
     ts = [threading.Thread(target=worker) for _ in range(n_threads)]
     t0 = time.perf_counter()
     for t in ts:
