@@ -35,6 +35,11 @@
 
 #include "perf.h"
 
+#if PY_VERSION_HEX < 0x030A0000   /* Python 3.9: the new-reference helpers came in 3.10 */
+static inline PyObject *Py_NewRef(PyObject *o) { Py_INCREF(o); return o; }
+static inline PyObject *Py_XNewRef(PyObject *o) { Py_XINCREF(o); return o; }
+#endif
+
 #define MAX_NAME_LEN 1024
 #define OTHER_NAME "(other)"
 
