@@ -101,7 +101,7 @@ static inline int budget_read(ThreadState *ts, int32_t node, double *w) {
 
 static Frame *frame_push(Stack *st, ThreadState *ts, Stage *self, int32_t node) {
     if (st->depth == st->cap) {
-        int32_t ncap = st->cap ? st->cap * 2 : 8;
+        int32_t ncap = st->cap ? st->cap * 2 : 4;
         Frame *nf = realloc(st->frames, (size_t)ncap * sizeof(Frame));
         if (!nf) return NULL;
         st->frames = nf;
