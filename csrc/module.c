@@ -418,14 +418,15 @@ static PyObject *mod_collect(PyObject *m, PyObject *unused) {
         return PyErr_NoMemory();
     }
     size_t kept = g_ring_total < g_ring_cap ? (size_t)g_ring_total : g_ring_cap;
-    PyObject *res = Py_BuildValue("{s:N,s:N,s:N,s:N,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:n,s:L,s:d,s:K}",
+    PyObject *res = Py_BuildValue("{s:N,s:N,s:N,s:N,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:n,s:L,s:d,s:K,s:i}",
         "counter_errno", collect_counter_status(), "nodes", collect_nodes(), "stats", collect_stats(&all),
         "events", collect_events(), "events_dropped", (unsigned long long)(g_ring_total - kept),
         "unmatched_exits", (unsigned long long)g_unmatched, "out_of_order_exits", (unsigned long long)g_out_of_order,
         "cross_thread_exits", (unsigned long long)g_cross_thread, "internal_failures", (unsigned long long)g_internal,
         "folded_calls", (unsigned long long)g_folded, "max_stages", (unsigned long long)g_max_nodes,
         "threads", (Py_ssize_t)live, "clock_ns", (long long)now_ns(),
-        "read_cost_ns", read_cost(), "read_cost_calls", (unsigned long long)g_read_spent_calls);
+        "read_cost_ns", read_cost(), "read_cost_calls", (unsigned long long)g_read_spent_calls,
+        "helpers_over_cap", helpers_over_cap(0));
     stats_array_clear(&all);
     if (res && collect_extras(res) < 0) Py_CLEAR(res);
     return res;
@@ -446,6 +447,7 @@ static void zero_all(void) {
 static PyObject *mod_reset(PyObject *m, PyObject *unused) {
     zero_all();
     drop_nodes();
+    helpers_over_cap(1);   /* the calls it spoke of are gone */
     Py_RETURN_NONE;
 }
 

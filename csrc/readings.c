@@ -39,7 +39,7 @@ static int64_t clock_ns(clockid_t id) {
 
 typedef struct { long tid; clockid_t clock; int64_t seen; } Helper;
 static Helper g_helpers[HELPERS_MAX];
-static int g_n_helpers = 0, g_too_many = 0;
+static int g_n_helpers = 0, g_too_many = 0, g_over_cap = 0;   /* g_over_cap: the most seen while over the cap */
 static int64_t g_helpers_gone = 0, g_helpers_scanned = 0;   /* CPU of helpers no longer listed; last scan */
 
 static int runs_stages(long tid) {
@@ -56,11 +56,10 @@ static void helpers_rescan(void) {
     Helper next[HELPERS_MAX];
     int n = 0, first = g_helpers_scanned == 0;
     struct dirent *e;
-    g_too_many = 0;
+    int all = 0;
     while ((e = readdir(d))) {
         long tid = atol(e->d_name);
-        if (tid <= 0 || runs_stages(tid)) continue;
-        if (n == HELPERS_MAX) { g_too_many = 1; break; }
+        if (tid <= 0 || runs_stages(tid) || ++all > HELPERS_MAX) continue;   /* past the cap: only counted */
         next[n] = (Helper){tid, (clockid_t)((~(unsigned)tid << 3) | 6), 0};   /* MAKE_THREAD_CPUCLOCK(tid, SCHED) */
         for (int k = 0; k < g_n_helpers; k++)
             if (g_helpers[k].tid == tid) next[n].seen = g_helpers[k].seen, g_helpers[k].tid = 0;
@@ -69,10 +68,18 @@ static void helpers_rescan(void) {
         n++;
     }
     closedir(d);
+    g_too_many = all > HELPERS_MAX;
+    if (all > g_over_cap && g_too_many) g_over_cap = all;
     for (int k = 0; k < g_n_helpers; k++)
         if (g_helpers[k].tid) g_helpers_gone += g_helpers[k].seen;
     memcpy(g_helpers, next, sizeof(Helper) * (size_t)n);
     g_n_helpers = n;
+}
+
+int helpers_over_cap(int forget) {
+    int n = g_over_cap;
+    if (forget) g_over_cap = 0;
+    return n;
 }
 
 /* The CPU time of the process's threads that run no stage: each one's own CPU clock, read from this thread.

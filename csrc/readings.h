@@ -32,6 +32,9 @@ void read_boundary(ThreadState *ts, Reading *r, int exit);
 void read_time(Reading *r);
 int64_t sched_run_delay(ThreadState *ts);   /* ns this thread waited in the run queue, cumulative; -1 */
 int64_t helpers_cpu(ThreadState *ts);       /* CPU of the process's threads that run no stage, cumulative; -1 */
+int helpers_over_cap(int forget);           /* the most threads seen running no stage while more than the 32 whose
+                                             * clocks a read call reads (helpers_cpu is then not read); 0: never;
+                                             * forget: from now on (reset()) */
 
 #pragma GCC visibility pop
 

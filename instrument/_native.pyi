@@ -160,6 +160,8 @@ class _CollectResult(TypedDict, total=False):
     clock_ns: int
     read_cost_ns: float                                 # what one call's reads cost the thread, through the run
     read_cost_calls: int                                # the read calls timed for it (0: calibrate()'s figure)
+    helpers_over_cap: int                               # the most threads seen running no stage beyond the 32
+                                                        # whose clocks a read reads (helper CPU then not read); 0
     # (root, seq, slow, sample, wall, t0, tid, [(node, self ns, on CPU, run queue, awaiting, loop-ready, GIL)])
     exemplars: List[Tuple[int, int, bool, bool, int, int, int, List[Tuple[int, int, int, int, int, int, int]]]]
     exemplar_bytes: Tuple[int, int]                     # stores, open or pooled calls

@@ -413,6 +413,7 @@ def _cpu_fields(s: Dict[str, Any]) -> Dict[str, Any]:
     return out
 
 
+HELPERS_READ = 32   # helper threads whose CPU clocks a read call reads at most (csrc/readings.c HELPERS_MAX)
 _held: Dict[tuple, Dict[str, Any]] = {}
 _held_lock = threading.Lock()
 
@@ -542,14 +543,17 @@ def _overhead(raw: Dict[str, Any]) -> Optional[Dict[str, Any]]:
     timed = raw.get("read_cost_calls") or 0   # the run's own read calls timed: what a read costs the thread now
     base, read = round(c["base_ns"], 1), round(raw["read_cost_ns"] if timed else c["read_ns"], 1)
     probe_cpu = probe.cpu_ns() if _config_now.machine_probe else None   # on the stages' threads, outside stages
+    helpers = c.get("helper_cpu")
+    if raw.get("helpers_over_cap"):   # calls that ran while too many threads ran no stage: not read, estimated
+        helpers = (f"{helpers}; not read on the calls that ran while more than {HELPERS_READ} threads ran no stage "
+                   f"(up to {raw['helpers_over_cap']} were seen): their helper CPU is estimated from the calls read")
     return {"per_call_ns": base, "per_read_ns": read, "per_read_timed_calls": timed,
             "per_read_calibrated_ns": round(c["read_ns"], 1), "calls": calls,
             "read_calls": reads, "estimated_ns": round(calls * base + reads * read + (probe_cpu or 0)),
             "probe_cpu_ns": probe_cpu,
             "budget": _config_now.overhead_budget, **{k: c.get(k) for k in (
                 "cpu_source", "cpu_bias_ns", "inner_bias_ns", "wall_bias_ns", "unread_wall_bias_ns", "sys", "thread_clock",
-                "switches", "run_queue",
-                "helper_cpu")}}
+                "switches", "run_queue")}, "helper_cpu": helpers}
 
 
 def snapshot(judged: bool = True) -> Snapshot:

@@ -144,6 +144,46 @@ def test_torch_threads_count_as_the_stages_cpu(backend):
     assert s.verdict["verdict"] in ("compute-bound", "cpu-starved"), s.verdict
 
 
+def test_over_32_helper_threads_their_cpu_is_not_read_and_meta_says_where(backend):
+    """A read call reads at most 32 helper threads' clocks.  With 40 threads running no stage (one spinning), the
+    calls made meanwhile leave the helpers unread, and meta.overhead.helper_cpu says so with the count seen;
+    with the threads gone, the calls read them again (the spinner's CPU shows up as helpers)."""
+    stop, spin = threading.Event(), threading.Event()
+
+    def idle():
+        stop.wait()
+
+    def spinner():
+        while not spin.is_set():
+            pass
+    ts = [threading.Thread(target=idle) for _ in range(40)]
+    for t in ts:
+        t.start()
+    st = instrument.stage("s")
+    try:
+        for _ in range(20):
+            with st:
+                spin_ns(100_000)
+    finally:
+        stop.set()
+        for t in ts:
+            t.join()
+    helper = instrument.snapshot().meta["overhead"]["helper_cpu"]
+    assert "not read on the calls that ran while more than 32 threads ran no stage (up to 4" in helper, helper
+    instrument.reset()
+    assert "not read" not in instrument.snapshot().meta["overhead"]["helper_cpu"]   # those calls are gone
+    t = threading.Thread(target=spinner)
+    t.start()
+    try:
+        for _ in range(20):
+            with st:
+                spin_ns(1_000_000)
+    finally:
+        spin.set()
+        t.join()
+    assert instrument.snapshot()["s"].helpers["total"] > 0   # read again: the spinner's CPU
+
+
 def test_the_split_survives_save_merge_and_windows(backend, tmp_path):
     st = instrument.stage("sleep")
     for _ in range(5):
