@@ -27,7 +27,8 @@ their CPU is beyond its interval at 0: CPU/wall above 1 is parallel compute.
                 process's stages kept a CPU busy (process_evidence)
 - waiting       CPU / wall < verdict_wait_cpu otherwise: blocked (I/O, locks, sleep, the device)
 - kernel-bound  on the CPU with system (kernel) time >= verdict_kernel_share of its own CPU time (instrument's
-                cost counted as system time), over calls long enough for the kernel's accounting to resolve
+                cost counted as system time), over calls long enough, and enough of them, for the kernel's
+                tick-sampled accounting to resolve
 - memory-bound  cache-miss ratio > verdict_miss_ratio or MPKI > verdict_mpki, with IPC < verdict_low_ipc
                 ("memory-bound?" when the misses are high but IPC is unknown)
 - compute-bound CPU / wall >= verdict_compute_cpu (and IPC >= verdict_low_ipc where measured)
@@ -95,8 +96,12 @@ def blockers_text(s: StageStats, top: int = 3) -> str:
 
 # A call's system time comes from its thread's rusage, which Linux keeps by sampling at the scheduler tick
 # (1-10 ms) and spreads over the thread's running time in the ratio sampled so far: over calls much shorter than a
-# tick it is that running ratio, not the call's own.  A system share is judged only over calls this long (own CPU).
+# tick it is that running ratio, not the call's own.  A system share is judged only over calls this long (own CPU),
+# and over this much own CPU in all: a dozen ticks of 4 ms, so that a tick more or less in the kernel (or the
+# kernel's rescaling of the thread's split to its exact runtime, which can move a whole tick into one call) moves
+# the share by less than a tenth.
 SYS_RESOLVED_NS = 1_000_000
+SYS_RESOLVED_TOTAL_NS = 50_000_000
 # The stage's own time is mostly instrument's (the reads at its children's boundaries) from this share on.
 OWN_COST_SHARE = 0.5
 
@@ -161,7 +166,7 @@ def _user_sys_share(s: StageStats) -> Optional[float]:
 
 def _sys_resolved(s: StageStats) -> bool:
     cpu = _user_cpu(s)
-    return bool(cpu and s.cpu_calls and cpu / s.cpu_calls >= SYS_RESOLVED_NS)
+    return bool(cpu and s.cpu_calls and cpu / s.cpu_calls >= SYS_RESOLVED_NS and cpu >= SYS_RESOLVED_TOTAL_NS)
 
 
 def _cpu_per_wall(s: StageStats, wall: int) -> Optional[float]:

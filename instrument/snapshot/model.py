@@ -251,10 +251,10 @@ class StageStats:
     def _gil_interval(self, gil: float) -> Dict[str, Any]:
         """The GIL wait's samples and its 99 % interval: the blocked time it is a share of, times the share's Wilson
         interval over the samples of that time (a share of 1 from few samples still has room below it)."""
-        n = self.gil_samples or {}
+        n = {k: round(v, 3) for k, v in (self.gil_samples or {}).items()}   # as saved: a reload gives the same
         g, b = max(n.get("gil_total", 0.0), 0.0), max(n.get("blocked_total", 0.0), 0.0)
         off = gil + (self.split_part("blocked") or 0)
-        out: Dict[str, Any] = {"samples": {k: round(v, 3) for k, v in n.items()}}
+        out: Dict[str, Any] = {"samples": n}
         if b > 0:
             p, z = min(g / b, 1.0), Z99
             mid, half = (p + z * z / (2 * b)), z * math.sqrt(p * (1 - p) / b + z * z / (4 * b * b))
