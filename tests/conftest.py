@@ -179,6 +179,16 @@ def hog_per_core():
             h.wait()
 
 
+def steal_ns():
+    """The hypervisor's steal time so far, every CPU of the machine summed (/proc/stat): time a vCPU was not run
+    while its guest thread stayed scheduled.  perf's task-clock counts it as the thread's time (it runs on the local
+    clock while the thread is scheduled in), CLOCK_THREAD_CPUTIME_ID does not: a stage's CPU time read from
+    task-clock may exceed a thread clock's by as much as the steal in between, and by no more."""
+    with open("/proc/stat") as f:
+        fields = f.readline().split()
+    return int(fields[8]) * 1_000_000_000 // os.sysconf("SC_CLK_TCK") if len(fields) > 8 else 0
+
+
 def run_delay_ns():
     """This thread's run-queue wait so far, as the kernel counts it (/proc/thread-self/schedstat, field 2)."""
     with open("/proc/thread-self/schedstat") as f:

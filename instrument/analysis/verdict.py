@@ -204,7 +204,10 @@ def judge(s: StageStats, th: Mapping[str, float], process: Optional[Mapping[str,
             ev[k] = round(v, 3)
     limited = [n for n in HARDWARE if sel[n] is None]
     if _user_sys_share(s) is not None and not _sys_resolved(s):
-        limited.append("system time (its calls are shorter than the kernel's tick-sampled accounting resolves)")
+        short = (_user_cpu(s) or 0) / max(s.cpu_calls, 1) < SYS_RESOLVED_NS
+        limited.append("system time (" + ("its calls are shorter than" if short else "its CPU time in all, under "
+                       f"{SYS_RESOLVED_TOTAL_NS // 1_000_000} ms, is less than") + " the kernel's tick-sampled "
+                       "accounting resolves)")
     sync = _sync_share(s)
     if sync is not None:
         ev["sync_share_of_self_cpu"] = round(sync, 3)

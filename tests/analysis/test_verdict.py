@@ -80,8 +80,9 @@ def test_random_stride_vs_streaming_is_honest_about_missing_counters(backend):
     if HAS_PMU:
         assert snap["random"].counter("cache-misses") > snap["stream"].counter("cache-misses")
     else:
-        for v in (s, r):
-            assert v["limited_by"] == list(verdict.HARDWARE)
+        for v in (s, r):   # and system time, where a stage's CPU in all is less than the kernel's ticks resolve
+            assert v["limited_by"][:len(verdict.HARDWARE)] == list(verdict.HARDWARE)
+            assert all(x.startswith("system time (its CPU time in all") for x in v["limited_by"][len(verdict.HARDWARE):])
             assert "memory" not in v["verdict"]        # no counters: no memory claim
             # (on a loaded machine, a stage that waited for a CPU long enough is cpu-starved: said with its share)
             assert "no hardware counters" in v["reason"] or v["verdict"] in ("mixed", "waiting", "kernel-bound") \

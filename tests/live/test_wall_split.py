@@ -11,7 +11,7 @@ import time
 import pytest
 
 import instrument
-from conftest import run_delay_ns
+from conftest import run_delay_ns, steal_ns
 from instrument.snapshot import SPLIT
 
 pytestmark = pytest.mark.native_only   # what only the C core records (conftest.py)
@@ -39,16 +39,18 @@ def test_a_preempted_spin_is_cpu_starved_not_waiting(backend, shared_core):
     thread clock's."""
     st = instrument.stage("spin")
     per = 3_000_000
-    rq0, cpu0 = run_delay_ns(), time.thread_time_ns()
+    rq0, cpu0, steal = run_delay_ns(), time.thread_time_ns(), steal_ns()
     for _ in range(30):
         with st:
             spin_ns(per)
-    rq, cpu = run_delay_ns() - rq0, time.thread_time_ns() - cpu0
+    rq, cpu, steal = run_delay_ns() - rq0, time.thread_time_ns() - cpu0, steal_ns() - steal
     s = instrument.snapshot()["spin"]
     assert rq > 0.2 * s.wall_total, "the hog should have taken the core from the spin"
     # within 10 % and 5 %, and the estimates' own 99 % intervals where the reads were sampled (a hog makes them dear)
     assert abs(s.split_part("runqueue") - rq) <= 0.10 * rq + 2.576 * s.runqueue["var"] ** 0.5
-    assert abs(s.split_part("on_cpu") - cpu) <= 0.05 * cpu + 2.576 * s.cpu_var ** 0.5
+    # (the stage's task-clock counts the hypervisor's steal, the thread clock does not: above by that at most)
+    assert -0.05 * cpu - 2.576 * s.cpu_var ** 0.5 <= s.split_part("on_cpu") - cpu <= 0.05 * cpu + 2.576 * \
+        s.cpu_var ** 0.5 + steal
     add_up(s)
     assert s.verdict["verdict"] == "cpu-starved", s.verdict
     assert s.verdict["evidence"]["split"]["runqueue"] >= 0.3
