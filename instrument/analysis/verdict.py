@@ -41,7 +41,6 @@ A verdict never claims more than its numbers: `evidence` holds them, and
 """
 from __future__ import annotations
 
-from dataclasses import replace
 from typing import Any, Dict, List, Mapping, Optional, Sequence
 
 from .. import config
@@ -107,9 +106,9 @@ OWN_COST_SHARE = 0.5
 
 
 def _shares(s: StageStats, wall: int) -> Dict[str, float]:
-    """Each part of the stage's own time (SPLIT) as a share of one denominator, the own wall time (or the parts'
-    sum where estimates stray above it): they add up to at most 1."""
-    parts = {p: max(s.split_part(p, True) or 0, 0) for p in SPLIT}
+    """Each measured part of the stage's own time (SPLIT; one not measured is absent) as a share of one
+    denominator, the own wall time (or the parts' sum where estimates stray above it): they add up to at most 1."""
+    parts = {p: max(v, 0) for p in SPLIT for v in (s.split_part(p, True),) if v is not None}
     den = max(wall, sum(parts.values()))
     return {p: v / den for p, v in parts.items()} if den > 0 else {}
 
@@ -119,8 +118,7 @@ def _evidence(s: StageStats, wall: int, shares: Mapping[str, float]) -> Dict[str
     ev: Dict[str, Any] = {"self_ms": round(wall / 1e6, 3)}
     if s.overlapped_calls:
         ev["overlapped_calls"] = s.overlapped_calls
-    split = {p: round(v, 3) for p, v in shares.items()
-             if s.split_part(p, True) is not None and (v or p in ("on_cpu", "runqueue"))}
+    split = {p: round(v, 3) for p, v in shares.items() if v or p in ("on_cpu", "runqueue")}
     if split:
         ev["split"] = split
     for kind, key in (("involuntary", "preemptions_per_call"), ("voluntary", "voluntary_switches_per_call")):
@@ -381,7 +379,7 @@ def with_verdicts(snap: Snapshot, th: Optional[Mapping[str, float]] = None) -> S
     """A copy of `snap` whose stages carry their verdicts (thresholds as in `thresholds()`)."""
     th = thresholds(snap, th)
     process, busiest = process_evidence(snap), busiest_stages(snap)
-    stages = [replace(s, verdict=judge(s, th, process, busiest)) if s.calls else s for s in snap.stages]
+    stages = [s.evolve(verdict=judge(s, th, process, busiest)) if s.calls else s for s in snap.stages]
     meta = snap.meta
     meta["verdict_thresholds"] = th
     return Snapshot(stages, meta, snap.events, snap.exemplars)

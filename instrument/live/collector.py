@@ -434,7 +434,7 @@ def _with_instrument_cost(stages: List[StageStats], overhead: Optional[Dict[str,
     for path, ns in own.items():   # every ancestor's total holds it
         for k in range(1, len(path) + 1):
             total[path[:k]] = total.get(path[:k], 0.0) + ns
-    return [replace(st, instrument_self=int(own.get(st.path, 0)), instrument_total=int(total.get(st.path, 0)))
+    return [st.evolve(instrument_self=int(own.get(st.path, 0)), instrument_total=int(total.get(st.path, 0)))
             if st.path in total else st for st in stages]
 
 
@@ -476,7 +476,7 @@ def _hold(stages: List[StageStats]) -> List[StageStats]:
             if ctr:
                 fields["counters"] = dict(st.counters, **ctr)
             _hold_split(h, st, fields)
-            out.append(replace(st, **fields) if fields else st)
+            out.append(st.evolve(**fields) if fields else st)
     return out
 
 
