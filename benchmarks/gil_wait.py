@@ -13,47 +13,24 @@ The sampler's own CPU time is read from its thread's CPU clock.  Medians; ratios
 same round.
 """
 import argparse
-import ctypes
 import json
 import os
 import platform
 import statistics
+import sys
 import threading
 import time
 
 import instrument
 from instrument import _native
 
-_libc = ctypes.PyDLL(None)   # calls that keep the GIL
-_libc.pread.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_size_t, ctypes.c_long]
-_libc.pread.restype = ctypes.c_ssize_t
-_local = threading.local()
-
-
-def schedstat():
-    """This thread's (run-queue ns, timeslices), read without letting go of the GIL."""
-    if not hasattr(_local, "fd"):
-        _local.fd = os.open("/proc/thread-self/schedstat", os.O_RDONLY)
-    buf = ctypes.create_string_buffer(128)
-    n = _libc.pread(_local.fd, buf, 127, 0)
-    f = buf.raw[:n].split()
-    return int(f[1]), int(f[2])
-
-
-def edge():
-    """(wall, CPU, run queue) with no timeslice ending among the reads."""
-    while True:
-        r1, n1 = schedstat()
-        w, c = time.perf_counter_ns(), time.thread_time_ns()
-        r2, n2 = schedstat()
-        if n1 == n2:
-            return w, c, r2
-
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tests"))
+from thread_clocks import edge, schedstat, thread_cpu_ns  # noqa: E402  (the tests' truth, read the same way)
 
 def sampler_cpu_ns():
     """The sampler thread's CPU time so far, from its own CPU clock (all of it: reads, wake-ups, idle looks)."""
     tid = _native.gil_status()["tid"]
-    return time.clock_gettime_ns((~tid << 3) | 6) if tid else 0   # MAKE_THREAD_CPUCLOCK(tid, SCHED)
+    return thread_cpu_ns(tid) if tid else 0
 
 
 def work(n=60_000):

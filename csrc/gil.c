@@ -22,7 +22,6 @@
 #define IDLE_NS 100000000         /* while no stage is open anywhere, the sampler waits for one this long at most */
 
 struct GilSlot {
-    long tid;
     int fd;                       /* /proc/self/task/<tid>/syscall */
     uint32_t epoch;               /* g_fork_epoch it was made in */
     uint64_t blocked, gil;        /* samples that found the thread blocked; of them, on the GIL (atomic) */
@@ -33,7 +32,7 @@ volatile int g_gil_idle = 0;
 static uintptr_t g_lo, g_hi;      /* the GIL's futexes lie in [g_lo, g_hi) */
 static int g_learned = 0;         /* 1 found, -1 not, 0 not tried */
 static char g_why[200] = "not tried yet";
-static double g_share = 0.005;
+static const double g_share = 0.005;   /* the most of one core the sampler's CPU time may take */
 static uint32_t g_fork_epoch = 1;
 static pthread_mutex_t g_mu = PTHREAD_MUTEX_INITIALIZER;   /* the slots' table, and the figures below */
 static pthread_cond_t g_wake = PTHREAD_COND_INITIALIZER;   /* a stage opened while the sampler was idle */
@@ -227,12 +226,10 @@ int gil_learn(void) {
     return 0;
 }
 
-int gil_enable(int on, double share) {
-    if (share > 0) g_share = share;
+void gil_enable(int on) {
     if (on && gil_learn() < 0) on = 0;
     if (on && !g_running && start_sampler() < 0) on = 0;
     g_on = g_gil = on;
-    return on || !g_learned ? 0 : -1;
 }
 
 GilSlot *gil_slot_new(void) {
@@ -240,10 +237,9 @@ GilSlot *gil_slot_new(void) {
     if (!g_running && start_sampler() < 0) return NULL;   /* a forked child: its own sampler */
     GilSlot *s = calloc(1, sizeof(GilSlot));
     if (!s) return NULL;
-    s->tid = (long)syscall(SYS_gettid);
     s->epoch = g_fork_epoch;
     char path[64];
-    snprintf(path, sizeof(path), "/proc/self/task/%ld/syscall", s->tid);
+    snprintf(path, sizeof(path), "/proc/self/task/%ld/syscall", (long)syscall(SYS_gettid));
     if ((s->fd = open(path, O_RDONLY | O_CLOEXEC)) < 0) { free(s); return NULL; }
     pthread_mutex_lock(&g_mu);
     if (g_n == g_cap) {

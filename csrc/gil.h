@@ -22,9 +22,9 @@ extern volatile int g_gil_idle;   /* it waits for a stage to open: the first to 
 
 /* Finds the GIL's futex addresses (once per process; with the GIL held).  0 found, -1 not: gil_status() says why. */
 int gil_learn(void);
-/* Starts the sampler (once learned), or makes it idle (on = 0).  share: its CPU time's most, as a share of one core.
- * 0, or -1 with a reason in gil_status(). */
-int gil_enable(int on, double share);
+/* Starts the sampler (once learned), or makes it idle (on = 0); where it cannot run, g_gil stays 0 and gil_status()
+ * says why. */
+void gil_enable(int on);
 GilSlot *gil_slot_new(void);      /* the calling thread's slot; NULL: not sampled */
 void gil_slot_free(GilSlot *s);   /* at the thread's end */
 /* The slot's cumulative counts: samples that found the thread blocked, and of them on the GIL.  A slot made before

@@ -96,7 +96,7 @@ static int opt_helper_cpu(PyObject *v, int apply) { return set_flag(v, apply, &g
 static int opt_gil_wait(PyObject *v, int apply) {
     int on;
     if (set_flag(v, 1, &on, "gil_wait") < 0) return -1;
-    if (apply) gil_enable(on, 0);
+    if (apply) gil_enable(on);
     return 0;
 }
 
@@ -547,5 +547,6 @@ PyMODINIT_FUNC PyInit__native(void) {
     PyModule_AddIntConstant(m, "MAX_NAME_LEN", MAX_NAME_LEN);
     PyModule_AddIntConstant(m, "HIST_SUB_BITS", HIST_SUB_BITS);
     PyModule_AddIntConstant(m, "HIST_BLOCKS", HIST_BLOCKS);
+    PyModule_AddIntConstant(m, "HELPERS_MAX", HELPERS_MAX);
     return m;
 }

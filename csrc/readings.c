@@ -11,7 +11,6 @@
 
 #include "gil.h"
 
-#define HELPERS_MAX 32           /* beyond this many helper threads, their CPU is not read (too costly) */
 #define HELPERS_RESCAN_NS 100000000   /* the thread list is looked at again when its count changes, or every 100 ms */
 #define HELPERS_BASE ((int64_t)1 << 50)   /* only deltas count: a base keeps a reading positive (-1 means unread) */
 

@@ -24,6 +24,8 @@ typedef struct {
     perf_reading c;
 } Reading;
 
+#define HELPERS_MAX 32   /* beyond this many threads that run no stage, a read call does not read their CPU (too costly) */
+
 #pragma GCC visibility push(hidden)
 
 /* Everything the configuration reads, into r, with the wall clock at its edge; exit != 0: in exit order. */

@@ -15,6 +15,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, TypedDi
 MAX_NAME_LEN: int
 HIST_SUB_BITS: int
 HIST_BLOCKS: int
+HELPERS_MAX: int   # the most threads that run no stage whose CPU clocks a read call reads
 
 class Stage:
     def __init__(self, name: str, color: Optional[int] = ..., *, category: int = ...) -> None: ...

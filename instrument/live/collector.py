@@ -413,7 +413,6 @@ def _cpu_fields(s: Dict[str, Any]) -> Dict[str, Any]:
     return out
 
 
-HELPERS_READ = 32   # helper threads whose CPU clocks a read call reads at most (csrc/readings.c HELPERS_MAX)
 _held: Dict[tuple, Dict[str, Any]] = {}
 _held_lock = threading.Lock()
 
@@ -545,8 +544,8 @@ def _overhead(raw: Dict[str, Any]) -> Optional[Dict[str, Any]]:
     probe_cpu = probe.cpu_ns() if _config_now.machine_probe else None   # on the stages' threads, outside stages
     helpers = c.get("helper_cpu")
     if raw.get("helpers_over_cap"):   # calls that ran while too many threads ran no stage: not read, estimated
-        helpers = (f"{helpers}; not read on the calls that ran while more than {HELPERS_READ} threads ran no stage "
-                   f"(up to {raw['helpers_over_cap']} were seen): their helper CPU is estimated from the calls read")
+        helpers = (f"{helpers}; not read on the calls that ran while more than {backend.HELPERS_MAX} threads ran no "
+                   f"stage (up to {raw['helpers_over_cap']} were seen): their helper CPU is estimated from the calls read")
     return {"per_call_ns": base, "per_read_ns": read, "per_read_timed_calls": timed,
             "per_read_calibrated_ns": round(c["read_ns"], 1), "calls": calls,
             "read_calls": reads, "estimated_ns": round(calls * base + reads * read + (probe_cpu or 0)),

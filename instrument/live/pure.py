@@ -33,6 +33,7 @@ MISSING = ("overhead budget", "estimates", "exemplars", "asyncio task attributio
            "helper-thread CPU time", "switch detection", "calibration", "instrument's own cost apart", "GIL wait")
 
 MAX_NAME_LEN, HIST_SUB_BITS, HIST_BLOCKS = 1024, _hist.SUB_BITS, _hist.BLOCKS
+HELPERS_MAX = 0   # helper threads' CPU is not read here (MISSING)
 OTHER_NAME, ITEMS_MAX, ITEM_NAME_MAX, MAX_COUNTERS = "(other)", 32, 200, 16
 NQ = 4 + MAX_COUNTERS   # per call: CPU time, system time, voluntary and involuntary switches, then the counters
 SCALARS = ("cpu", "sys", "vcsw", "ivcsw")

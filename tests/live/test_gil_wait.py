@@ -2,7 +2,6 @@
 (wall less its CPU clock less the kernel's run-queue time: a pure-Python thread off the CPU by its own doing is
 waiting for the GIL), and against waits that are not the GIL's (a pipe, a lock, a sleep).  The sampler is the C
 core's; on a loaded 2-core machine."""
-import ctypes
 import os
 import threading
 import time
@@ -11,6 +10,7 @@ import pytest
 
 import instrument
 from conftest import run_python
+from thread_clocks import edge, schedstat, thread_cpu_ns
 from instrument import _native
 from instrument.live import doctor
 from instrument.snapshot import SPLIT, Snapshot
@@ -25,43 +25,13 @@ def _python_work(n=60_000):
     return x
 
 
-# libc through PyDLL: its calls keep the GIL, so reading the run queue inside a window is not followed by a wait for
-# the GIL (with run-queue time of its own) before the window closes, as a Python-level read would be
-_libc = ctypes.PyDLL(None)
-_libc.pread.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_size_t, ctypes.c_long]
-_libc.pread.restype = ctypes.c_ssize_t
-_fds = threading.local()
-
-
-def _schedstat():
-    """This thread's run-queue time and timeslices so far (/proc/thread-self/schedstat), read without letting go
-    of the GIL."""
-    if not hasattr(_fds, "fd"):
-        _fds.fd = os.open("/proc/thread-self/schedstat", os.O_RDONLY)   # per thread: thread-self resolves at open
-    buf = ctypes.create_string_buffer(128)
-    n = _libc.pread(_fds.fd, buf, 127, 0)
-    fields = buf.raw[:n].split()
-    return int(fields[1]), int(fields[2])
-
-
-def _edge():
-    """(wall, CPU, run queue) at one moment: read again until no timeslice ended among the reads (a preemption
-    between them would put run-queue time on one side of the wall clock and count it on the other)."""
-    while True:
-        r1, n1 = _schedstat()
-        w, c = time.perf_counter_ns(), time.thread_time_ns()
-        r2, n2 = _schedstat()
-        if n1 == n2:
-            return w, c, r2
-
-
 def _off(work):
     """Run work() and return what this thread was off the CPU by its own doing meanwhile: wall less CPU less run
     queue, read around it by the test (none of its reads lets go of the GIL)."""
-    _schedstat()
-    w0, c0, r0 = _edge()
+    schedstat()
+    w0, c0, r0 = edge()
     work()
-    w1, c1, r1 = _edge()
+    w1, c1, r1 = edge()
     return w1 - w0 - (c1 - c0) - (r1 - r0)
 
 
@@ -92,10 +62,11 @@ def test_four_python_threads_on_two_cores_wait_for_the_gil(backend):
     the verdict is gil-bound.  (One call a thread: a thread that waits for the GIL drops it again soon after it
     takes it, wherever its code then is, so Python-level reads around many short calls would hold GIL waits of
     their own.)"""
-    around = []
+    around, start = [], threading.Barrier(4)
 
     def worker():
         st = instrument.stage("py")
+        start.wait()   # all four at once: none runs its calls alone before the others have started
         around.append(_off(_call(st, lambda: [_python_work() for _ in range(25)])))
     _threads(worker, 4)
     s = instrument.snapshot()["py"]
@@ -193,15 +164,14 @@ def test_off_there_is_no_gil_part(backend):
     time.sleep(0.01)   # a round of reads under way when it was turned off ends
     before, tid = _native.gil_status()["reads"], _native.gil_status()["tid"]
     assert tid, "the sampler started with the default configuration"
-    clock = (~tid << 3) | 6   # the sampler thread's CPU clock (MAKE_THREAD_CPUCLOCK(tid, SCHED))
-    cpu0, wall0 = time.clock_gettime_ns(clock), time.perf_counter_ns()
+    cpu0, wall0 = thread_cpu_ns(tid), time.perf_counter_ns()
 
     def worker():
         for _ in range(5):
             with instrument.stage("py"):
                 _python_work()
     _threads(worker, 3)
-    cpu, wall = time.clock_gettime_ns(clock) - cpu0, time.perf_counter_ns() - wall0
+    cpu, wall = thread_cpu_ns(tid) - cpu0, time.perf_counter_ns() - wall0
     s = instrument.snapshot()["py"]
     assert s.split_part("gil") is None and "gil" not in s.wall_split and s.gil_samples is None
     assert _native.gil_status()["reads"] == before
