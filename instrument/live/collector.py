@@ -493,9 +493,9 @@ def _hold_split(h: Dict[str, Any], st: StageStats, fields: Dict[str, Any]) -> No
     queued_total = max(min(rq["total"], left), h.get("rq_total", 0))
     h["rq_total"] = queued_total
     rq = dict(rq, total=queued_total)
-    if n is not None:   # the GIL wait: of the blocked time, the share of its samples that found the GIL
-        off = max(left - queued_total, 0)
-        h["gil_total"] = min(max(off * _share(n["gil_total"], n["blocked_total"]), h.get("gil_total", 0)), off)
+    if n is not None:   # the GIL wait: of the blocked time, the share of its samples that found the GIL; held as the
+        off = max(left - queued_total, 0)   # run-queue time is, never lowered when a later CPU estimate shrinks off
+        h["gil_total"] = max(off * _share(n["gil_total"], n["blocked_total"]), h.get("gil_total", 0))
         fields["gil_total"] = math.floor(h["gil_total"])
     cov = max(st.covered_run_self, 0)
     cpu = max(fields.get("cpu_self", st.cpu_self), 0)

@@ -227,11 +227,11 @@ class StageStats:
             return None
         off = max(cov - cpu - rq, 0)
         gil = self.gil_self if self_ else self.gil_total
-        gil = None if gil is None else min(max(gil, 0), off)
+        gil = None if gil is None else max(gil, 0)   # held: not cut to a later, smaller estimate of off
         if part == "gil":
             return gil
         if part == "blocked":
-            return off - (gil or 0)
+            return max(off - (gil or 0), 0)
         raise KeyError(f"no wall-time part {part!r}; the parts are: {', '.join(SPLIT)}")
 
     @property
