@@ -67,7 +67,7 @@ def test_four_python_threads_on_two_cores_wait_for_the_gil(backend):
     def worker():
         st = instrument.stage("py")
         start.wait()   # all four at once: none runs its calls alone before the others have started
-        around.append(_off(_call(st, lambda: [_python_work() for _ in range(25)])))
+        around.append(_off(_call(st, lambda: [_python_work() for _ in range(50)])))
     _threads(worker, 4)
     s = instrument.snapshot()["py"]
     gil, off = s.split_part("gil"), sum(around)
