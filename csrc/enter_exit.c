@@ -7,6 +7,7 @@
 
 #include "exemplars.h"
 #include "gil.h"
+#include "memory.h"
 #include "nvtx_emit.h"
 #include "record.h"
 #include "rootexit.h"
@@ -121,6 +122,7 @@ static Frame *frame_push(Stack *st, ThreadState *ts, Stage *self, int32_t node) 
     f->nvtx = 0;
     f->skipped = 0;
     f->w = 0;
+    f->mem = -1;
     return f;
 }
 
@@ -159,6 +161,7 @@ void stage_enter(Stage *self) {
     if ((g_cpu_clock || g_ctr_n) && budget_read(ts, node, &w)) {   /* nothing is read without a CPU source */
         int64_t a = now_ns();
         if (g_ctr_n) counters_ready(ts);
+        if (g_mem_n) f->mem = mem_enter(st, &f->mem_serial);   /* outside the wall window, with the reads' cost */
         read_boundary(ts, &f->r0, 0);   /* r0.t after the reads: the wall window holds none of them */
         f->sw_in = ts_switches(ts);
         f->spent = f->sw_in == f->sw0 ? f->r0.t - a : -1;   /* what they cost, where the thread kept the CPU */
@@ -180,6 +183,8 @@ static void read_exit(ThreadState *ts, Stack *st, const Frame *f, int same_threa
     int read = f->w > 0 && same_thread;
     uint32_t sw_in = read ? ts_switches(ts) : 0;   /* before the reads: the end of the wall window */
     if (read) read_boundary(ts, &r1, 1);   /* r1.t before the reads ends the wall window */
+    m->mem.have = 0;
+    if (f->mem >= 0) mem_exit(f->mem, f->mem_serial, st, read, &m->mem);
     m->sw1 = sw_in;
     m->t1 = read ? r1.t : now_ns();
     m->overlapped = taskclock_frame_exit(ts, st, f, read ? &r1 : NULL, m);   /* task-relative, time suspended */
@@ -187,6 +192,7 @@ static void read_exit(ThreadState *ts, Stack *st, const Frame *f, int same_threa
     m->switched = !same_thread || ts_switches(ts) != f->sw0;
     m->switched_in = read ? sw_in != f->sw_in : m->switched;
     m->read = read && !m->overlapped;
+    m->mem.overlapped |= m->overlapped != 0;   /* its task shared the thread with others: the gauges are theirs too */
     m->have_ctr = 0;
     if (m->read) call_quantities(&f->r0, &r1, m), m->inner = r1.tq - f->r0.tq;
     m->stand_in = f->skipped && same_thread && !m->overlapped;

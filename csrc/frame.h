@@ -25,6 +25,8 @@ typedef struct {
     uint8_t nvtx;        /* 0 none, 1 push/pop, 2 start/end */
     uint8_t skipped;     /* left unread by the overhead budget (its quantities are estimated) */
     uint64_t nvtx_id;
+    int32_t mem;         /* a read call's memory slot (memory.h); -1: none */
+    uint32_t mem_serial;
     double w;            /* 1 / its chance of being read; 0: not read */
     uint32_t sw0;        /* the thread's switch sequence at enter (ts_switches) */
     uint32_t sw_in;      /* a read call's, after its reads at enter: its wall window's start (CallMeasure.switched_in) */

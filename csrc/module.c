@@ -10,6 +10,7 @@
 #include "enter_exit.h"
 #include "exemplars.h"
 #include "gil.h"
+#include "memory.h"
 #include "hist.h"
 #include "items.h"
 #include "nodes.h"
@@ -100,6 +101,8 @@ static int opt_gil_wait(PyObject *v, int apply) {
     return 0;
 }
 
+static int opt_memory(PyObject *v, int apply) { return mem_configure(v, apply); }
+
 static int opt_nvtx(PyObject *v, int apply) {
     int on;
     if (set_flag(v, 1, &on, "nvtx") < 0) return -1;
@@ -145,7 +148,7 @@ static const struct { const char *name; OptionSet set; } OPTIONS[] = {
     {"enabled", opt_enabled}, {"cpu_clock", opt_cpu_clock}, {"cpu_split", opt_cpu_split}, {"nvtx", opt_nvtx},
     {"max_stages", opt_max_stages}, {"trace_events", opt_trace_events}, {"exemplars", opt_exemplars},
     {"overhead_budget", opt_overhead_budget}, {"run_queue", opt_run_queue}, {"helper_cpu", opt_helper_cpu},
-    {"gil_wait", opt_gil_wait},
+    {"gil_wait", opt_gil_wait}, {"memory", opt_memory},
 };
 #define N_OPTIONS ((int)(sizeof(OPTIONS) / sizeof(OPTIONS[0])))
 
@@ -190,6 +193,11 @@ static PyObject *mod_configuration(PyObject *m, PyObject *unused) {
 }
 
 static PyObject *mod_gil_status(PyObject *m, PyObject *unused) { return gil_status(); }
+static PyObject *mod_memory_status(PyObject *m, PyObject *unused) { return mem_status(); }
+static PyObject *mod_memory_reset_seen(PyObject *m, PyObject *names) {
+    if (mem_reset_seen(names) < 0) return NULL;
+    Py_RETURN_NONE;
+}
 
 static void forget_counters(StatsArray *a) {
     for (int32_t i = 0; i < a->n; i++) {
@@ -338,11 +346,11 @@ static PyObject *stats_row(int32_t id, const NodeStats *s) {
         "overlapped", (unsigned long long)s->overlapped, "abandoned", (unsigned long long)s->abandoned,
         "susp_total", (long long)s->susp_total, "susp_self", (long long)s->susp_self,
         "loop_total", (long long)s->loop_total, "loop_self", (long long)s->loop_self);
-    PyObject *more = d ? Py_BuildValue("{s:K,s:L,s:L,s:d,s:N,s:N,s:N,s:N,s:N}", "covered", (unsigned long long)s->covered,
+    PyObject *more = d ? Py_BuildValue("{s:K,s:L,s:L,s:d,s:N,s:N,s:N,s:N,s:N,s:N}", "covered", (unsigned long long)s->covered,
         "cov_run", (long long)s->cov_run, "cov_run_self", (long long)s->cov_run_self, "cpu_bound", s->cpu_bound,
         "hist", hist_to_list(&s->h),
         "estimates", estimates(s), "counters", counters_to_list(s), "blockers", blockers_to_list(s),
-        "items", items_to_list(s)) : NULL;
+        "items", items_to_list(s), "memory", mem_stat_list(s->mem)) : NULL;
     if (!more || PyDict_Update(d, more) < 0) Py_CLEAR(d);
     Py_XDECREF(more);
     return d;
@@ -511,6 +519,10 @@ static PyMethodDef native_methods[] = {
      "configure(**options): the hot-path options (those config.py marks hot)"},
     {"configuration", (PyCFunction)mod_configuration, METH_NOARGS, "the hot-path options in force"},
     {"gil_status", (PyCFunction)mod_gil_status, METH_NOARGS, "the GIL sampler: mechanism, period, its own CPU time"},
+    {"memory_status", (PyCFunction)mod_memory_status, METH_NOARGS,
+     "the memory sources: name, how the peak is measured, reads and their cost"},
+    {"memory_reset_seen", (PyCFunction)mod_memory_reset_seen, METH_O,
+     "another party resets these sources' peaks now: the open calls keep theirs, and are marked"},
     {"calibrate", (PyCFunction)mod_calibrate, METH_VARARGS, NULL},
     {"set_counters", (PyCFunction)mod_set_counters, METH_VARARGS, "set_counters(events, exclude_kernel, taskclock_index)"},
     {"set_hooks", (PyCFunction)mod_set_hooks, METH_VARARGS, "set_hooks(enter, exit): called around every stage; None, None clears"},

@@ -5,6 +5,7 @@
 #define INSTRUMENT_RECORD_H
 
 #include "frame.h"
+#include "memory.h"
 #include "threads.h"
 
 typedef struct CallMeasure {
@@ -22,6 +23,7 @@ typedef struct CallMeasure {
     int overlapped;      /* it overlapped other contexts' work on its thread: nothing attributable */
     int stand_in;        /* left unread by the budget on its own thread: the read calls stand for it */
     int abandoned, error;
+    MemCall mem;         /* its memory figures (mem.have 0: not measured) */
 } CallMeasure;
 
 #pragma GCC visibility push(hidden)

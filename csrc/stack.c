@@ -19,6 +19,7 @@ static void stack_abandon(Stack *st) {
         if (f->epoch != g_epoch) continue;
         CallMeasure m;
         taskclock_abandoned(st, f, &m);
+        mem_exit(f->mem, f->mem_serial, st, 0, &m.mem);   /* its slot freed: no exit reading */
         m.switched = m.switched_in = 1;
         record_call(ts, f, i > 0 ? &st->frames[i - 1] : NULL, &m);
     }

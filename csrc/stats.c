@@ -8,6 +8,7 @@
 #include <time.h>
 
 #include "items.h"
+#include "memory.h"
 
 TraceEvent *g_ring = NULL;
 size_t g_ring_cap = 0, g_ring_next = 0;
@@ -248,6 +249,8 @@ static int stats_merge(NodeStats *d, const NodeStats *s, int64_t cpu_now) {
     merge_blockers(d, s);   /* held sums: the slots are other threads' loops, or disjoint stretches of time */
     if (s->est && merge_estimates(d, s) < 0) return -1;
     if (s->ctr && merge_counters(d, s) < 0) return -1;
+    if (s->mem && !d->mem && !(d->mem = calloc(MEM_SOURCES, sizeof(MemStat)))) return -1;
+    if (s->mem) mem_stat_merge(d->mem, s->mem);
     return hist_merge(&d->h, &s->h);
 }
 
@@ -258,6 +261,7 @@ void stats_array_clear(StatsArray *a) {
             items_clear(a->v[i]);
             free(a->v[i]->est);
             free(a->v[i]->ctr);
+            free(a->v[i]->mem);
             free(a->v[i]);
         }
     }

@@ -72,6 +72,7 @@ typedef struct { int32_t node; int64_t held, waited, mark; } Blocker;
 #define BLOCKERS_MAX 8
 
 typedef struct ItemStat ItemStat;   /* items.h */
+typedef struct MemStat MemStat;     /* memory.h */
 
 typedef struct {
     uint64_t calls, errors;
@@ -95,6 +96,7 @@ typedef struct {
     CounterStat *ctr;                 /* PERF_MAX_EVENTS entries, allocated on the first counted call */
     Blocker blockers[BLOCKERS_MAX];   /* stages that ran on the loop while this one was ready, with the time */
     int32_t n_blockers;
+    MemStat *mem;                     /* memory per source (memory.h): MEM_SOURCES entries, from the first measured call */
     ItemStat *items;                  /* instrument.add() totals by item name (items.c); NULL until the first add */
     int32_t n_items, cap_items;
 } NodeStats;

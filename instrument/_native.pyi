@@ -1,7 +1,7 @@
 """Typed interface of the compiled hot path (csrc/).
 
 instrument.live.pure, the small pure-Python fallback, implements a declared subset: everything
-here but CounterGroup, the nvtx_* functions, the asyncio runners (step_runner, iteration_runner,
+here but CounterGroup, memory_status, memory_reset_seen, the nvtx_* functions, the asyncio runners (step_runner, iteration_runner,
 ready_runner, stepped) and the _perf_mmap_* decoders.  It reads every call and reports exact sums in
 the same rows (estimate rows with var 0 and reads equal to the calls read); configure() takes
 every option, and overhead_budget, exemplars, run_queue and helper_cpu change nothing there;
@@ -83,6 +83,31 @@ class _GilStatus(TypedDict):
     seconds: float                         # how long it has run
     tid: int                               # its thread id (0: none)
 
+class _MemoryStatus(TypedDict):
+    """A memory source (csrc/memory.h): meta.memory.sources, doctor."""
+    name: str                              # host, python, cuda:N, cuda:N:reserved
+    active: bool
+    peak: str                              # how its peak is measured
+    peak_bytes: int                        # the highest mark read: the process's peak since it was configured
+    reads: int
+    ns_per_read: float                     # what one read of it costs (its gauge, its reset)
+    errors: int
+    error: Optional[str]                   # why a callable source stopped
+
+class _MemorySums(TypedDict):
+    """A source's sums over a stage's measured calls (StageStats.memory; w-sums weigh a call by 1 / its chance)."""
+    calls: int
+    overlapped: int
+    marked: int
+    peak_max: float
+    w: float
+    w_peak: float
+    w_net: float
+    peak_sum: float
+    peak_sq: float
+    net_sum: float
+    net_sq: float
+
 class _Calibration(TypedDict):
     read_ns: float                         # one call's reads, both boundaries: the overhead budget's unit
     run_queue: str                         # where run-queue time comes from, or why it does not
@@ -143,6 +168,7 @@ class _StatsRow(TypedDict):
     counters: List[Optional[_CounterRow]]               # one per event given to set_counters
     blockers: List[Tuple[int, int, int]]                # (node, held, waited): stages that held the loop while it was ready
     items: List[Tuple[str, int, float, int, int]]       # (name, int total, float total, adds, float adds)
+    memory: Dict[str, _MemorySums]                      # by source; {} where memory was not measured
 
 class _CollectResult(TypedDict, total=False):
     counter_errno: List[Optional[int]]                  # per event: 0 open, an errno, None not opened yet
@@ -169,9 +195,13 @@ class _CollectResult(TypedDict, total=False):
     tasks: Dict[str, int]                               # steps, switch_reads, unhooked_changes, overlapped, abandoned
 
 def stage(name: str, /) -> Stage: ...
-def configure(**options: Any) -> None: ...             # the keys of _Configuration; unknown ones are refused
+def configure(**options: Any) -> None: ...             # the keys of _Configuration, and memory (a sequence of
+                                                        # "host" or (name, get, reset): csrc/memory.h; not in the
+                                                        # fallback); unknown ones are refused
 def configuration() -> _Configuration: ...
 def gil_status() -> _GilStatus: ...
+def memory_status() -> List[_MemoryStatus]: ...
+def memory_reset_seen(names: Sequence[str], /) -> None: ...   # another party resets these sources' peaks now
 def calibrate(n: int = ..., /) -> _Calibration: ...
 def set_counters(events: Sequence[Tuple[int, int]], exclude_kernel: bool, taskclock_index: int, /) -> None: ...
 def set_hooks(enter: Optional[Callable[[str], Any]], exit: Optional[Callable[[Any], Any]], /) -> None: ...

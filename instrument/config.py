@@ -96,6 +96,26 @@ def _counters(name: str, v: Any) -> Tuple[str, ...]:
         raise ValueError(f"{name}: {e}") from None
 
 
+MEMORY_SOURCES = ("host", "python", "cuda")
+
+
+def _memory(name: str, v: Any) -> Tuple[str, ...]:
+    """A comma list (or a sequence) of memory sources, in MEMORY_SOURCES order; none/off/"" -> ()."""
+    items = v.split(",") if isinstance(v, str) else v if isinstance(v, (list, tuple)) else None
+    if items is None or not all(isinstance(x, str) for x in items):
+        raise ValueError(f"{name} must be a comma list of {', '.join(MEMORY_SOURCES)} (or none), got {v!r}")
+    names = {x.strip().lower() for x in items} - {""}
+    if names & {"none", "off"}:
+        if len(names) > 1:
+            raise ValueError(f"{name}: none turns memory off and goes alone, got {v!r}")
+        return ()
+    bad = sorted(names - set(MEMORY_SOURCES))
+    if bad:
+        raise ValueError(f"{name}: unknown memory source {bad[0]!r}; the sources are {', '.join(MEMORY_SOURCES)} "
+                         f"(or none), got {v!r}")
+    return tuple(s for s in MEMORY_SOURCES if s in names)
+
+
 def _serve(name: str, v: Any) -> Optional[str]:
     """"host:port", ":port" or "port" (host 127.0.0.1; "[::1]:port" for IPv6) -> "host:port"; None or "" -> None."""
     if v is None or (isinstance(v, str) and not v.strip()):
@@ -192,6 +212,13 @@ OPTIONS: Tuple[Option, ...] = (
     Option("gil_wait", "INSTRUMENT_GIL_WAIT", True, _bool,
            "sample which stage threads wait for the GIL (a native thread reads their /proc syscall files, within "
            "0.5 % of one core): a stage's blocked time split into GIL wait and the rest", hot=True),
+    Option("memory", "INSTRUMENT_MEMORY", ("host", "cuda"), _memory,
+           "memory per stage, read with the CPU time on the calls the budget reads (peak above the call's start and "
+           "net change, per source): host (the resident set; its high-water mark reset through /proc/self/clear_refs, "
+           "so the process's own VmHWM and ru_maxrss then tell the peak since the last read, and meta.memory the "
+           "process's), python (the traced Python heap: starts tracemalloc, which slows every allocation and resets "
+           "its peak), cuda (each device's allocated and reserved bytes, once torch has initialised CUDA; resets "
+           "torch's peak statistics); none: off"),
     Option("task_attribution", "INSTRUMENT_TASK_ATTRIBUTION", True, _bool,
            "charge CPU time and counters inside asyncio tasks to each task's own stages (a hook on asyncio's task "
            "steps); off: a call that overlaps other tasks on its thread keeps its wall time, its CPU time and counters "

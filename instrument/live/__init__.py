@@ -3,7 +3,7 @@ collector, hooks, NVTX and capture windows, perf counters and the torch, CUDA-ev
 torch.distributed integrations.  Only the facades (instrument, instrument.distributed) and
 the command line import from here."""
 
-from . import distributed, integrations, tasks, torchwatch
+from . import distributed, integrations, memory, tasks, torchwatch
 
 # the integrations that are always there: asyncio task attribution, the rank of a distributed job (from its launcher
 # before torch is imported), and the torch watch (which registers the torch profiler and GPU integrations and times
@@ -11,3 +11,4 @@ from . import distributed, integrations, tasks, torchwatch
 integrations.register(tasks)
 integrations.register(distributed)
 integrations.register(torchwatch)
+integrations.register(memory)   # memory per stage: the sources the `memory` option names (CUDA's once initialised)

@@ -20,7 +20,7 @@ from .. import counters
 from .._version import __version__
 from ..snapshot import Snapshot, StageStats, path_text
 from . import backend as _backend
-from . import callsite, integrations, nvtx, perf, probe
+from . import callsite, integrations, memory, nvtx, perf, probe
 
 backend = _backend.current   # the hot path reads this global; _on_backend_switch keeps it current
 
@@ -59,6 +59,7 @@ def _apply(cfg: _config.Config, explicit_counters: bool = False) -> None:
     if cfg.nvtx:
         nvtx.init(cfg.nvtx_domain)
     backend.configure(**_config.hot_values(cfg))
+    memory.apply(cfg)   # its sources are read with the CPU time: before the reads' cost is calibrated
     backend.set_probe_hook(probe.hook(backend) if cfg.machine_probe else None)
     _apply_counters(cfg.counters, explicit_counters)
     _calibrate()
@@ -592,7 +593,7 @@ def snapshot(judged: bool = True) -> Snapshot:
             loop_blockers_waited={_blocker_path(paths, n): waited for n, _, waited in s["blockers"]},
             other=s["node"] in others, overlapped_calls=s["overlapped"], abandoned_calls=s["abandoned"],
             suspended_total=s["susp_total"], suspended_self=s["susp_self"], items=_items(s.get("items")),
-            **extra.pop(path, {})))
+            memory=s.get("memory") or None, **extra.pop(path, {})))
     meta = _meta(raw)
     stages = _hold(_with_instrument_cost(stages, meta.get("overhead")))
     for path, fields in extra.items():   # stages only an integration saw (e.g. GPU time of a still-open stage)

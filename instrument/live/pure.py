@@ -30,7 +30,8 @@ from . import callsite
 
 # what the C core records and this fallback does not: every call is read, nothing estimated or corrected
 MISSING = ("overhead budget", "estimates", "exemplars", "asyncio task attribution", "machine probe", "run-queue time",
-           "helper-thread CPU time", "switch detection", "calibration", "instrument's own cost apart", "GIL wait")
+           "helper-thread CPU time", "switch detection", "calibration", "instrument's own cost apart", "GIL wait",
+           "memory per stage")
 
 MAX_NAME_LEN, HIST_SUB_BITS, HIST_BLOCKS = 1024, _hist.SUB_BITS, _hist.BLOCKS
 HELPERS_MAX = 0   # helper threads' CPU is not read here (MISSING)
@@ -572,7 +573,8 @@ def _row(nid: int, s: _Sums) -> Dict[str, Any]:
             "hist": sorted(s.hist.items()),
             "estimates": dict({n: _exact(q[k]) for k, n in enumerate(SCALARS)}, cpu=cpu, runqueue=None, helpers=None,
                               off_samples=None, gil_samples=None),
-            "counters": counters, "blockers": [], "items": [(k, *v) for k, v in s.items.items()]}
+            "counters": counters, "blockers": [], "items": [(k, *v) for k, v in s.items.items()],
+            "memory": {}}
 
 
 def collect() -> Dict[str, Any]:

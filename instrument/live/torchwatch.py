@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import sys
 
-from . import distributed, gpu, hooks, importwatch, integrations, torch_profiler
+from . import distributed, gpu, hooks, importwatch, integrations, memory, torch_profiler
 
 _ready = False
 _cfg = None   # the configuration in force, as the collector last applied it
@@ -58,6 +58,7 @@ def _apply(cfg) -> None:
         torch_profiler.install()
     torch_profiler.apply(cfg)
     gpu.apply(cfg)
+    memory.apply(cfg)
     distributed.apply(cfg)
 
 

@@ -70,6 +70,21 @@ def ci99(total: Optional[float], var: float, upper: Optional[float] = None) -> O
     return (lo, max(hi, lo))   # an estimate below 0 (a difference of clocks) has an interval of [0, 0] at least
 
 
+MEMORY_SUMS = ("calls", "overlapped", "marked", "w", "w_peak", "w_net", "peak_sum", "peak_sq", "net_sum", "net_sq")
+
+
+def memory_sums(m: Any) -> dict:
+    """A source's memory sums (StageStats.memory[source]) checked: MEMORY_SUMS numbers, and peak_max (None: not
+    known, as after since() where the window's largest peak did not pass the earlier one)."""
+    out = {k: float(m[k]) for k in MEMORY_SUMS}
+    for k in ("calls", "overlapped", "marked"):
+        if out[k] < 0 or not out[k].is_integer():
+            raise ValueError(f"memory {k} must be a whole number >= 0, got {m[k]!r}")
+        out[k] = int(out[k])
+    out["peak_max"] = None if m.get("peak_max") is None else float(m["peak_max"])
+    return out
+
+
 def sum_known(a: Optional[float], b: Optional[float]) -> Optional[float]:
     """a + b, or the one that is known (None when neither is)."""
     if a is None:

@@ -8,7 +8,7 @@ from dataclasses import replace
 from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 
 from .. import histogram as _hist
-from .base import SnapshotError, growth, path_text, sum_known
+from .base import MEMORY_SUMS, SnapshotError, growth, path_text, sum_known
 from .ranks import RANK_KEY, merge_ranks, rank_figures, rank_of, since_ranks
 
 TOP_OPS = 10                                            # operators kept per ranking in a stage's `ops`
@@ -167,7 +167,44 @@ def merge_stage(a: Stage, b: Stage, windows: bool = False) -> Stage:
                    suspended_self=a.suspended_self + b.suspended_self,
                    windows=join_windows(a.all_windows() + b.all_windows()) if windows else None,
                    items=merge_items(a.items, b.items), **_combined_split(a, b, +1),
-                   ranks=merge_ranks(a.ranks, b.ranks))
+                   ranks=merge_ranks(a.ranks, b.ranks), memory=merge_memory(a.memory, b.memory))
+
+
+def merge_memory(a: Optional[Mapping[str, Mapping[str, Any]]],
+                 b: Optional[Mapping[str, Mapping[str, Any]]]) -> Optional[Dict[str, Dict[str, Any]]]:
+    """Memory sums per source added; the largest peak the larger (unknown where a side's is unknown)."""
+    if a is None or b is None:
+        return None if a is None and b is None else dict(a or b or {})
+    out = {k: dict(v) for k, v in a.items()}
+    for src, m in b.items():
+        if src not in out:
+            out[src] = dict(m)
+            continue
+        x = out[src]
+        for k in MEMORY_SUMS:
+            x[k] += m[k]
+        x["peak_max"] = None if x.get("peak_max") is None or m.get("peak_max") is None else max(x["peak_max"],
+                                                                                                   m["peak_max"])
+    return out
+
+
+def _since_memory(a: Optional[Mapping[str, Mapping[str, Any]]],
+                  b: Optional[Mapping[str, Mapping[str, Any]]]) -> Optional[Dict[str, Dict[str, Any]]]:
+    """The later sums less the earlier; the window's largest peak is known only where it passed the earlier one."""
+    if a is None or b is None:
+        return None if a is None else {k: dict(v) for k, v in a.items()}
+    out: Dict[str, Dict[str, Any]] = {}
+    for src, m in a.items():
+        e = b.get(src)
+        if e is None:
+            out[src] = dict(m)
+            continue
+        x = {k: m[k] - e[k] for k in MEMORY_SUMS}
+        if x["calls"] or x["overlapped"]:
+            hi, lo = m.get("peak_max"), e.get("peak_max")
+            x["peak_max"] = hi if hi is not None and lo is not None and hi > lo else None if x["calls"] else 0.0
+            out[src] = x
+    return out or None
 
 
 def gpu_fields(total: int, samples: int, dropped: int, errors: int, lo: Optional[int], hi: Optional[int],
@@ -308,7 +345,8 @@ def since_stage(a: Stage, b: Stage) -> Stage:
                    abandoned_calls=a.abandoned_calls - b.abandoned_calls,
                    suspended_total=a.suspended_total - b.suspended_total,
                    suspended_self=a.suspended_self - b.suspended_self, items=_since_items(a.path, a.items, b.items),
-                   ranks=since_ranks(a.path, a.ranks, b.ranks), **_combined_split(a, b, -1))
+                   ranks=since_ranks(a.path, a.ranks, b.ranks), memory=_since_memory(a.memory, b.memory),
+                   **_combined_split(a, b, -1))
 
 
 # -------------------------------------------------------------- exemplars

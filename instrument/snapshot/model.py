@@ -91,6 +91,9 @@ class StageStats:
     # per rank of a torch.distributed job, {rank: {"calls", "errors", "wall_ns", "self_ns", "cpu_ns", "gpu_ns"}}: by
     # merge() of snapshots that name their rank (meta.distributed.rank); None for one process's snapshot
     ranks: Optional[Mapping[int, Mapping[str, Any]]] = None
+    # memory per source ("host", "python", "cuda:0", "cuda:0:reserved"), the sums of the calls measured
+    # (base.MEMORY_SUMS and peak_max): figures by memory(source); None where no call was measured
+    memory: Optional[Mapping[str, Mapping[str, Any]]] = None
 
     def __post_init__(self) -> None:
         # helper threads' CPU is an estimate whose own part (total less the children's) may stray below 0: it is
@@ -116,6 +119,36 @@ class StageStats:
         if h is None:
             return 0.0
         return h["self"] if h["self"] - Z99 * math.sqrt(max(h["var_self"], 0.0)) > 0 else 0.0
+
+    def memory_of(self, source: str = "host") -> Optional[Dict[str, Any]]:
+        """A source's figures: per call, the peak above its start (mean and largest) and the net change (exit less
+        entry), over the calls measured (the budget's read calls, weighted by 1 / their chance of being read, so the
+        means stand for every call); net_total the mean times all calls; each mean's 99 % interval (normal, from the
+        spread of the calls measured; the mean itself where every call was measured).  calls: measured and not
+        overlapped; overlapped: measured while another thread's or task's measured call was open (a process-wide
+        gauge: left out); marked: of the calls, those during which another party reset the gauge's peak (their
+        peaks are lower bounds).  None where the source measured no call of the stage."""
+        m = (self.memory or {}).get(source)
+        if not m:
+            return None
+        n, w = m["calls"], m["w"]
+        out: Dict[str, Any] = {"calls": n, "overlapped": m["overlapped"], "marked": m["marked"],
+                               "peak_max": m.get("peak_max"), "peak_mean": None, "net_mean": None, "net_total": None}
+        if not n or w <= 0:
+            return out
+        exact = n == self.calls
+        for f in ("peak", "net"):
+            mean = m[f"w_{f}"] / w
+            var = max(m[f"{f}_sq"] / n - (m[f"{f}_sum"] / n) ** 2, 0.0) * n / (n - 1) if n > 1 else 0.0
+            half = 0.0 if exact else Z99 * math.sqrt(var / n)
+            out[f"{f}_mean"] = mean
+            out[f"{f}_ci99"] = (max(mean - half, 0.0) if f == "peak" else mean - half, mean + half)
+        out["net_total"] = out["net_mean"] * self.calls
+        return out
+
+    @property
+    def memory_sources(self) -> Tuple[str, ...]:
+        return tuple(self.memory or ())
 
     @classmethod
     def empty(cls, path: Tuple[str, ...]) -> "StageStats":

@@ -14,7 +14,7 @@ import tempfile
 from typing import Any, Dict, List, Mapping, Optional, Tuple
 
 from .. import histogram as _hist
-from .base import SnapshotError, ci99, json_number, path_text
+from .base import SnapshotError, ci99, json_number, memory_sums, path_text
 from .ranks import RANK_FIELDS
 
 FORMAT = "instrument-snapshot"
@@ -90,7 +90,28 @@ def stage_dict(s: Any, percentiles: bool = True) -> Dict[str, Any]:
         d["items"] = {k: {"total": json_number(v["total"]), "calls": v["calls"]} for k, v in s.items.items()}
     if s.ranks is not None:
         d["ranks"] = [{"rank": r, **s.ranks[r]} for r in sorted(s.ranks)]
+    if s.memory:
+        d["memory"] = {src: _memory_json(s, src) for src in s.memory}
     return d
+
+
+def _memory_json(s: Any, src: str) -> Dict[str, Any]:
+    """A source's figures (StageStats.memory_of) in bytes, then the sums they come from (what a load reads)."""
+    f = s.memory_of(src)
+    out = {k: json_number(round(v, 1)) if isinstance(v, float) else [round(x, 1) for x in v] if isinstance(v, tuple)
+           else v for k, v in f.items()}
+    out["sums"] = {k: json_number(v) for k, v in s.memory[src].items()}
+    return out
+
+
+def _memory_from(path: Tuple[str, ...], d: Any) -> Optional[Dict[str, Dict[str, Any]]]:
+    if d is None:
+        return None
+    try:
+        return {str(src): memory_sums(m["sums"]) for src, m in d.items()}
+    except (KeyError, TypeError, ValueError, AttributeError) as e:
+        raise SnapshotError(f"stage {path_text(path)}: memory must be {{source: {{..., sums: {{...}}}}}} as saved, "
+                            f"got {str(d)[:200]} ({type(e).__name__}: {e})") from None
 
 
 def stage_fields(d: Any) -> Dict[str, Any]:
@@ -126,7 +147,7 @@ def stage_fields(d: Any) -> Dict[str, Any]:
                     suspended_total=int((d.get("suspended_ns") or {}).get("total", 0)),
                     suspended_self=int((d.get("suspended_ns") or {}).get("self", 0)),
                     items=_items_from(path, d.get("items")), **_split_from(path, d, c),
-                    ranks=_ranks_from(path, d.get("ranks")))
+                    ranks=_ranks_from(path, d.get("ranks")), memory=_memory_from(path, d.get("memory")))
     except SnapshotError:
         raise
     except (KeyError, TypeError, ValueError, AttributeError) as e:

@@ -148,7 +148,8 @@ def test_the_snapshot_schema_is_the_c_cores(fallback):
     for a, b in zip(fb["stages"], native["stages"]):
         assert _keys(a) <= _keys(b), _keys(a) - _keys(b)
         lacking = _keys(b) - _keys(a)   # only what reads the quantities the fallback lacks (pure.MISSING)
-        assert all(any(w in k for w in ("runqueue", "blocked", "gil", "helpers", "instrument")) for k in lacking), lacking
+        assert all(any(w in k for w in ("runqueue", "blocked", "gil", "helpers", "instrument", "memory"))
+                   for k in lacking), lacking
     assert set(fb["meta"]) <= set(native["meta"]) | {"items_outside_stages"}
 
 

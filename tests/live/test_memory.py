@@ -1,0 +1,224 @@
+"""Memory per stage (csrc/memory.h): peaks and net changes of the resident set and the traced Python heap, against
+arrays and lists of known size, the process's own /proc/self/statm read around each call by the test, and
+tracemalloc's own count; nesting, a user's reset inside a stage, another thread's overlapping call, a fork."""
+import json
+import tracemalloc
+
+import numpy as np
+import pytest
+
+import instrument
+from conftest import run_python
+from instrument import _native
+from instrument.snapshot import Snapshot
+
+pytestmark = pytest.mark.native_only
+MiB = 1 << 20
+
+
+def _fresh_process(code):
+    """Figures from a fresh interpreter: a resident set rises only for pages the allocator takes from the kernel,
+    and a process that freed much before (this suite's) serves even a 64 MiB array from pages it still holds."""
+    r = run_python("import json, os, threading, numpy as np, instrument\n"
+                   "def touched(n): return np.ones(n, dtype=np.uint8)\n"
+                   "def rss(): return int(open('/proc/self/statm').read().split()[1]) * os.sysconf('SC_PAGE_SIZE')\n"
+                   "instrument.configure(memory='host')\n" + code +
+                   "\nprint(json.dumps({s.name: s.memory_of('host') for s in instrument.snapshot()}))")
+    assert r.returncode == 0, r.stderr
+    return json.loads(r.stdout.splitlines()[-1]), r.stdout.splitlines()[:-1]
+
+
+def test_host_peak_and_net_of_known_arrays():
+    """A stage that allocates and frees 64 MiB per call peaks at 64 MiB with no net change; one that keeps 32 MiB
+    per call has a net of 32 MiB, as the resident set the test reads around each call says too; their parent's
+    peak is the larger child's, its net the kept one's."""
+    figs, out = _fresh_process("""
+kept, truth = [], []
+for _ in range(12):
+    before = rss()
+    with instrument.stage("req"):
+        with instrument.stage("churn"):
+            a = touched(64 << 20)
+            del a
+        with instrument.stage("keep"):
+            kept.append(touched(32 << 20))
+    truth.append(rss() - before)
+print(sum(truth) / len(truth))""")
+    truth = float(out[-1])
+    churn, keep, req = figs["churn"], figs["keep"], figs["req"]
+    for f in (churn, keep, req):
+        assert f["calls"] >= 8 and f["overlapped"] == 0 and f["marked"] == 0
+        assert f["peak_max"] >= f["peak_mean"] >= 0
+    assert churn["peak_mean"] == pytest.approx(64 * MiB, rel=0.15)
+    assert abs(churn["net_mean"]) < 0.15 * 64 * MiB
+    assert keep["net_mean"] == pytest.approx(32 * MiB, rel=0.15)
+    assert keep["net_mean"] == pytest.approx(truth, rel=0.15)   # the resident set, read by the test
+    assert keep["peak_mean"] == pytest.approx(32 * MiB, rel=0.15)
+    assert req["peak_mean"] == pytest.approx(64 * MiB, rel=0.15)
+    assert req["net_mean"] == pytest.approx(32 * MiB, rel=0.15)
+    assert req["net_total"] == pytest.approx(req["net_mean"] * 12)
+
+
+def test_a_parent_keeps_its_peak_through_its_children_s_resets():
+    """The parent peaks at 96 MiB before its child opens; the child's enter resets the kernel's high-water mark,
+    and the parent's peak is still 96 MiB (folded into it first), the child's its own 40 MiB."""
+    figs, _ = _fresh_process("""
+for _ in range(10):
+    with instrument.stage("parent"):
+        a = touched(96 << 20)
+        del a
+        with instrument.stage("child"):
+            b = touched(40 << 20)
+            del b""")
+    assert figs["parent"]["peak_mean"] == pytest.approx(96 * MiB, rel=0.15)
+    assert figs["child"]["peak_mean"] == pytest.approx(40 * MiB, rel=0.15)
+
+
+def test_a_foreign_reset_of_the_resident_set_s_mark_is_marked():
+    """A user's own write to /proc/self/clear_refs after freeing 64 MiB held from before the call: the mark is
+    below what the SDK saw at enter, so the call is marked."""
+    figs, _ = _fresh_process("""
+held = touched(64 << 20)
+with instrument.stage("frees"):
+    del held
+    with open("/proc/self/clear_refs", "w") as f:
+        f.write("5")
+with instrument.stage("later"):
+    pass""")
+    assert figs["frees"]["marked"] == 1 and figs["frees"]["net_mean"] == pytest.approx(-64 * MiB, rel=0.15)
+    assert figs["later"]["marked"] == 0
+
+
+def test_another_thread_s_call_overlaps_and_is_kept_apart():
+    figs, _ = _fresh_process("""
+inside, done = threading.Event(), threading.Event()
+def background():
+    with instrument.stage("bg"):
+        inside.set()
+        done.wait(10)
+t = threading.Thread(target=background)
+t.start()
+inside.wait(10)
+with instrument.stage("fg"):
+    a = touched(48 << 20)
+    del a
+done.set()
+t.join()
+with instrument.stage("fg"):   # alone
+    a = touched(48 << 20)
+    del a""")
+    fg, bg = figs["fg"], figs["bg"]
+    assert (fg["calls"], fg["overlapped"]) == (1, 1)
+    assert (bg["calls"], bg["overlapped"]) == (0, 1) and bg["peak_mean"] is None
+    assert fg["peak_mean"] == pytest.approx(48 * MiB, rel=0.15)
+
+
+def test_python_heap_net_of_a_million_ints_is_tracemalloc_s_own_count(backend):
+    instrument.configure(memory="host,python")
+    assert tracemalloc.is_tracing()
+    t0 = tracemalloc.get_traced_memory()[0]
+    truth_list = list(range(10 ** 6))
+    truth = tracemalloc.get_traced_memory()[0] - t0
+    kept = []
+    for _ in range(3):
+        with instrument.stage("build"):
+            kept.append(list(range(10 ** 6)))
+    f = instrument.snapshot()["build"].memory_of("python")
+    assert f["calls"] == 3
+    assert f["net_mean"] == pytest.approx(truth, rel=0.10)
+    assert f["peak_mean"] >= f["net_mean"]
+    del truth_list, kept
+    instrument.configure(memory="host")
+    assert not tracemalloc.is_tracing()   # started by instrument, stopped by it
+
+
+def test_a_user_s_reset_inside_a_stage_is_held_and_marked(backend):
+    """tracemalloc.reset_peak() inside a stage: the stage's peak is still the list it built and freed before it, and
+    its calls are marked; a child opened after the reset has its own peak, unmarked."""
+    instrument.configure(memory="python")
+    for _ in range(5):
+        with instrument.stage("outer"):
+            t0 = tracemalloc.get_traced_memory()[0]
+            big = list(range(300_000))
+            size = tracemalloc.get_traced_memory()[0] - t0
+            del big
+            tracemalloc.reset_peak()
+            with instrument.stage("inner"):
+                small = [0] * 1000
+                del small
+    snap = instrument.snapshot()
+    outer, inner = snap["outer"].memory_of("python"), snap["outer/inner"].memory_of("python")
+    assert outer["marked"] == outer["calls"] == 5
+    assert outer["peak_mean"] == pytest.approx(size, rel=0.05)
+    assert inner["marked"] == 0 and inner["peak_mean"] < 0.01 * size
+
+
+def test_a_forked_child_measures_its_own_and_leaves_the_parent_s_mark_alone():
+    """The child's resets are its own process's (its files opened again): the parent's open call, whose 64 MiB
+    peak came before the fork, keeps it."""
+    r = run_python("""
+import os, numpy as np, instrument
+instrument.configure(memory="host")
+with instrument.stage("parent_call"):
+    a = np.ones(64 << 20, dtype=np.uint8); del a
+    pid = os.fork()
+    if pid == 0:
+        for _ in range(3):
+            with instrument.stage("child_call"):
+                b = np.ones(48 << 20, dtype=np.uint8); del b
+        f = instrument.snapshot()["parent_call/child_call"].memory_of("host")
+        os._exit(0 if abs(f["peak_mean"] - (48 << 20)) < 0.15 * (48 << 20) else 3)
+    _, status = os.waitpid(pid, 0)
+print(os.waitstatus_to_exitcode(status), instrument.snapshot()["parent_call"].memory_of("host")["peak_mean"])
+""")
+    assert r.returncode == 0, r.stderr
+    code, peak = r.stdout.split()
+    assert code == "0"
+    assert float(peak) == pytest.approx(64 * MiB, rel=0.15)
+
+
+def test_figures_survive_save_load_since_and_merge(backend, tmp_path):
+    """On the traced Python heap, which counts allocations whatever the allocator keeps."""
+    instrument.configure(memory="python")
+    for _ in range(4):
+        with instrument.stage("s"):
+            a = bytearray(40 * MiB)
+            del a
+    early = instrument.snapshot()
+    kept = []
+    for _ in range(4):
+        with instrument.stage("s"):
+            kept.append(bytearray(36 * MiB))
+    late = instrument.snapshot()
+    late.save(tmp_path / "late.json")
+    loaded = Snapshot.load(tmp_path / "late.json")
+    assert loaded["s"].memory_of("python") == pytest.approx(late["s"].memory_of("python"))
+    window = late.since(early)["s"].memory_of("python")
+    assert window["calls"] == late["s"].memory_of("python")["calls"] - early["s"].memory_of("python")["calls"]
+    assert window["net_mean"] == pytest.approx(36 * MiB, rel=0.15)
+    assert window["peak_max"] is None   # the window's peaks (36 MiB) never passed the earlier 40 MiB: not known
+    both = early.merge(late.since(early))["s"].memory_of("python")
+    assert both["calls"] == late["s"].memory_of("python")["calls"]
+    assert both["net_mean"] == pytest.approx(late["s"].memory_of("python")["net_mean"])
+
+
+def test_the_memory_option_says_what_is_allowed():
+    with pytest.raises(ValueError, match="unknown memory source 'gpu'; the sources are host, python, cuda"):
+        instrument.configure(memory="host,gpu")
+    with pytest.raises(ValueError, match="none turns memory off"):
+        instrument.configure(memory="none,host")
+    instrument.configure(memory="none")
+    assert [s["name"] for s in _native.memory_status() if s["active"]] == []
+    with instrument.stage("s"):
+        pass
+    assert instrument.snapshot()["s"].memory is None
+
+
+def test_the_fallback_says_it_measures_no_memory(fallback):
+    instrument.configure(memory="host")
+    with instrument.stage("s"):
+        pass
+    snap = instrument.snapshot()
+    assert snap["s"].memory is None
+    assert "memory per stage" in snap.meta["backend"]["missing"]
+    assert snap.meta["memory"]["sources"] == []
