@@ -278,6 +278,7 @@ void mem_stat_add(MemStat *m, const MemCall *c, double w) {
         double p = (double)c->peak[k], n = (double)c->net[k];
         x->calls++;
         x->marked += (c->reset >> k) & 1;
+        x->fresh += c->peak[k] >= MEM_FRESH;
         if (p > x->peak_max) x->peak_max = p;
         x->w += w, x->w_peak += w * p, x->w_net += w * n;
         x->peak_sum += p, x->peak_sq += p * p, x->net_sum += n, x->net_sq += n * n;
@@ -287,6 +288,7 @@ void mem_stat_add(MemStat *m, const MemCall *c, double w) {
 void mem_stat_merge(MemStat *d, const MemStat *a) {
     for (int k = 0; k < MEM_SOURCES; k++) {
         d[k].calls += a[k].calls, d[k].overlapped += a[k].overlapped, d[k].marked += a[k].marked;
+        d[k].fresh += a[k].fresh;
         if (a[k].peak_max > d[k].peak_max) d[k].peak_max = a[k].peak_max;
         d[k].w += a[k].w, d[k].w_peak += a[k].w_peak, d[k].w_net += a[k].w_net;
         d[k].peak_sum += a[k].peak_sum, d[k].peak_sq += a[k].peak_sq;
@@ -299,9 +301,9 @@ PyObject *mem_stat_list(const MemStat *m) {
     for (int k = 0; d && m && k < g_n_idx; k++) {
         const MemStat *x = &m[k];
         if (!x->calls && !x->overlapped) continue;
-        PyObject *e = Py_BuildValue("{s:K,s:K,s:K,s:d,s:d,s:d,s:d,s:d,s:d,s:d,s:d}", "calls",
+        PyObject *e = Py_BuildValue("{s:K,s:K,s:K,s:K,s:d,s:d,s:d,s:d,s:d,s:d,s:d,s:d}", "calls",
             (unsigned long long)x->calls, "overlapped", (unsigned long long)x->overlapped, "marked",
-            (unsigned long long)x->marked, "peak_max", x->peak_max, "w", x->w, "w_peak", x->w_peak, "w_net", x->w_net,
+            (unsigned long long)x->marked, "fresh", (unsigned long long)x->fresh, "peak_max", x->peak_max, "w", x->w, "w_peak", x->w_peak, "w_net", x->w_net,
             "peak_sum", x->peak_sum, "peak_sq", x->peak_sq, "net_sum", x->net_sum, "net_sq", x->net_sq);
         if (!e || PyDict_SetItem(d, g_src[k].name, e) < 0) Py_CLEAR(d);
         Py_XDECREF(e);

@@ -27,8 +27,10 @@ typedef struct {
 
 /* A node's sums per source.  W-sums weigh each read call by 1 / its chance of being read (the budget's), so their
  * ratios stand for every call; the plain sums give the spread. */
+#define MEM_FRESH (1 << 20)   /* a call whose peak above its start is this or more took fresh memory (MemStat.fresh) */
+
 typedef struct MemStat {
-    uint64_t calls, overlapped, marked;
+    uint64_t calls, overlapped, marked, fresh;
     double peak_max, w, w_peak, w_net, peak_sum, peak_sq, net_sum, net_sq;
 } MemStat;
 

@@ -99,6 +99,7 @@ class _MemorySums(TypedDict):
     calls: int
     overlapped: int
     marked: int
+    fresh: int                             # calls whose peak above their start was 1 MiB or more (MEM_FRESH)
     peak_max: float
     w: float
     w_peak: float

@@ -39,6 +39,11 @@ NEXT_STEP = {
 }
 
 
+FRESH_MEMORY_STEP = ("it touches fresh memory on every call: reuse buffers (out= arguments, a pool kept across "
+                     "calls), pin and preallocate host buffers once, avoid copies (views, torch.from_numpy, in-place "
+                     "operations); compare its peak MiB before/after with `instrument diff`")
+
+
 def advise(snap: Snapshot, top: int = 3, th: Optional[Mapping[str, float]] = None) -> List[Dict[str, Any]]:
     """The `top` stages by self time, each with its verdict, the next step and
     the most removing its self time could save end to end (an upper bound)."""
@@ -59,6 +64,7 @@ def advise(snap: Snapshot, top: int = 3, th: Optional[Mapping[str, float]] = Non
                             + (f", most of it {PART_TEXT[ex.component]}" if ex.component else "")}
         out.append({"path": list(s.path), "self_ns": s.wall_self, "verdict": v["verdict"], "reason": v["reason"],
                     "evidence": v["evidence"], "limited_by": v["limited_by"],
-                    "next": NEXT_STEP[v["verdict"]].format(name=s.name), "tail": slow,
+                    "next": NEXT_STEP[v["verdict"]].format(name=s.name), "tail": slow, "memory": v.get("memory"),
+                    "memory_next": FRESH_MEMORY_STEP if v.get("memory") else None,
                     "saving_upper_bound": s.wall_self / end_to_end if end_to_end else None})
     return out

@@ -45,6 +45,8 @@ REGRESSIONS = ("cpu", "wall") + WORK_COUNTERS                # more of these per
 # change by RELATIVE_SPREAD a run, or by what the members show where they are SPREAD_MEMBERS or more (fewer
 # cannot measure a spread).  A change every member shares is the machine's on this basis: the machine line says so.
 COMMON_MIN = 3
+MEMORY_FLOOR = 1 << 20   # a memory peak per call judged by diff: from 1 MiB (below, the allocator's reuse rules it)
+PAGE_BYTES = 4096        # a peak's resolution: one page
 SPREAD_MEMBERS = 5
 MEMBER_NOISE = 0.02
 
@@ -56,6 +58,8 @@ def metric_text(metric: str) -> str:
         return "CPU per call"
     if metric == "wall":
         return "typical call"
+    if metric.startswith("mem:"):
+        return f"{metric[4:]} memory peak per call"
     return f"{metric[5:] if metric.startswith('item:') else metric} per call"
 
 
@@ -325,6 +329,11 @@ def figure_of(metric: str) -> Callable[[Mapping[str, Any]], Optional[float]]:
         return _per_call(lambda w: w.get("cpu_ns"), False)
     if metric.startswith("item:"):
         return _per_call(lambda w: (w.get("items") or {}).get(metric[5:]), True)
+    if metric.startswith("mem:"):   # the mean peak above a call's start (a mean already, not a sum)
+        def peak(w: Mapping[str, Any]) -> Optional[float]:
+            m = (w.get("memory") or {}).get(metric[4:])
+            return m["w_peak"] / m["w"] if m and m["w"] > 0 and m["w_peak"] > 0 else None
+        return peak
     return _per_call(lambda w: (w.get("counters") or {}).get(metric), True)
 
 
@@ -347,6 +356,12 @@ def run_variance(s: StageStats, metric: str, machine: float) -> float:
         return machine + calls + (s.cpu_var / s.cpu_total ** 2 if s.cpu_total else 0.0)
     if metric.startswith("item:"):
         return calls + 1 / ((s.item_total(metric[5:]) or 0) + 0.5)
+    if metric.startswith("mem:"):   # the mean of the calls measured: their spread over their number
+        m = (s.memory or {}).get(metric[4:]) or {}
+        n, mean = m.get("calls") or 0, (m.get("peak_sum") or 0) / max(m.get("calls") or 1, 1)
+        if n < 2 or mean <= 0:
+            return math.inf
+        return max(m["peak_sq"] / n - mean ** 2, 0.0) / (n - 1) / mean ** 2 + (PAGE_BYTES / mean) ** 2 / n
     c = s.counters.get(metric) or {}
     total = (c.get("total") or 0) + 0.5
     return calls + (c.get("var") or 0) / total ** 2 + 1 / total
@@ -407,6 +422,9 @@ def _figures(b: StageStats, a: StageStats) -> List[str]:
     out += [n for n in WORK_COUNTERS if b.counter(n) is not None and a.counter(n) is not None
             and (b.counter(n) or a.counter(n))]
     out += [f"item:{n}" for n in b.items if n in a.items]
+    out += [f"mem:{src}" for src in b.memory_sources if src in a.memory_sources
+            and min((s.memory_of(src) or {}).get("calls") or 0 for s in (b, a)) >= 2
+            and max((s.memory_of(src) or {}).get("peak_mean") or 0 for s in (b, a)) >= MEMORY_FLOOR]
     return out + ["wall"]
 
 

@@ -23,7 +23,7 @@ from .. import counters as _counters
 from ..snapshot import SPLIT, Z99, Snapshot, StageStats
 from .tail import share_of_excess
 
-UNITS = ("ns", "pct", "count", "ratio", "text")   # pct: the formula gives a fraction, exported in percent
+UNITS = ("ns", "pct", "count", "ratio", "text", "bytes")   # pct: the formula gives a fraction, exported in percent
 Formula = Callable[[Snapshot, StageStats], Any]
 
 
@@ -149,6 +149,27 @@ def _wall_split(snap: Snapshot, s: StageStats) -> Optional[Dict[str, float]]:
     return {p: v / s.wall_self for p, v in parts.items() if v}
 
 
+def _memory(source: str, figure: str) -> Formula:
+    """A memory source's figure per call (StageStats.memory_of): the mean peak above the call's start, as a Bar where
+    it is estimated from some of the calls; the mean net change as a number (a Bar of a change near 0 would read as
+    unknown).  Source "cuda": the largest over the devices' allocated bytes (cuda:N)."""
+    def value(snap: Snapshot, s: StageStats) -> Any:
+        srcs = [k for k in s.memory_sources if k.startswith("cuda:") and k.count(":") == 1] if source == "cuda" \
+            else [source]
+        figs = [f for f in (s.memory_of(k) for k in srcs) if f and f[f"{figure}_mean"] is not None]
+        if not figs:
+            return None
+        f = max(figs, key=lambda f: f[f"{figure}_mean"])
+        lo, hi = f[f"{figure}_ci99"]
+        return Bar(f["peak_mean"], (hi - lo) / 2) if figure == "peak" and hi > lo else f[f"{figure}_mean"]
+    return value
+
+
+def _memory_estimated(source: str) -> Callable[[StageStats], bool]:
+    return lambda s: any(k == source or k.startswith(source + ":") for k in s.memory_sources) and \
+        any((s.memory_of(k) or {}).get("calls", 0) < s.calls for k in s.memory_sources)
+
+
 def _verdict(snap: Snapshot, s: StageStats) -> Optional[str]:
     return (s.verdict or {}).get("verdict")
 
@@ -217,6 +238,20 @@ METRICS: Dict[str, Metric] = {m.name: m for m in (
            "context switches per call", _counters_estimated("context-switches"), promql=_per_call("context-switches")),
     Metric("gpu", "GPU ms", "ns", "ms", lambda n, s: (s.gpu or {}).get("total_ns"), "GPU time, from CUDA events", width=7,
            promql="increase(instrument_stage_gpu_seconds_total[5m])"),
+    Metric("mem_peak", "peak MiB", "bytes", "mib", _memory("host", "peak"),
+           "resident set's peak above the call's start, per call (mean; estimated: ± its 99 % interval; fresh pages "
+           "the call touched, with its child stages)", _memory_estimated("host"), width=8,
+           promql='instrument_stage_memory_peak_bytes{source="host"}'),
+    Metric("mem_net", "net MiB", "bytes", "mib", _memory("host", "net"),
+           "resident set at the call's exit less at its entry, per call (mean)", _memory_estimated("host"), width=7,
+           promql='instrument_stage_memory_net_bytes{source="host"}'),
+    Metric("py_peak", "py MiB", "bytes", "mib", _memory("python", "peak"),
+           "traced Python heap's peak above the call's start, per call (mean; memory='python')",
+           _memory_estimated("python"), width=7, promql='instrument_stage_memory_peak_bytes{source="python"}'),
+    Metric("cuda_peak", "CUDA MiB", "bytes", "mib", _memory("cuda", "peak"),
+           "CUDA allocator's allocated bytes' peak above the call's start, per call (mean; the largest over devices)",
+           _memory_estimated("cuda"), width=8, promql='max by (stage, path) (instrument_stage_memory_peak_bytes'
+                                                      '{source=~"cuda:[0-9]+"})'),
     Metric("wall_split", "split of own time %", "pct", "pct", _wall_split,
            "where the stage's own wall time went, as shares of it: on a CPU, ready in the run queue, blocked (I/O, "
            "locks, sleep), its asyncio task awaiting, woken but waiting for the event loop, not covered by a reading",

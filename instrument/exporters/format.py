@@ -169,7 +169,7 @@ def dominant(parts: Optional[Mapping[str, float]]) -> str:
 #: the format kinds of instrument.analysis.metrics: a value's text by kind
 KINDS: Dict[str, Callable[[Any], str]] = {
     "ms": ms, "pct": pct, "ratio": ratio, "ratio1": lambda x: ratio(x, 1), "int": lambda x: f"{x:.0f}",
-    "number": number, "text": lambda x: printable(str(x)),
+    "number": number, "text": lambda x: printable(str(x)), "mib": lambda x: f"{x / 2 ** 20:.1f}",
 }
 
 
@@ -547,7 +547,7 @@ def legend(d: Diff) -> List[str]:
              "(Bonferroni)" if d.tests else "no figure of any stage could be tested")
     short, detail = basis_parts(d.basis_reason)
     return [f"basis: {short}", f"machine: {d.machine.line}",
-            f"judged on CPU time, instructions, page faults and items per call first, wall time where the machine "
+            f"judged on CPU time, instructions, page faults, items and memory peaks per call first, wall time where the machine "
             f"does not explain it; {tests}",
             f"{NOISE} not shown beyond noise: the interval of the change includes no change or reaches within "
             f"±{d.min_change:.0%}, the smallest change claimed"] + [f"basis in full: {detail}"] * bool(detail) \

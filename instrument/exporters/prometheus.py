@@ -75,6 +75,18 @@ FAMILIES = {
     "instrument_stage_rank_self_seconds": ("counter", ["rank"], "seconds",
                                            "Wall time of a stage outside its child stages on each rank"),
     "instrument_stage_rank_calls": ("counter", ["rank"], "calls", "Completed calls of a stage on each rank"),
+    "instrument_stage_memory_peak_bytes": ("gauge", ["source"], "bytes",
+                                           "A memory source's peak above a call's start, mean per call of a stage "
+                                           "(source host: resident set; python: traced heap; cuda:N allocated, "
+                                           "cuda:N:reserved)"),
+    "instrument_stage_memory_peak_max_bytes": ("gauge", ["source"], "bytes",
+                                               "The largest peak above a call's start among a stage's calls measured"),
+    "instrument_stage_memory_net_bytes": ("gauge", ["source"], "bytes",
+                                          "A memory source at a call's exit less at its entry, mean per call of a "
+                                          "stage (a gauge: it can be negative)"),
+    "instrument_stage_memory_calls": ("counter", ["source"], "calls",
+                                      "Calls of a stage whose memory was measured (not overlapped by another "
+                                      "thread's or task's)"),
     "instrument_processes": ("gauge", None, "processes", "Processes whose snapshots are merged into these metrics"),
 }
 
@@ -165,6 +177,14 @@ def families(snap: Snapshot) -> List[Any]:
                 fam["instrument_stage_perf_clock_seconds"].add_metric(lab + [ev], total / 1e9)
             else:
                 fam["instrument_stage_perf_events"].add_metric(lab + [ev], total)
+        for src in s.memory_sources:
+            f = s.memory_of(src)
+            if f and f["calls"]:
+                fam["instrument_stage_memory_calls"].add_metric(lab + [src], f["calls"])
+                fam["instrument_stage_memory_peak_bytes"].add_metric(lab + [src], f["peak_mean"])
+                fam["instrument_stage_memory_net_bytes"].add_metric(lab + [src], f["net_mean"])
+                if f["peak_max"] is not None:
+                    fam["instrument_stage_memory_peak_max_bytes"].add_metric(lab + [src], f["peak_max"])
     fam["instrument_processes"].add_metric([], len(snap.meta.get("merged_from") or [None]))
     return list(fam.values())
 

@@ -144,6 +144,8 @@ def advice(items: Sequence[Dict[str, Any]], about: Optional[str] = None, width: 
         if a.get("tail"):
             lines.append(f"   in slow calls: {a['tail']['text']}")
         lines.append(f"   next: {a['next']}")
+        if a.get("memory_next"):
+            lines.append(f"   memory: {a['memory_next']}")
     if len(lines) == 1:
         lines.append("   (no stages recorded)")
     if width:

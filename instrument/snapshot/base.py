@@ -70,14 +70,15 @@ def ci99(total: Optional[float], var: float, upper: Optional[float] = None) -> O
     return (lo, max(hi, lo))   # an estimate below 0 (a difference of clocks) has an interval of [0, 0] at least
 
 
-MEMORY_SUMS = ("calls", "overlapped", "marked", "w", "w_peak", "w_net", "peak_sum", "peak_sq", "net_sum", "net_sq")
+WINDOW_MEMORY = ("n", "w", "w_peak", "peak_sum", "peak_sq")   # a window's memory sums per source (diff's peaks)
+MEMORY_SUMS = ("calls", "overlapped", "marked", "fresh", "w", "w_peak", "w_net", "peak_sum", "peak_sq", "net_sum", "net_sq")
 
 
 def memory_sums(m: Any) -> dict:
     """A source's memory sums (StageStats.memory[source]) checked: MEMORY_SUMS numbers, and peak_max (None: not
     known, as after since() where the window's largest peak did not pass the earlier one)."""
     out = {k: float(m[k]) for k in MEMORY_SUMS}
-    for k in ("calls", "overlapped", "marked"):
+    for k in ("calls", "overlapped", "marked", "fresh"):
         if out[k] < 0 or not out[k].is_integer():
             raise ValueError(f"memory {k} must be a whole number >= 0, got {m[k]!r}")
         out[k] = int(out[k])

@@ -8,7 +8,7 @@ from dataclasses import replace
 from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 
 from .. import histogram as _hist
-from .base import MEMORY_SUMS, SnapshotError, growth, path_text, sum_known
+from .base import MEMORY_SUMS, WINDOW_MEMORY, SnapshotError, growth, path_text, sum_known
 from .ranks import RANK_KEY, merge_ranks, rank_figures, rank_of, since_ranks
 
 TOP_OPS = 10                                            # operators kept per ranking in a stage's `ops`
@@ -56,9 +56,15 @@ def join_windows(windows: Sequence[Mapping[str, Any]]) -> Tuple[Dict[str, Any], 
                           "counters": {n: None if (a.get("counters") or {}).get(n) is None
                                        or (b.get("counters") or {}).get(n) is None
                                        else a["counters"][n] + b["counters"][n] for n in names},
-                          "items": items})
+                          "items": items, "memory": _window_memory(a, b)})
         out = pairs
     return tuple(out)
+
+
+def _window_memory(a: Mapping[str, Any], b: Mapping[str, Any]) -> Dict[str, Dict[str, float]]:
+    """Two windows' memory sums as one: a source both have, added."""
+    ma, mb = a.get("memory") or {}, b.get("memory") or {}
+    return {src: {k: ma[src][k] + mb[src][k] for k in WINDOW_MEMORY} for src in set(ma) & set(mb)}
 
 
 def merge_items(a: Mapping[str, Mapping[str, Any]], b: Mapping[str, Mapping[str, Any]]) -> Dict[str, Dict[str, Any]]:

@@ -127,12 +127,12 @@ class StageStats:
         spread of the calls measured; the mean itself where every call was measured).  calls: measured and not
         overlapped; overlapped: measured while another thread's or task's measured call was open (a process-wide
         gauge: left out); marked: of the calls, those during which another party reset the gauge's peak (their
-        peaks are lower bounds).  None where the source measured no call of the stage."""
+        peaks are lower bounds); fresh: of the calls, those whose peak was 1 MiB or more.  None where the source measured no call of the stage."""
         m = (self.memory or {}).get(source)
         if not m:
             return None
         n, w = m["calls"], m["w"]
-        out: Dict[str, Any] = {"calls": n, "overlapped": m["overlapped"], "marked": m["marked"],
+        out: Dict[str, Any] = {"calls": n, "overlapped": m["overlapped"], "marked": m["marked"], "fresh": m["fresh"],
                                "peak_max": m.get("peak_max"), "peak_mean": None, "net_mean": None, "net_total": None}
         if not n or w <= 0:
             return out
@@ -360,6 +360,8 @@ class StageStats:
                 "cpu_ns": self.cpu_total if self.cpu_calls == self.calls else None,
                 "counters": {k: v.get("total") for k, v in self.counters.items()},
                 "items": {k: v["total"] for k, v in self.items.items()},
+                "memory": {src: {"n": m["calls"], "w": m["w"], "w_peak": m["w_peak"], "peak_sum": m["peak_sum"],
+                                 "peak_sq": m["peak_sq"]} for src, m in (self.memory or {}).items() if m["calls"]},
                 "start_time": start_time, "end_time": end_time}
 
     def all_windows(self) -> Tuple[Mapping[str, Any], ...]:

@@ -14,7 +14,7 @@ import tempfile
 from typing import Any, Dict, List, Mapping, Optional, Tuple
 
 from .. import histogram as _hist
-from .base import SnapshotError, ci99, json_number, memory_sums, path_text
+from .base import WINDOW_MEMORY, SnapshotError, ci99, json_number, memory_sums, path_text
 from .ranks import RANK_FIELDS
 
 FORMAT = "instrument-snapshot"
@@ -213,9 +213,14 @@ def _windows_from(path: Tuple[str, ...], raw: Any) -> Optional[Tuple[Dict[str, A
         counters, items = w.get("counters") or {}, w.get("items") or {}
         if not isinstance(counters, Mapping) or not isinstance(items, Mapping):
             raise SnapshotError(f"stage {path_text(path)}: window counters and items must be objects")
+        try:
+            memory = {str(src): {k: float(m[k]) for k in WINDOW_MEMORY} for src, m in (w.get("memory") or {}).items()}
+        except (KeyError, TypeError, ValueError, AttributeError):
+            raise SnapshotError(f"stage {path_text(path)}: a window's memory must be {{source: {{"
+                                f"{', '.join(WINDOW_MEMORY)}}}}}, got {str(w.get('memory'))[:80]}") from None
         out.append({"calls": calls, "wall_ns": wall, "p50_ns": w.get("p50_ns"), "cpu_ns": w.get("cpu_ns"),
-                    "counters": dict(counters), "items": dict(items), "start_time": w.get("start_time"),
-                    "end_time": w.get("end_time")})
+                    "counters": dict(counters), "items": dict(items), "memory": memory,
+                    "start_time": w.get("start_time"), "end_time": w.get("end_time")})
     return tuple(out)
 
 

@@ -164,7 +164,8 @@ def test_one_plain_run_a_side_never_passes_a_30_percent_slowdown_it_could_not_se
     assert j["gate"]["outcome"] == {1: "failed", 3: "inconclusive"}[r.returncode]
     for row in j["rows"]:   # each stage: the smallest rise its judged figures would flag, the largest of its tests'
         judged = [t["detectable"] for k, t in row["tests"].items() if t["evidence"] and t["basis"] != "none"
-                  and k in ("cpu", "wall", "instructions", "page-faults", "minor-faults", "major-faults")]
+                  and (k in ("cpu", "wall", "instructions", "page-faults", "minor-faults", "major-faults")
+                       or k.startswith("mem:"))]
         assert row["detectable"] == max(judged) and row["detectable"] > 0.03
         for t in row["tests"].values():   # each interval's half-width beyond the floor it had to clear
             if t["basis"] != "none" and t["interval"][1] is not None:

@@ -61,7 +61,7 @@ def test_fields_and_exported_units():
     root = metrics.METRICS["root"]
     assert (root.field, root.exported(0.84)) == ("root_pct", 84.0)       # a fraction, exported in percent
     assert metrics.METRICS["total"].field == "total_ns" and metrics.METRICS["ipc"].field == "ipc"
-    with pytest.raises(ValueError, match="unit must be one of ns, pct, count, ratio, text, got 'ms'"):
+    with pytest.raises(ValueError, match="unit must be one of ns, pct, count, ratio, text, bytes, got 'ms'"):
         Metric("bad", "bad", "ms", "ms", lambda n, s: 1, "a bad unit")
     with pytest.raises(ValueError, match="a metric named 'total' exists already"):
         metrics.register(Metric("total", "t", "ns", "ms", lambda n, s: 1, "again"))

@@ -98,7 +98,10 @@ def rich_snapshot():
               st("request/tokenize", 3, 2_000_000), st("request/(other)", 4, 10_000)]
     stages[-1] = StageStats(**{**stages[-1].__dict__, "other": True})
     gpu = {"total_ns": 3_000_000, "samples": 5, "dropped": 0, "errors": 0, "hist": {"scheme": "log2-64", "buckets": []}}
-    stages.append(StageStats(**{**st("request/forward", 5, 1_000_000).__dict__, "gpu": gpu}))
+    mem = {src: {"calls": 4, "overlapped": 1, "marked": 0, "fresh": 4, "peak_max": 3 * 2 ** 20, "w": 4, "w_peak": 8 * 2 ** 20,
+                 "w_net": -4096, "peak_sum": 8 * 2 ** 20, "peak_sq": 18 * 2 ** 40, "net_sum": -4096,
+                 "net_sq": 4096 ** 2} for src in ("host", "cuda:0", "cuda:0:reserved")}
+    stages.append(StageStats(**{**st("request/forward", 5, 1_000_000).__dict__, "gpu": gpu, "memory": mem}))
     stages += [st(f"request/{w}", 1, 1000) for w in WEIRD]
     s = snap(*stages)
     return type(s)(s.stages, dict(s.meta, distributed={"rank": 3, "world_size": 4}))   # one rank of a job

@@ -222,3 +222,28 @@ def test_the_fallback_says_it_measures_no_memory(fallback):
     assert snap["s"].memory is None
     assert "memory per stage" in snap.meta["backend"]["missing"]
     assert snap.meta["memory"]["sources"] == []
+
+
+def test_a_stage_that_touches_fresh_memory_says_so_and_one_that_reuses_a_buffer_does_not():
+    r = run_python("""
+import json, numpy as np, instrument
+from instrument.analysis.advice import advise
+instrument.configure(memory="host")
+buf = np.empty(64 << 20, dtype=np.uint8)
+for _ in range(10):
+    with instrument.stage("request"):
+        with instrument.stage("fresh"):
+            a = np.ones(64 << 20, dtype=np.uint8); del a
+        with instrument.stage("reused"):
+            buf.fill(1)
+snap = instrument.snapshot()
+print(json.dumps({s.name: s.verdict for s in snap}))
+print(json.dumps({a["path"][-1]: a["memory_next"] for a in advise(snap, top=3)}))
+""")
+    assert r.returncode == 0, r.stderr
+    verdicts, advice = (json.loads(line) for line in r.stdout.splitlines()[-2:])
+    m = verdicts["fresh"]["memory"]
+    assert m["own_peak_mib"] == pytest.approx(64, rel=0.15) and abs(m["net_mib"]) < 0.15 * 64
+    assert "touches fresh memory: " in verdicts["fresh"]["reason"]
+    assert "memory" not in verdicts["reused"] and "memory" not in verdicts["request"]   # the parent's is its child's
+    assert "reuse buffers" in advice["fresh"] and advice.get("reused") is None
