@@ -228,7 +228,7 @@ int32_t mem_enter(const void *owner, uint32_t *serial) {
     s->overlapped = 0;
     for (int32_t i = 0; i < g_n_open; i++) {
         Slot *o = &g_slots[g_open[i]];
-        if (o->owner != owner) o->overlapped = s->overlapped = 1;
+        if (o->owner && owner && o->owner != owner) o->overlapped = s->overlapped = 1;   /* NULL: calibration's */
     }
     for (int k = 0; k < g_n_idx; k++) s->start[k] = s->peak[k] = cur[k];
     s->pos = g_n_open;

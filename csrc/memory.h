@@ -42,7 +42,8 @@ extern int g_mem_n;   /* sources configured: read calls open a slot */
  * callable or None (reset with an earlier source).  0, or -1 with an exception naming what is wrong. */
 int mem_configure(PyObject *spec, int apply);
 /* A measured call's enter: its slot (and *serial, which names it), or -1 when no slot is free or a read is under
- * way (a source's Python code entered a stage).  owner: the call's context (its stack). */
+ * way (a source's Python code entered a stage).  owner: the call's context (its stack); NULL: calibration's reads,
+ * which overlap no call. */
 int32_t mem_enter(const void *owner, uint32_t *serial);
 /* Its exit: the figures into *out (have 0 where the slot is not this call's, after a fork), the slot freed.
  * read 0: only freed (the call ended where its figures cannot be read). */

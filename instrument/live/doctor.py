@@ -8,7 +8,7 @@ import os
 import platform
 import shutil
 
-from . import backend, collector, nvtx, perf, tasks, torch_profiler
+from . import backend, collector, memory, nvtx, perf, tasks, torch_profiler
 
 __all__ = ["collect", "format_text"]
 
@@ -113,6 +113,7 @@ def _integrations():
     out["overhead"] = cal
     out["sources"] = sources(cal)
     out["gil_wait"] = backend.current.gil_status()
+    out["memory"] = memory.status()
     if importlib.util.find_spec("torch") is None:
         out["torch"] = {"installed": False, "reason": "torch is not installed: profiler and GPU integration are off"}
         out["cuda"] = {"available": False, "reason": "needs torch"}
@@ -140,6 +141,16 @@ def gil_text(g) -> str:
                 "(at most %.1f %%)" % (g["mechanism"], g["period_ns"] / 1e6, g["reads"], 100 * cost,
                                       100 * g["cpu_share_max"]))
     return "not measured (%s)" % (g.get("reason") or "the gil_wait option is off")
+
+
+def memory_text(m) -> str:
+    """The memory sources in one line: each one's name, how its peak is read and what a read costs, or why none."""
+    srcs = [s for s in m.get("sources") or () if s.get("active")]
+    if not srcs:
+        return "not measured (%s)" % (m.get("reason") or "the memory option is none")
+    return "; ".join("%s: %s, %.0f ns a read%s" % (s["name"], s["peak"], s["ns_per_read"],
+                                                    " (stopped: %s)" % s["error"] if s.get("error") else "")
+                     for s in srcs) + ("; cuda: %s" % m["cuda"] if m.get("cuda") else "")
 
 
 def _yn(v):
@@ -198,6 +209,8 @@ def format_text(d):
     gil = d.get("gil_wait") or {}
     if gil:
         lines.append("GIL wait          %s" % gil_text(gil))
+    if d.get("memory"):
+        lines.append("memory            %s" % memory_text(d["memory"]))
     for name, src in (d.get("sources") or {}).items():   # a read that updates the scheduler can preempt inside it
         lines.append("%-18s%s: %s" % ("read: " + name, src["source"], "UPDATES THE SCHEDULER (can preempt the "
                                       "thread inside the read)" if src["updates_scheduler"] else "no scheduler update"))

@@ -247,3 +247,42 @@ print(json.dumps({a["path"][-1]: a["memory_next"] for a in advise(snap, top=3)})
     assert "touches fresh memory: " in verdicts["fresh"]["reason"]
     assert "memory" not in verdicts["reused"] and "memory" not in verdicts["request"]   # the parent's is its child's
     assert "reuse buffers" in advice["fresh"] and advice.get("reused") is None
+
+
+class _Allocator:
+    """A gauge of the shape CUDA's has: allocated and reserved bytes with their peaks, one reset for both."""
+    def __init__(self):
+        self.cur = self.peak = self.res = self.res_peak = 0
+
+    def alloc(self, n):
+        self.cur += n
+        self.res = max(self.res, self.cur)
+        self.peak, self.res_peak = max(self.peak, self.cur), max(self.res_peak, self.res)
+
+    def free(self, n):
+        self.cur -= n
+
+    def reset(self):
+        self.peak, self.res_peak = self.cur, self.res
+
+
+def test_two_sources_sharing_one_reset_keep_both_peaks():
+    """CUDA's allocated and reserved bytes are reset together (reset_peak_memory_stats): the second source has no
+    reset of its own, and both marks are folded into the open calls before the first one's reset."""
+    g = _Allocator()
+    _native.configure(memory=[("alloc", lambda: (g.cur, g.peak), g.reset), ("reserved", lambda: (g.res, g.res_peak),
+                                                                            None)])
+    try:
+        with instrument.stage("outer"):
+            g.alloc(1000)
+            g.free(1000)
+            with instrument.stage("inner"):
+                g.alloc(300)
+                g.free(300)
+        snap = instrument.snapshot()
+    finally:
+        _native.configure(memory=[])
+    assert snap["outer"].memory_of("alloc")["peak_mean"] == 1000
+    assert snap["outer/inner"].memory_of("alloc")["peak_mean"] == 300
+    assert snap["outer"].memory_of("reserved")["peak_mean"] == 1000   # reserved stays at its high-water
+    assert snap["outer/inner"].memory_of("reserved")["peak_mean"] == 0
