@@ -190,6 +190,10 @@ def test_demo_run_finds_the_win_and_its_summary_is_the_snapshots(model, one_torc
     assert fed == calls * 2 * 128 and summary["finding"]["padding_share"] == pad / fed > 0.5
     assert base["request", "tokenize"].items["sentences"]["total"] == calls * 2
     assert opt["request", "forward"].items["padding_tokens"]["total"] < pad
+    m = summary["memory"]   # the stage whose memory peak per call fell most, as the snapshots give it
+    if m is not None:
+        assert m["baseline"] == base[tuple(m["path"])].memory_of(m["source"])["peak_mean"] > m["optimized"] == \
+            opt[tuple(m["path"])].memory_of(m["source"])["peak_mean"]
     lines = out.split("== summary ==")[1].strip().splitlines()
     assert 1 <= len(lines) <= 5 and lines == summary["lines"]
     assert "padding" in lines[1] and "/".join(first["path"]) in lines[1]

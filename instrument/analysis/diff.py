@@ -332,7 +332,7 @@ def figure_of(metric: str) -> Callable[[Mapping[str, Any]], Optional[float]]:
     if metric.startswith("mem:"):   # the mean peak above a call's start (a mean already, not a sum)
         def peak(w: Mapping[str, Any]) -> Optional[float]:
             m = (w.get("memory") or {}).get(metric[4:])
-            return m["w_peak"] / m["w"] if m and m["w"] > 0 and m["w_peak"] > 0 else None
+            return max(m["w_peak"] / m["w"], PAGE_BYTES / 2) if m and m["w"] > 0 else None   # 0: half a page
         return peak
     return _per_call(lambda w: (w.get("counters") or {}).get(metric), True)
 

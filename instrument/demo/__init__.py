@@ -96,6 +96,26 @@ def _change(before, after):
     return after / before - 1 if before and after is not None else None
 
 
+def _memory_change(base, opt):
+    """The stage under request whose memory peak per call the fix shrank most (CUDA's allocated bytes where the
+    demo ran on a GPU, else the resident set's): {"path", "source", "baseline", "optimized"} in bytes; None where no
+    stage's peak fell."""
+    best = None
+    for s in base:
+        o = opt.get(s.path)
+        if len(s.path) < 2 or o is None:
+            continue
+        for src in ("cuda:0", "host"):
+            b, a = s.memory_of(src), o.memory_of(src)
+            if b and a and b["peak_mean"] is not None and a["peak_mean"] is not None:
+                drop = b["peak_mean"] - a["peak_mean"]
+                if drop > 0 and (best is None or drop > best[0]):
+                    best = (drop, {"path": list(s.path), "source": src, "baseline": b["peak_mean"],
+                                   "optimized": a["peak_mean"]})
+                break
+    return best[1] if best else None
+
+
 def summarize(snapshots, advice, files, device, args, stopped, d=None) -> dict:
     """The demo's findings as data, every figure read from the snapshots: the first
     variant measured, and the optimized one when both ran; `stopped`: what ended the turns;
@@ -135,6 +155,7 @@ def summarize(snapshots, advice, files, device, args, stopped, d=None) -> dict:
         rows.sort(key=lambda r: r["change_ns"] if r["change_ns"] is not None else 0)
         out["stages"] = rows
         out["shrank_most"] = rows[0]["path"] if rows else None
+        out["memory"] = _memory_change(base, opt)
     if d is not None:
         from instrument.exporters.format import headline
         out["diff"] = {"headline": headline(d), "significant": d.significant, "decided": stopped["decided"],
@@ -160,6 +181,14 @@ def stop_text(stopped) -> str:
     state = {True: "; the diff is decided", None: ""}.get(stopped.get("decided"),
                                                           f"; not decided: {', '.join(stopped.get('undecided', []))}")
     return f"stopped {where}, after {turns}{state}"
+
+
+def _memory_text(m) -> str:
+    if not m:
+        return ""
+    what = "the resident set's" if m["source"] == "host" else f"{m['source']}'s allocated"
+    return (f"; memory: {'/'.join(m['path'][1:])}'s peak per call ({what}) {m['baseline'] / 2 ** 20:.1f} → "
+            f"{m['optimized'] / 2 ** 20:.1f} MiB")
 
 
 def summary_lines(summary, variants) -> list:
@@ -193,7 +222,7 @@ def summary_lines(summary, variants) -> list:
                      f"{_pct(_change(r['baseline']['mean_ns'], r['optimized']['mean_ns']))}: {size} per variant on "
                      f"{summary['device']}; the advice's first stage "
                      f"{'is' if summary.get('shrank_most') == (f or {}).get('path') else 'is not'} the one that "
-                     "shrank most")
+                     "shrank most" + _memory_text(summary.get("memory")))
     lines.append("files: " + ", ".join(summary["files"]))
     return lines[:5]
 
