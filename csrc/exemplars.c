@@ -89,6 +89,7 @@ static void call_add(ExemplarCall *c, const ExemplarPart *x) {
         p->on_cpu = known_sum(p->on_cpu, x->on_cpu);
         p->runqueue = known_sum(p->runqueue, x->runqueue);
         p->gil = known_sum(p->gil, x->gil);
+        if (x->mem > p->mem) p->mem = x->mem;   /* the largest of its calls' peaks (-1: none measured) */
         return;
     }
     if (c->n >= EXEMPLAR_MAX_PARTS - 1 && x->node != -1) {   /* full: the last slot adds up the rest */
@@ -278,7 +279,9 @@ void exemplar_exit(Stack *st, const Frame *f, const CallMeasure *m, ThreadState 
     ExemplarCall *c = st->exemplar;
     int64_t susp = m->susp - f->child_susp, loop = m->loop - f->child_loop;
     ExemplarPart x = {f->node, at_least_0((double)(m->wall - f->child_wall)), -1, -1, at_least_0((double)(susp - loop)),
-                      at_least_0((double)loop), -1};
+                      at_least_0((double)loop), -1, -1};
+    int h = mem_host_index();
+    if (h >= 0 && m->mem.have && !m->mem.overlapped && m->mem.peak[h] >= 0) x.mem = m->mem.peak[h];
     if (m->read && !isnan(m->x[Q_CPU])) x.on_cpu = at_least_0(m->x[Q_CPU] - f->child[Q_CPU]);
     if (m->read && !isnan(m->x[Q_RQ])) x.runqueue = at_least_0(m->x[Q_RQ] - f->child[Q_RQ]);
     if (m->read && x.on_cpu >= 0 && x.runqueue >= 0 && !isnan(m->x[Q_OFF]) && !isnan(m->x[Q_GIL])) {
@@ -304,8 +307,9 @@ static PyObject *exemplar_tuple(int32_t root, const Exemplar *x, int slow, int s
     if (!parts) return NULL;
     for (int32_t k = 0; k < x->n; k++) {
         const ExemplarPart *p = &x->parts[k];
-        PyObject *t = Py_BuildValue("(iLLLLLL)", p->node, (long long)p->ns, (long long)p->on_cpu, (long long)p->runqueue,
-                                    (long long)p->awaiting, (long long)p->loop, (long long)p->gil);
+        PyObject *t = Py_BuildValue("(iLLLLLLL)", p->node, (long long)p->ns, (long long)p->on_cpu,
+                                    (long long)p->runqueue, (long long)p->awaiting, (long long)p->loop,
+                                    (long long)p->gil, (long long)p->mem);
         if (!t) { Py_DECREF(parts); return NULL; }
         PyList_SET_ITEM(parts, k, t);
     }

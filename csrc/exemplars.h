@@ -15,8 +15,10 @@ struct CallMeasure;   /* record.h */
 
 /* A stage's self time in one root call, and how it went: on a CPU, waiting for one, awaiting, waiting for the
  * loop, waiting for the GIL (blocked is the rest); on_cpu and runqueue -1 where that stage was not read in the call,
- * gil -1 where the GIL sampler's counts were not.  Node -1: the "(other)" of a full breakdown. */
-typedef struct { int32_t node; int64_t ns, on_cpu, runqueue, awaiting, loop, gil; } ExemplarPart;
+ * gil -1 where the GIL sampler's counts were not; mem: the resident set's peak above a call's start, the largest of
+ * that stage's calls in the root call (memory.h), -1 where none was measured.  Node -1: the "(other)" of a full
+ * breakdown. */
+typedef struct { int32_t node; int64_t ns, on_cpu, runqueue, awaiting, loop, gil, mem; } ExemplarPart;
 
 /* A root call in progress: its breakdown so far.  Pooled: taken at the root's enter, given back at its exit. */
 typedef struct ExemplarCall {
@@ -35,7 +37,8 @@ void exemplar_exit(Stack *st, const Frame *f, const struct CallMeasure *m, Threa
 void exemplar_stack_gone(Stack *st);                  /* the stack is freed with a root call open */
 int exemplar_set_k(int32_t k);                               /* drops every store; 0, or -1 when out of memory */
 void exemplar_reset(void);                                   /* drops every store (reset, fork) */
-PyObject *exemplar_collect(void);   /* [(root, seq, slow, sample, wall, t0, tid, [(node, ns, on_cpu, rq, await, loop)])] */
+/* [(root, seq, slow, sample, wall, t0, tid, [(node, ns, on_cpu, rq, await, loop, gil, mem)])] */
+PyObject *exemplar_collect(void);
 size_t exemplar_bytes(void);                                 /* memory held by the stores (all root stages) */
 size_t exemplar_pool_bytes(void);                            /* memory held by the calls, open or pooled */
 

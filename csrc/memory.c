@@ -186,6 +186,12 @@ static void mem_sample(int reset_all, int64_t *cur) {
     }
 }
 
+int mem_host_index(void) {
+    for (int k = 0; k < g_n_idx; k++)
+        if (g_src[k].active && !g_src[k].get) return k;
+    return -1;
+}
+
 int mem_reset_seen(PyObject *names) {
     PyObject *seq = PySequence_Fast(names, "memory_reset_seen() takes a sequence of source names");
     if (!seq) return -1;

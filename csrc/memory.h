@@ -53,6 +53,7 @@ void mem_stat_add(MemStat *m, const MemCall *c, double w);
 void mem_stat_merge(MemStat *d, const MemStat *a);
 PyObject *mem_stat_list(const MemStat *m);   /* a stats row's "memory": per source a dict of its sums, or None */
 PyObject *mem_status(void);
+int mem_host_index(void);     /* the resident set's index in MemCall, -1 when it is not read */
 /* Another party is about to reset these callable sources' marks (a user's reset_peak_memory_stats): each mark
  * folded into the open calls now, which are marked; the SDK's own detection waits for its next reset. */
 int mem_reset_seen(PyObject *names);   /* the sources: name, how the peak is measured, reads and their cost */

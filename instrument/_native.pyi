@@ -190,8 +190,9 @@ class _CollectResult(TypedDict, total=False):
     read_cost_calls: int                                # the read calls timed for it (0: calibrate()'s figure)
     helpers_over_cap: int                               # the most threads seen running no stage beyond the 32
                                                         # whose clocks a read reads (helper CPU then not read); 0
-    # (root, seq, slow, sample, wall, t0, tid, [(node, self ns, on CPU, run queue, awaiting, loop-ready, GIL)])
-    exemplars: List[Tuple[int, int, bool, bool, int, int, int, List[Tuple[int, int, int, int, int, int, int]]]]
+    # (root, seq, slow, sample, wall, t0, tid, [(node, self ns, on CPU, run queue, awaiting, loop-ready, GIL,
+    #  the resident set's largest peak above a call's start, -1: not measured)])
+    exemplars: List[Tuple[int, int, bool, bool, int, int, int, List[Tuple[int, int, int, int, int, int, int, int]]]]
     exemplar_bytes: Tuple[int, int]                     # stores, open or pooled calls
     tasks: Dict[str, int]                               # steps, switch_reads, unhooked_changes, overlapped, abandoned
 

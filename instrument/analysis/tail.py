@@ -27,6 +27,7 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 from ..snapshot import EXEMPLAR_SPLIT, Snapshot, StageStats
 
 Path = Tuple[str, ...]
+MEM_EXCESS = 1 << 20   # a memory peak the slow calls hold above the typical call's, from which the sentence names it
 PARTS = ("on_cpu", "runqueue", "blocked", "gil", "awaiting", "loop_ready", "unknown")   # a kept call's self time
 PART_TEXT = {"on_cpu": "on a CPU", "runqueue": "waiting for a CPU (run queue)", "blocked": "blocked (I/O, locks, sleep)",
              "gil": "waiting for the GIL",
@@ -42,6 +43,15 @@ class Excess:
     slow_ns: float            # mean self time over the slow calls
     typical_ns: float         # self time in the typical call
     parts: Mapping[str, float] = None   # the excess by component (PARTS): slow calls' mean less the typical's
+    # the resident set's peak above a call's start (its largest in a kept call), mean over the kept calls that
+    # measured it: slow and typical; None where none did
+    slow_mem: Optional[float] = None
+    typical_mem: Optional[float] = None
+
+    @property
+    def mem_excess(self) -> Optional[float]:
+        """Bytes the slow calls' memory peak is above the typical call's; None where either is not measured."""
+        return None if self.slow_mem is None or self.typical_mem is None else self.slow_mem - self.typical_mem
 
     @property
     def component(self) -> Optional[str]:
@@ -51,7 +61,8 @@ class Excess:
 
     def to_dict(self) -> Dict[str, Any]:
         return {"path": list(self.path), "ns": self.ns, "share": self.share, "slow_ns": self.slow_ns,
-                "typical_ns": self.typical_ns, "parts_ns": dict(self.parts or {}), "component": self.component}
+                "typical_ns": self.typical_ns, "parts_ns": dict(self.parts or {}), "component": self.component,
+                "slow_mem_peak_bytes": self.slow_mem, "typical_mem_peak_bytes": self.typical_mem}
 
 
 @dataclass(frozen=True)
@@ -82,6 +93,14 @@ class TailView:
             return None
         return sum(e.share for e in rows)   # type: ignore[misc]
 
+    def own_mem_excess(self, e: "Excess") -> Optional[float]:
+        """A stage's memory excess beyond its child stages' (a peak holds its children's): its own, or None."""
+        if e.mem_excess is None:
+            return None
+        kids = [k.mem_excess for k in self.excess if len(k.path) == len(e.path) + 1 and k.path[:-1] == e.path
+                and k.mem_excess is not None]
+        return e.mem_excess - max(kids, default=0.0)
+
     def sentence(self, snap: Optional[Snapshot] = None) -> Optional[str]:
         """Why the slow calls are slow, in one sentence: the stage that holds most of the excess and the component
         of its time that grew (with the stages that held the event loop, from `snap`, where that was it)."""
@@ -99,6 +118,10 @@ class TailView:
             if c == "loop_ready" and st is not None and st.loop_blockers:
                 held = sorted(st.loop_blockers.items(), key=lambda kv: -kv[1])[:2]
                 text += ", while " + " and ".join(p for p, _ in held) + " held the loop"
+        grew = self.own_mem_excess(top)
+        if grew is not None and grew >= MEM_EXCESS:
+            text += (f"; its memory peak per call is {top.slow_mem / 2 ** 20:.1f} MiB in them against "
+                     f"{top.typical_mem / 2 ** 20:.1f} in a typical one (fresh resident pages)")
         return text
 
     def to_dict(self) -> Dict[str, Any]:
@@ -141,6 +164,16 @@ def _mean_parts(calls: Sequence[Mapping[str, Any]]) -> Dict[Path, Dict[str, floa
     return {p: {k: v / len(calls) for k, v in d.items()} for p, d in acc.items()} if calls else {}
 
 
+def _mean_mem(calls: Sequence[Mapping[str, Any]]) -> Dict[Path, float]:
+    """Per stage, the mean of its memory peak over the kept calls that measured it."""
+    acc: Dict[Path, List[float]] = {}
+    for e in calls:
+        for b in e["breakdown"]:
+            if b.get("mem_peak_bytes") is not None:
+                acc.setdefault(tuple(b["path"]), []).append(float(b["mem_peak_bytes"]))
+    return {p: sum(v) / len(v) for p, v in acc.items()}
+
+
 def _typical(samples: List[Mapping[str, Any]]) -> List[Mapping[str, Any]]:
     """The middle half of the sampled calls by wall time (all of them when there are fewer than four)."""
     s = sorted(samples, key=lambda e: e["wall_ns"])
@@ -168,6 +201,7 @@ def tail_of(snap: Snapshot, root: str, quantile: float = 0.99) -> Optional[TailV
     typical = _typical([e for e in calls if e.get("sample")])
     s_mean, t_mean = _mean_breakdown(slow), _mean_breakdown(typical)
     s_parts, t_parts = _mean_parts(slow), _mean_parts(typical)
+    s_mem, t_mem = _mean_mem(slow), _mean_mem(typical)
     slow_wall = sum(e["wall_ns"] for e in slow) / len(slow)
     typ_wall = sum(e["wall_ns"] for e in typical) / len(typical) if typical else None
     total = slow_wall - typ_wall if typ_wall is not None else None
@@ -178,7 +212,7 @@ def tail_of(snap: Snapshot, root: str, quantile: float = 0.99) -> Optional[TailV
         share = (d / total) if total is not None and total > 0 else None
         sp, tp = s_parts.get(p, {}), t_parts.get(p, {}) if typ_wall is not None else {}
         parts = {k: sp.get(k, 0.0) - tp.get(k, 0.0) for k in PARTS if k in sp or k in tp}
-        rows.append(Excess(p, d, share, a, b, parts))
+        rows.append(Excess(p, d, share, a, b, parts, s_mem.get(p), t_mem.get(p) if typ_wall is not None else None))
     rows.sort(key=lambda r: (-r.ns, r.path))
     p50, p99 = (st.quantile(0.5), st.quantile(0.99)) if st.calls else (None, None)
     return TailView(stage=(root,), quantile=quantile, calls=st.calls, p50_ns=p50, p99_ns=p99, threshold_ns=threshold,

@@ -15,7 +15,7 @@ from ..analysis.diff import Change, Diff, DiffRow, metric_text as _figure
 from ..analysis.metrics import Bar, Metric, ordered
 from ..analysis.ranks import RankView
 from ..analysis.significance import MAX_UNITS, Significance, needed
-from ..analysis.tail import TailView
+from ..analysis.tail import MEM_EXCESS, TailView
 from ..analysis.verdict import with_verdicts
 from ..snapshot import Snapshot, StageStats, path_shown
 from . import Option, merged
@@ -359,7 +359,10 @@ def tail_cells(v: TailView, limit: Optional[int]) -> List[List[str]]:
     rows = v.excess[:limit] if limit else v.excess
     return [[path_text(e.path), ms(e.slow_ns), ms(e.typical_ns),
              ("+" if e.ns > 0 else MINUS if e.ns < 0 else "") + ms(abs(e.ns)), pct(e.share),
-             f"{e.component} +{ms(e.parts[e.component])}" if e.component else ""] for e in rows]
+             ", ".join(([f"{e.component} +{ms(e.parts[e.component])}"] if e.component else [])
+                       + ([f"peak +{e.mem_excess / 2 ** 20:.1f} MiB"] if (v.own_mem_excess(e) or 0) >= MEM_EXCESS
+                          else []))]
+            for e in rows]
 
 
 # ------------------------------------------------------------------------ diff

@@ -623,8 +623,9 @@ def _exemplars(rows, paths: Dict[int, tuple], pid: int) -> list:
             continue
         breakdown = [{"path": list(paths[n]) if n in paths else list(paths[root]) + ["(other)"], "wall_ns": ns,
                       "split": dict({"on_cpu": cpu if cpu >= 0 else None, "runqueue": rq if rq >= 0 else None,
-                                     "awaiting": aw, "loop_ready": loop}, **({"gil": gil} if gil >= 0 else {}))}
-                     for n, ns, cpu, rq, aw, loop, gil in parts]
+                                     "awaiting": aw, "loop_ready": loop}, **({"gil": gil} if gil >= 0 else {})),
+                      **({"mem_peak_bytes": mem} if mem >= 0 else {})}
+                     for n, ns, cpu, rq, aw, loop, gil, mem in parts]
         breakdown.sort(key=lambda b: -b["wall_ns"])
         out.append({"path": list(paths[root]), "wall_ns": wall, "start_ns": t0 - _start_clock, "pid": pid,
                     "tid": tid, "seq": seq, "slow": slow, "sample": sample, "breakdown": breakdown})

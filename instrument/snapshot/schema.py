@@ -263,7 +263,8 @@ def _ranks_from(path: Tuple[str, ...], raw: Any) -> Optional[Dict[int, Dict[str,
 # ------------------------------------------------------------------ exemplars
 # One dict per kept call of a root stage: {"path": [root], "wall_ns", "start_ns" (since the start of recording),
 # "pid", "tid", "seq" (the call's number in its process), "slow" (among the K slowest), "sample" (in the uniform
-# sample of typical calls), "breakdown": [{"path", "wall_ns"}, ...] (self time of each stage in that call)}.
+# sample of typical calls), "breakdown": [{"path", "wall_ns", "split", "mem_peak_bytes"}, ...] (self time of each
+# stage in that call, how it went, its memory peak).
 def _exemplar_from(d: Any) -> Dict[str, Any]:
     try:
         path = d["path"]
@@ -280,6 +281,8 @@ def _exemplar_from(d: Any) -> Dict[str, Any]:
                 part["split"] = {k: None if split.get(k) is None else int(split[k]) for k in EXEMPLAR_SPLIT}
                 if split.get("gil") is not None:   # where the GIL sampler's counts were read in the call
                     part["split"]["gil"] = int(split["gil"])
+            if b.get("mem_peak_bytes") is not None:   # the resident set's peak, where measured in the call
+                part["mem_peak_bytes"] = int(b["mem_peak_bytes"])
             parts.append(part)
         out = {"path": list(path), "wall_ns": int(d["wall_ns"]), "start_ns": int(d.get("start_ns") or 0),
                "pid": d.get("pid"), "tid": d.get("tid"), "seq": d.get("seq"), "slow": bool(d.get("slow")),

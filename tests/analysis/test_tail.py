@@ -42,7 +42,10 @@ def test_excess_and_shares_of_known_calls():
                                                             "share": pre.share, "slow_ns": pre.slow_ns,
                                                             "typical_ns": pre.typical_ns,
                                                             # no split kept with these calls: all of it unknown
-                                                            "parts_ns": {"unknown": pre.ns}, "component": "unknown"}
+                                                            "parts_ns": {"unknown": pre.ns}, "component": "unknown",
+                                                            # no memory measured with them either
+                                                            "slow_mem_peak_bytes": None,
+                                                            "typical_mem_peak_bytes": None}
     assert set(d) >= {"stage", "p50_ns", "p99_ns", "slow_calls", "excess"}
 
 

@@ -286,3 +286,30 @@ def test_two_sources_sharing_one_reset_keep_both_peaks():
     assert snap["outer/inner"].memory_of("alloc")["peak_mean"] == 300
     assert snap["outer"].memory_of("reserved")["peak_mean"] == 1000   # reserved stays at its high-water
     assert snap["outer/inner"].memory_of("reserved")["peak_mean"] == 0
+
+
+def test_the_tail_view_names_the_memory_its_slow_calls_took():
+    """One call in 50 allocates 96 MiB: the kept slow calls' breakdown holds that peak for the stage that took it,
+    the typical call's none, and the tail's sentence says it; the parent's peak is its child's, not its own."""
+    r = run_python("""
+import json, numpy as np, instrument
+from instrument.analysis.tail import tail
+instrument.configure(memory="host", overhead_budget=None)
+for i in range(300):
+    with instrument.stage("request"):
+        with instrument.stage("decode"):
+            if i % 50 == 7:
+                a = np.ones(96 << 20, dtype=np.uint8); del a
+            else:
+                sum(range(2000))
+s = instrument.snapshot()
+v = tail(s)[0]
+rows = {"/".join(e.path): [e.slow_mem, e.typical_mem, v.own_mem_excess(e)] for e in v.excess}
+print(json.dumps({"rows": rows, "sentence": v.sentence(s)}))
+""")
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout.splitlines()[-1])
+    slow, typical, own = out["rows"]["request/decode"]
+    assert slow == pytest.approx(96 * MiB, rel=0.15) and typical < MiB and own == pytest.approx(slow - typical)
+    assert out["rows"]["request"][2] < MiB
+    assert "its memory peak per call is " in out["sentence"]
