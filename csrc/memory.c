@@ -98,6 +98,7 @@ static void mem_host_open(void) {
     g_host_slack = (int64_t)(cpus > 0 ? cpus : 1) * 64 * sysconf(_SC_PAGESIZE) + (1 << 20);
     g_exec_peak = 0;
     int reset = mem_host_reset();
+    if (!reset && g_refs_fd >= 0) close(g_refs_fd), g_refs_fd = -1;   /* opened but refused (an older kernel): blind */
     struct rusage u;
     int64_t st = mem_host_statm(), ru = getrusage(RUSAGE_THREAD, &u) == 0 ? (int64_t)u.ru_maxrss * 1024 : -1;
     if (reset && st >= 0 && ru > st + g_host_slack && g_status_fd >= 0) g_exec_peak = ru;   /* just after a reset */
