@@ -217,16 +217,22 @@ int mem_reset_seen(PyObject *names) {
     return 0;
 }
 
+/* mem_sample with the caller's exception kept (a stage may exit by one) and no other read entered meanwhile. */
+static void mem_read_all(int reset_all, int64_t *cur) {
+    g_busy = 1;
+    PyObject *et, *ev, *tb;
+    PyErr_Fetch(&et, &ev, &tb);
+    mem_sample(reset_all, cur);
+    PyErr_Restore(et, ev, tb);
+    g_busy = 0;
+}
+
 int32_t mem_enter(const void *owner, uint32_t *serial) {
     if (g_busy) return -1;
     if (g_mem_epoch != g_epoch) mem_host_open(), mem_slots_clear();   /* a forked child: the parent's calls are not here */
     if (!g_n_free) return -1;
-    g_busy = 1;
-    PyObject *et, *ev, *tb;
-    PyErr_Fetch(&et, &ev, &tb);
     int64_t cur[MEM_SOURCES];
-    mem_sample(1, cur);
-    PyErr_Restore(et, ev, tb);
+    mem_read_all(1, cur);
     int32_t id = g_free[--g_n_free];
     Slot *s = &g_slots[id];
     s->owner = owner;
@@ -240,7 +246,6 @@ int32_t mem_enter(const void *owner, uint32_t *serial) {
     for (int k = 0; k < g_n_idx; k++) s->start[k] = s->peak[k] = cur[k];
     s->pos = g_n_open;
     g_open[g_n_open++] = id;
-    g_busy = 0;
     return id;
 }
 
@@ -258,13 +263,8 @@ void mem_exit(int32_t slot, uint32_t serial, const void *owner, int read, MemCal
     if (slot < 0 || g_mem_epoch != g_epoch || g_slots[slot].serial != serial) return;
     Slot *s = &g_slots[slot];
     if (read && !g_busy && s->owner == owner) {
-        g_busy = 1;
-        PyObject *et, *ev, *tb;
-        PyErr_Fetch(&et, &ev, &tb);
         int64_t cur[MEM_SOURCES];
-        mem_sample(0, cur);
-        PyErr_Restore(et, ev, tb);
-        g_busy = 0;
+        mem_read_all(0, cur);
         for (int k = 0; k < g_n_idx; k++) {
             int ok = cur[k] >= 0 && s->start[k] >= 0;
             out->peak[k] = ok ? (s->peak[k] > cur[k] ? s->peak[k] : cur[k]) - s->start[k] : -1;
