@@ -59,7 +59,10 @@ def _apply(cfg: _config.Config, explicit_counters: bool = False) -> None:
     if cfg.nvtx:
         nvtx.init(cfg.nvtx_domain)
     backend.configure(**_config.hot_values(cfg))
-    memory.apply(cfg)   # its sources are read with the CPU time: before the reads' cost is calibrated
+    try:   # its sources are read with the CPU time: before the reads' cost is calibrated
+        memory.apply(cfg)
+    except Exception as e:   # memory must never stop the configuration (nor the import)
+        callsite.warn(f"instrument: memory: {e}")
     backend.set_probe_hook(probe.hook(backend) if cfg.machine_probe else None)
     _apply_counters(cfg.counters, explicit_counters)
     _calibrate()

@@ -24,6 +24,7 @@ _tracing_started = False   # tracemalloc was started here (and is stopped when p
 _lazy_registered = False
 _cuda_in_use: Tuple[int, ...] = ()
 _forked = False   # a child forked after CUDA was in use: CUDA cannot be read here
+_cuda_error: Optional[str] = None   # why torch's allocator statistics could not be read
 
 
 def _reset_seen(names: List[str]) -> None:
@@ -120,7 +121,7 @@ def _on_cuda_init() -> None:
 
 def apply(cfg) -> None:
     """Hand the sources the configuration names to the hot path (the C core; the fallback has no `memory`)."""
-    global _cfg, _lazy_registered, _tracing_started
+    global _cfg, _lazy_registered, _tracing_started, _cuda_error
     _cfg = cfg
     be = _backend.current
     if not hasattr(be, "memory_status"):   # the fallback: no `memory` option (MISSING)
@@ -139,7 +140,11 @@ def apply(cfg) -> None:
         if _forked:
             pass
         elif _cuda_ready():
-            sources.extend(_cuda_sources())
+            try:
+                sources.extend(_cuda_sources())
+                _cuda_error = None
+            except Exception as e:   # a torch without the allocator's statistics: CUDA is not read, and status says so
+                _cuda_error = f"{type(e).__name__}: {e}"
         elif torch is not None and not _lazy_registered:
             try:   # CUDA's sources start when torch initialises it, whenever that is
                 torch.cuda._lazy_call(_on_cuda_init)
@@ -152,7 +157,7 @@ def apply(cfg) -> None:
 # ------------------------------------------------------- integration protocol (apply: the collector, before it
 # calibrates the reads' cost, which then holds the memory reads)
 def before_snapshot() -> None:
-    if _cfg is not None and "cuda" in _cfg.memory and not _cuda_in_use and _cuda_ready():
+    if _cfg is not None and "cuda" in _cfg.memory and not _cuda_in_use and not _cuda_error and _cuda_ready():
         apply(_cfg)
 
 
@@ -170,5 +175,5 @@ def status(raw: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
     out: Dict[str, Any] = {"sources": be.memory_status()}
     if _cfg is not None and "cuda" in _cfg.memory and not _cuda_in_use:
         out["cuda"] = ("forked child: CUDA cannot be used in a process forked after it was initialised" if _forked
-                       else "waiting for torch to initialise CUDA")
+                       else f"not read: {_cuda_error}" if _cuda_error else "waiting for torch to initialise CUDA")
     return out

@@ -313,3 +313,22 @@ print(json.dumps({"rows": rows, "sentence": v.sentence(s)}))
     assert slow == pytest.approx(96 * MiB, rel=0.15) and typical < MiB and own == pytest.approx(slow - typical)
     assert out["rows"]["request"][2] < MiB
     assert "its memory peak per call is " in out["sentence"]
+
+
+def test_a_torch_without_the_allocator_s_statistics_leaves_cuda_unread_and_says_why():
+    """A torch whose CUDA says it is initialised but whose allocator statistics cannot be read: the import and the
+    stages go on, memory of the host is read, and meta says why CUDA's is not."""
+    r = run_python("""
+import sys, types, json
+torch = types.ModuleType("torch")
+torch.cuda = types.SimpleNamespace(is_initialized=lambda: True, device_count=lambda: 1)
+sys.modules["torch"] = torch
+import instrument
+with instrument.stage("s"):
+    pass
+snap = instrument.snapshot()
+print(json.dumps([snap["s"].memory_sources, snap.meta["memory"]["cuda"]]))
+""")
+    assert r.returncode == 0, r.stderr
+    sources, why = json.loads(r.stdout.splitlines()[-1])
+    assert sources == ["host"] and why.startswith("not read: AttributeError")
