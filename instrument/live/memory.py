@@ -27,12 +27,13 @@ _forked = False   # a child forked after CUDA was in use: CUDA cannot be read he
 _cuda_error: Optional[str] = None   # why torch's allocator statistics could not be read
 
 
-def _reset_seen(names: List[str]) -> None:
-    """Another party resets these sources' peaks: the open calls keep theirs through it, and are marked."""
+def _reset_seen(names: Callable[..., List[str]], *args: Any, **kwargs: Any) -> None:
+    """Another party resets the peaks of the sources names(*args, **kwargs) gives: the open calls keep theirs through
+    it, and are marked.  Never raises into the caller's reset."""
     try:
         f = getattr(_backend.current, "memory_reset_seen", None)
         if f is not None:
-            f(names)
+            f(names(*args, **kwargs))
     except Exception:
         pass
 
@@ -45,7 +46,7 @@ def _wrap(owner: Any, attr: str, names: Callable[..., List[str]]) -> None:
         return
 
     def reset(*args: Any, **kwargs: Any) -> Any:
-        _reset_seen(names(*args, **kwargs))
+        _reset_seen(names, *args, **kwargs)
         return orig(*args, **kwargs)
     reset.__instrument_wrapped__ = True   # type: ignore[attr-defined]
     reset.__wrapped__ = orig              # type: ignore[attr-defined]
@@ -121,8 +122,10 @@ def _on_cuda_init() -> None:
 
 def apply(cfg) -> None:
     """Hand the sources the configuration names to the hot path (the C core; the fallback has no `memory`)."""
-    global _cfg, _lazy_registered, _tracing_started, _cuda_error
+    global _cfg, _lazy_registered, _tracing_started, _cuda_error, _cuda_in_use
     _cfg = cfg
+    if "cuda" not in cfg.memory:
+        _cuda_in_use = ()
     be = _backend.current
     if not hasattr(be, "memory_status"):   # the fallback: no `memory` option (MISSING)
         return
