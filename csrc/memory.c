@@ -259,7 +259,8 @@ static void mem_slot_free(int32_t id) {
 }
 
 void mem_exit(int32_t slot, uint32_t serial, const void *owner, int read, MemCall *out) {
-    out->have = 0;
+    out->have = out->overlapped = 0;
+    out->reset = 0;
     if (slot < 0 || g_mem_epoch != g_epoch || g_slots[slot].serial != serial) return;
     Slot *s = &g_slots[slot];
     if (read && !g_busy && s->owner == owner) {
