@@ -137,4 +137,22 @@ for i in range(5):
             pass
 _backend.current.set_root_exit_hook(None)
 assert len(seen) == 3 and instrument.snapshot()["root"].calls == 5
+# memory: the resident set and a callable source (the traced heap), nested, a reset from inside, a failing source
+import tracemalloc  # noqa: E402
+instrument.configure(memory="host,python")
+for i in range(20):
+    with instrument.stage("mem"):
+        x = [0] * 10000
+        with instrument.stage("inner"):
+            y = bytearray(1 << 16)
+            tracemalloc.reset_peak()
+        del x, y
+_native = _backend.current
+_native.configure(memory=["host", ("bad", lambda: 1 / 0, None), ("odd", lambda: (1,), None)])
+for i in range(5):
+    with instrument.stage("mem2"):
+        pass
+assert [s["error"] is not None for s in _native.memory_status() if s["name"] in ("bad", "odd")] == [True, True]
+instrument.configure(memory="host")
+assert instrument.snapshot()["mem"].memory_of("python")["calls"] >= 8
 print(len(instrument.snapshot()), "stages ok")

@@ -28,7 +28,7 @@ def _fresh_process(code):
     return json.loads(r.stdout.splitlines()[-1]), r.stdout.splitlines()[:-1]
 
 
-def test_host_peak_and_net_of_known_arrays():
+def test_rss_peak_and_net_of_known_arrays():
     """A stage that allocates and frees 64 MiB per call peaks at 64 MiB with no net change; one that keeps 32 MiB
     per call has a net of 32 MiB, as the resident set the test reads around each call says too; their parent's
     peak is the larger child's, its net the kept one's."""
@@ -59,7 +59,7 @@ print(sum(truth) / len(truth))""")
     assert req["net_total"] == pytest.approx(req["net_mean"] * 12)
 
 
-def test_a_parent_keeps_its_peak_through_its_children_s_resets():
+def test_rss_a_parent_keeps_its_peak_through_its_children_s_resets():
     """The parent peaks at 96 MiB before its child opens; the child's enter resets the kernel's high-water mark,
     and the parent's peak is still 96 MiB (folded into it first), the child's its own 40 MiB."""
     figs, _ = _fresh_process("""
@@ -74,7 +74,7 @@ for _ in range(10):
     assert figs["child"]["peak_mean"] == pytest.approx(40 * MiB, rel=0.15)
 
 
-def test_a_foreign_reset_of_the_resident_set_s_mark_is_marked():
+def test_rss_a_foreign_reset_of_the_mark_is_marked():
     """A user's own write to /proc/self/clear_refs after freeing 64 MiB held from before the call: the mark is
     below what the SDK saw at enter, so the call is marked."""
     figs, _ = _fresh_process("""
@@ -89,7 +89,7 @@ with instrument.stage("later"):
     assert figs["later"]["marked"] == 0
 
 
-def test_another_thread_s_call_overlaps_and_is_kept_apart():
+def test_rss_another_thread_s_call_overlaps_and_is_kept_apart():
     figs, _ = _fresh_process("""
 inside, done = threading.Event(), threading.Event()
 def background():
@@ -153,7 +153,7 @@ def test_a_user_s_reset_inside_a_stage_is_held_and_marked(backend):
     assert inner["marked"] == 0 and inner["peak_mean"] < 0.01 * size
 
 
-def test_a_forked_child_measures_its_own_and_leaves_the_parent_s_mark_alone():
+def test_rss_a_forked_child_measures_its_own_and_leaves_the_parent_s_mark_alone():
     """The child's resets are its own process's (its files opened again): the parent's open call, whose 64 MiB
     peak came before the fork, keeps it."""
     r = run_python("""
@@ -224,7 +224,7 @@ def test_the_fallback_says_it_measures_no_memory(fallback):
     assert snap.meta["memory"]["sources"] == []
 
 
-def test_a_stage_that_touches_fresh_memory_says_so_and_one_that_reuses_a_buffer_does_not():
+def test_rss_a_stage_that_touches_fresh_memory_says_so_and_one_that_reuses_a_buffer_does_not():
     r = run_python("""
 import json, numpy as np, instrument
 from instrument.analysis.advice import advise
@@ -288,7 +288,7 @@ def test_two_sources_sharing_one_reset_keep_both_peaks():
     assert snap["outer/inner"].memory_of("reserved")["peak_mean"] == 0
 
 
-def test_the_tail_view_names_the_memory_its_slow_calls_took():
+def test_rss_the_tail_view_names_the_memory_its_slow_calls_took():
     """One call in 50 allocates 96 MiB: the kept slow calls' breakdown holds that peak for the stage that took it,
     the typical call's none, and the tail's sentence says it; the parent's peak is its child's, not its own."""
     r = run_python("""
