@@ -139,6 +139,8 @@ class StageStats:
         exact = n == self.calls
         for f in ("peak", "net"):
             mean = m[f"w_{f}"] / w
+            if f == "peak" and m.get("peak_max") is not None:
+                mean = min(mean, m["peak_max"])   # a weighted mean of equal peaks may round a hair above them
             var = max(m[f"{f}_sq"] / n - (m[f"{f}_sum"] / n) ** 2, 0.0) * n / (n - 1) if n > 1 else 0.0
             half = 0.0 if exact else Z99 * math.sqrt(var / n)
             out[f"{f}_mean"] = mean
