@@ -5,8 +5,8 @@
  * percentiles, configuration parsing, torch) lives in Python.
  *
  * Units, each calling only units listed before it (tests/test_c_units.py holds
- * this): core.c (the state below), hist.c, perf.c, nvtx_emit.c, rootexit.c
- * (self-contained); nodes.c (the stage tree); items.c (items of a slot);
+ * this): core.c (the state below), hist.c, perf.c, nvtx_emit.c, rootexit.c,
+ * gil.c (the GIL sampler), memory.c (memory per stage) (self-contained); nodes.c (the stage tree); items.c (items of a slot);
  * stats.c (per-node slots, trace ring); threads.c (per-thread state);
  * exemplars.c (a root call's breakdown); record.c (a finished call into the
  * slots: the one record path); taskclock.c (asyncio task-relative readings);
