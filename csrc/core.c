@@ -53,6 +53,11 @@ void warn_once(const char *key, const char *fmt, ...) {
 }
 
 void internal_failure(const char *what) {
+    if (PyErr_ExceptionMatches(PyExc_KeyboardInterrupt)) {   /* Ctrl-C inside the SDK's Python code: the program's */
+        PyErr_Clear();
+        PyErr_SetInterrupt();   /* raised again at its next check, in the program's own code */
+        return;
+    }
     g_internal++;
     PyErr_Clear();
     warn_once(what, "instrument: internal failure in %s; measurement goes on without it", what);

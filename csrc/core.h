@@ -108,7 +108,8 @@ extern PyObject *g_warn_once;      /* set of warning keys already shown */
 
 /* Warn once per key; never lets a warning (even one turned into an error) escape. */
 void warn_once(const char *key, const char *fmt, ...);
-/* Counts and warns about a failure the measurement survives; clears the exception. */
+/* Counts and warns about a failure the measurement survives; clears the exception (a KeyboardInterrupt is handed
+ * back to the program: raised again at its next check). */
 void internal_failure(const char *what);
 
 #pragma GCC visibility pop

@@ -144,12 +144,24 @@ static Frame *call_enter_hook(Stack *st, Frame *f, Stage *self) {
     return f;
 }
 
+/* The frame's memory slot (memory.h); the frame afterwards (a source's Python code may enter stages and move the
+ * frames), NULL when it is gone. */
+static Frame *mem_open(Stack *st, Frame *f) {
+    uint64_t seq = f->seq;
+    uint32_t serial = 0;
+    int32_t slot = mem_enter(st, &serial);
+    if ((f = frame_by_seq(st, seq))) f->mem = slot, f->mem_serial = serial;
+    else if (slot >= 0) { MemCall unused; mem_exit(slot, serial, st, 0, &unused); }
+    return f;
+}
+
 void stage_enter(Stage *self) {
     if (!g_enabled) return;
     ThreadState *ts = ts_get();
     Stack *st = ts ? stack_current(1) : NULL;
     if (!st) { internal_failure("stage enter"); return; }
     int loop = g_nvtx && nvtx_emit_active() ? in_event_loop() : 0;   /* may run Python: before any frame pointer */
+    if (g_mem_n) mem_note_owner(st->owner);
     int32_t node = node_child(stack_top_node(st), self->name);
     Frame *f = node >= 0 ? frame_push(st, ts, self, node) : NULL;
     if (!f) { internal_failure("stage enter"); return; }
@@ -161,7 +173,7 @@ void stage_enter(Stage *self) {
     if ((g_cpu_clock || g_ctr_n) && budget_read(ts, node, &w)) {   /* nothing is read without a CPU source */
         int64_t a = now_ns();
         if (g_ctr_n) counters_ready(ts);
-        if (g_mem_n) f->mem = mem_enter(st, &f->mem_serial);   /* outside the wall window, with the reads' cost */
+        if (g_mem_n && !(f = mem_open(st, f))) return;   /* outside the wall window, with the reads' cost */
         read_boundary(ts, &f->r0, 0);   /* r0.t after the reads: the wall window holds none of them */
         f->sw_in = ts_switches(ts);
         f->spent = f->sw_in == f->sw0 ? f->r0.t - a : -1;   /* what they cost, where the thread kept the CPU */
@@ -183,8 +195,6 @@ static void read_exit(ThreadState *ts, Stack *st, const Frame *f, int same_threa
     int read = f->w > 0 && same_thread;
     uint32_t sw_in = read ? ts_switches(ts) : 0;   /* before the reads: the end of the wall window */
     if (read) read_boundary(ts, &r1, 1);   /* r1.t before the reads ends the wall window */
-    m->mem.have = 0;
-    if (f->mem >= 0) mem_exit(f->mem, f->mem_serial, st, read, &m->mem);
     m->sw1 = sw_in;
     m->t1 = read ? r1.t : now_ns();
     m->overlapped = taskclock_frame_exit(ts, st, f, read ? &r1 : NULL, m);   /* task-relative, time suspended */
@@ -192,11 +202,13 @@ static void read_exit(ThreadState *ts, Stack *st, const Frame *f, int same_threa
     m->switched = !same_thread || ts_switches(ts) != f->sw0;
     m->switched_in = read ? sw_in != f->sw_in : m->switched;
     m->read = read && !m->overlapped;
-    m->mem.overlapped |= m->overlapped != 0;   /* its task shared the thread with others: the gauges are theirs too */
     m->have_ctr = 0;
     if (m->read) call_quantities(&f->r0, &r1, m), m->inner = r1.tq - f->r0.tq;
     m->stand_in = f->skipped && same_thread && !m->overlapped;
     m->abandoned = 0;
+    m->mem.have = 0;   /* last: a source's Python code may move the frames (f is not used after) */
+    if (f->mem >= 0) mem_exit(f->mem, f->mem_serial, st, read, &m->mem);
+    m->mem.overlapped |= m->overlapped != 0;   /* its task shared the thread with others: the gauges are theirs too */
 }
 
 static int32_t frame_index(const Stack *st, const Stage *self) {
@@ -251,6 +263,7 @@ static void close_top(Stack *st, int error) {
     if (!ts) PyErr_Clear();
     PyErr_Restore(et, ev, tb);
     int same_thread = ts && st->frames[i].ts_serial == ts->serial;
+    if (g_mem_n) mem_note_owner(st->owner);
     CallMeasure m;
     read_exit(ts, st, &st->frames[i], same_thread, &m);
     m.error = error;

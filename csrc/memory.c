@@ -24,8 +24,8 @@ typedef struct {
     uint32_t serial;      /* 0: free */
     int32_t pos;          /* its place in g_open */
     uint32_t reset;
-    uint8_t overlapped;
-    int64_t start[MEM_SOURCES], peak[MEM_SOURCES];
+    uint64_t changes;     /* g_mem_owner_changes at its enter: another context's stage event since = overlapped */
+    int64_t start[MEM_SOURCES], peak[MEM_SOURCES];   /* -1: the source was not read at its enter */
 } Slot;
 
 int g_mem_n = 0;
@@ -33,8 +33,10 @@ static Source g_src[MEM_SOURCES];
 static int g_n_idx = 0;                 /* indices used so far */
 static Slot g_slots[MEM_SLOTS];
 static int32_t g_free[MEM_SLOTS], g_n_free = -1, g_open[MEM_SLOTS], g_n_open = 0;
-static uint32_t g_serial = 0, g_mem_epoch = 0;
-static int g_busy = 0;
+static uint32_t g_serial = 0, g_mem_epoch = 0, g_host_epoch = 0;   /* g_epoch of the slots, of the host's files */
+static int g_busy = 0;                  /* a read of the sources is under way (its Python code may enter a stage) */
+const void *g_mem_last_owner = NULL;    /* the context of the last stage enter or exit (mem_note_owner) */
+uint64_t g_mem_owner_changes = 0;
 static int g_refs_fd = -2, g_statm_fd = -2;   /* /proc/self/clear_refs, /proc/self/statm: -2 unopened, -1 refused */
 static int64_t g_host_slack = 0;       /* the kernel's resident-set count is per-CPU batched: a mark this far below
                                          * the one read after the SDK's reset is still no one else's reset */
@@ -103,25 +105,43 @@ static void mem_host_open(void) {
     int64_t st = mem_host_statm(), ru = getrusage(RUSAGE_THREAD, &u) == 0 ? (int64_t)u.ru_maxrss * 1024 : -1;
     if (reset && st >= 0 && ru > st + g_host_slack && g_status_fd >= 0) g_exec_peak = ru;   /* just after a reset */
     g_host_cur = !reset || g_exec_peak;   /* the current value: the mark just after a reset, else statm */
+    g_host_epoch = g_epoch;
+}
+
+/* In a forked child, the parent's open calls are not here, nor a read it had under way: the slots start empty.
+ * (The host's files are opened again at the child's first read of the resident set.) */
+static void mem_fork_check(void) {
+    if (g_mem_epoch == g_epoch) return;
+    mem_slots_clear();
+    g_busy = 0;
     g_mem_epoch = g_epoch;
 }
 
 /* A callable source's gauge: (current, peak).  0, or -1 and the source stopped (its error kept for the status). */
 static int mem_call_get(Source *s, int64_t *cur, int64_t *mark) {
-    PyObject *r = PyObject_CallNoArgs(s->get);
+    PyObject *get = Py_NewRef(s->get);   /* held: a configure() on another thread may replace it meanwhile */
+    PyObject *r = PyObject_CallNoArgs(get);
+    Py_DECREF(get);
     long long a = -1, b = -1;
     if (r && PyTuple_Check(r) && PyTuple_GET_SIZE(r) == 2) {
         a = PyLong_AsLongLong(PyTuple_GET_ITEM(r, 0));
-        b = PyLong_AsLongLong(PyTuple_GET_ITEM(r, 1));
+        if (!PyErr_Occurred()) b = PyLong_AsLongLong(PyTuple_GET_ITEM(r, 1));
     }
     if (!r || PyErr_Occurred() || a < 0 || b < 0) {
+        Py_XDECREF(r);
+        if (PyErr_ExceptionMatches(PyExc_KeyboardInterrupt)) {   /* Ctrl-C during the read: the program's, again */
+            PyErr_Clear();
+            PyErr_SetInterrupt();
+            return -1;
+        }
         if (!PyErr_Occurred())
             PyErr_Format(PyExc_TypeError, "returned %R, not a pair of byte counts (current, peak)", r ? r : Py_None);
         PyObject *et, *ev, *tb;
         PyErr_Fetch(&et, &ev, &tb);
-        Py_XSETREF(s->error, ev ? PyObject_Str(ev) : NULL);
+        PyErr_NormalizeException(&et, &ev, &tb);
+        Py_XSETREF(s->error, ev ? PyObject_Str(ev) : PyUnicode_FromString(et ? ((PyTypeObject *)et)->tp_name : "?"));
         PyErr_Clear();
-        Py_XDECREF(et), Py_XDECREF(ev), Py_XDECREF(tb), Py_XDECREF(r);
+        Py_XDECREF(et), Py_XDECREF(ev), Py_XDECREF(tb);
         s->active = 0, s->errors++;
         return -1;
     }
@@ -132,8 +152,11 @@ static int mem_call_get(Source *s, int64_t *cur, int64_t *mark) {
 
 static void mem_call_reset(Source *s) {
     if (!s->reset || s->reset == Py_None) return;
-    PyObject *r = PyObject_CallNoArgs(s->reset);
-    if (!r) PyErr_Clear(), s->errors++;
+    PyObject *reset = Py_NewRef(s->reset);
+    PyObject *r = PyObject_CallNoArgs(reset);
+    Py_DECREF(reset);
+    if (!r && PyErr_ExceptionMatches(PyExc_KeyboardInterrupt)) PyErr_Clear(), PyErr_SetInterrupt();
+    else if (!r) PyErr_Clear(), s->errors++;
     Py_XDECREF(r);
 }
 
@@ -150,16 +173,18 @@ static void mem_fold(int k, int64_t mark, int foreign_reset) {
  * set at every read, its reset is how its current value is read), cur[k] its value after (-1: not read). */
 static void mem_sample(int reset_all, int64_t *cur) {
     int64_t mark[MEM_SOURCES];
-    for (int k = 0; k < g_n_idx; k++) {
+    for (int k = 0; k < MEM_SOURCES; k++) cur[k] = mark[k] = -1;
+    int n = g_n_idx;   /* sources added while a source's Python code runs are read from the next sample on */
+    for (int k = 0; k < n; k++) {
         Source *s = &g_src[k];
         int64_t a = now_ns();
-        cur[k] = mark[k] = -1;
         if (!s->active) continue;
+        if (!s->get && g_host_epoch != g_epoch) mem_host_open();   /* a forked child: its own files */
         if (!s->get) mark[k] = mem_host_mark();
         else if (mem_call_get(s, &cur[k], &mark[k]) < 0) continue;
         s->read_ns += (uint64_t)(now_ns() - a);
     }
-    for (int k = 0; k < g_n_idx; k++) {
+    for (int k = 0; k < n; k++) {
         Source *s = &g_src[k];
         if (mark[k] < 0) continue;
         if (mark[k] > s->max_seen) s->max_seen = mark[k];
@@ -168,7 +193,7 @@ static void mem_sample(int reset_all, int64_t *cur) {
         else if (mark[k] > s->last_mark) mem_fold(k, mark[k], 0);
         s->last_mark = mark[k];
     }
-    for (int k = 0; k < g_n_idx; k++) {
+    for (int k = 0; k < n; k++) {
         Source *s = &g_src[k];
         if (mark[k] < 0) continue;
         int64_t a = now_ns();
@@ -196,7 +221,8 @@ int mem_host_index(void) {
 int mem_reset_seen(PyObject *names) {
     PyObject *seq = PySequence_Fast(names, "memory_reset_seen() takes a sequence of source names");
     if (!seq) return -1;
-    if (g_busy || g_mem_epoch != g_epoch) { Py_DECREF(seq); return 0; }
+    mem_fork_check();
+    if (g_busy) { Py_DECREF(seq); return 0; }
     g_busy = 1;
     int64_t mark[MEM_SOURCES];
     for (int k = 0; k < g_n_idx; k++) {
@@ -228,22 +254,19 @@ static void mem_read_all(int reset_all, int64_t *cur) {
 }
 
 int32_t mem_enter(const void *owner, uint32_t *serial) {
-    if (g_busy) return -1;
-    if (g_mem_epoch != g_epoch) mem_host_open(), mem_slots_clear();   /* a forked child: the parent's calls are not here */
-    if (!g_n_free) return -1;
+    mem_fork_check();
+    if (g_busy || !g_n_free) return -1;
     int64_t cur[MEM_SOURCES];
     mem_read_all(1, cur);
+    if (!g_n_free) return -1;   /* a source's Python code took the last slot meanwhile */
     int32_t id = g_free[--g_n_free];
     Slot *s = &g_slots[id];
     s->owner = owner;
     s->serial = *serial = ++g_serial ? g_serial : ++g_serial;
-    s->reset = g_refs_fd < 0 ? 1u : 0u;   /* the resident set's peak without a reset: a lower bound (its bit, 0) */
-    s->overlapped = 0;
-    for (int32_t i = 0; i < g_n_open; i++) {
-        Slot *o = &g_slots[g_open[i]];
-        if (o->owner && owner && o->owner != owner) o->overlapped = s->overlapped = 1;   /* NULL: calibration's */
-    }
-    for (int k = 0; k < g_n_idx; k++) s->start[k] = s->peak[k] = cur[k];
+    int h = mem_host_index();   /* the resident set's peak without a reset is a lower bound: marked */
+    s->reset = g_refs_fd < 0 && h >= 0 ? 1u << h : 0u;
+    s->changes = g_mem_owner_changes;
+    for (int k = 0; k < MEM_SOURCES; k++) s->start[k] = s->peak[k] = cur[k];
     s->pos = g_n_open;
     g_open[g_n_open++] = id;
     return id;
@@ -266,13 +289,14 @@ void mem_exit(int32_t slot, uint32_t serial, const void *owner, int read, MemCal
     if (read && !g_busy && s->owner == owner) {
         int64_t cur[MEM_SOURCES];
         mem_read_all(0, cur);
-        for (int k = 0; k < g_n_idx; k++) {
+        if (g_mem_epoch != g_epoch || s->serial != serial) return;   /* freed by Python code the read ran */
+        for (int k = 0; k < MEM_SOURCES; k++) {
             int ok = cur[k] >= 0 && s->start[k] >= 0;
             out->peak[k] = ok ? (s->peak[k] > cur[k] ? s->peak[k] : cur[k]) - s->start[k] : -1;
             out->net[k] = ok ? cur[k] - s->start[k] : 0;
         }
         out->reset = s->reset;
-        out->overlapped = s->overlapped;
+        out->overlapped = s->changes != g_mem_owner_changes;
         out->have = 1;
     }
     mem_slot_free(slot);
@@ -352,8 +376,9 @@ int mem_configure(PyObject *spec, int apply) {
     for (Py_ssize_t i = 0; i < n; i++)
         if (mem_spec_check(PySequence_Fast_GET_ITEM(seq, i), &name, &get, &reset) < 0) { Py_DECREF(seq); return -1; }
     if (!apply) { Py_DECREF(seq); return 0; }
-    if (g_n_free < 0) mem_slots_clear();
-    for (int k = 0; k < g_n_idx; k++) g_src[k].active = 0;
+    mem_fork_check();
+    int was[MEM_SOURCES];
+    for (int k = 0; k < MEM_SOURCES; k++) was[k] = k < g_n_idx && g_src[k].active, g_src[k].active = 0;
     g_mem_n = 0;
     for (Py_ssize_t i = 0; i < n; i++) {
         mem_spec_check(PySequence_Fast_GET_ITEM(seq, i), &name, &get, &reset);
@@ -364,7 +389,9 @@ int mem_configure(PyObject *spec, int apply) {
         Py_XSETREF(s->reset, Py_XNewRef(reset));
         Py_CLEAR(s->error);
         s->active = 1, s->floor = 0, s->last_mark = 0;
-        if (!get && (g_refs_fd == -2 || g_mem_epoch != g_epoch)) mem_host_open();
+        if (!get && (g_refs_fd == -2 || g_host_epoch != g_epoch)) mem_host_open();
+        for (int32_t j = 0; !was[k] && j < g_n_open; j++)   /* calls open before it: no start of theirs */
+            g_slots[g_open[j]].start[k] = g_slots[g_open[j]].peak[k] = -1;
         g_mem_n++;
     }
     Py_DECREF(seq);

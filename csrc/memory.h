@@ -8,8 +8,9 @@
  * each call, nested or on another thread, keeps its own peak through every reset, and none of them resets another's.
  * A mark found below the highest value seen since the SDK's own last reset was reset by someone else (a user's
  * reset_peak_memory_stats): the calls open then are marked, their peaks are lower bounds.  The sources are the
- * process's, so a call during which another context's measured call was open is marked overlapped and its figures
- * are kept apart (never credited to one stage). */
+ * process's, so a call during which another context (thread or asyncio task) entered or exited a stage, or ran an
+ * asyncio step, is marked overlapped and its figures are kept apart (never credited to one stage); a context that
+ * allocates without any stage event meanwhile is not seen. */
 #ifndef INSTRUMENT_MEMORY_H
 #define INSTRUMENT_MEMORY_H
 
@@ -22,7 +23,7 @@ typedef struct {
     int64_t peak[MEM_SOURCES], net[MEM_SOURCES];
     uint32_t reset;       /* sources whose mark another party reset during the call (its peak is a lower bound) */
     uint8_t have;         /* measured at both ends */
-    uint8_t overlapped;   /* another context's measured call was open during it */
+    uint8_t overlapped;   /* another context had a stage event during it (mem_note_owner) */
 } MemCall;
 
 /* A node's sums per source.  W-sums weigh each read call by 1 / its chance of being read (the budget's), so their
@@ -37,6 +38,14 @@ typedef struct MemStat {
 #pragma GCC visibility push(hidden)
 
 extern int g_mem_n;   /* sources configured: read calls open a slot */
+extern const void *g_mem_last_owner;   /* the context of the last stage event */
+extern uint64_t g_mem_owner_changes;   /* how often the context of a stage event was not the last one's */
+
+/* A stage event (enter, exit, an asyncio task's step) of context `owner`: a measured call of another context during
+ * which this changes is overlapped (another context ran stages meanwhile, and the gauges are the process's). */
+static inline void mem_note_owner(const void *owner) {
+    if (owner != g_mem_last_owner) g_mem_last_owner = owner, g_mem_owner_changes++;
+}
 
 /* configure(memory=...): a sequence of "host" or (name, get, reset) with get() -> (current, peak) and reset() a
  * callable or None (reset with an earlier source).  0, or -1 with an exception naming what is wrong. */

@@ -6,6 +6,7 @@
 #include <string.h>
 #include <structmember.h>
 
+#include "memory.h"
 #include "stack.h"
 #include "taskclock.h"
 
@@ -41,6 +42,7 @@ static inline int needs_reads(const Stack *a, const Stack *b) { return (a && a->
 static void switch_in(ThreadState *ts, TaskThread *tt, PyObject *ctx, Stack **outer, int32_t *node) {
     Stack *o = NULL, *in = NULL;
     *node = 0;
+    if (g_mem_n) mem_note_owner(ctx);   /* another task's step: the open calls of others overlap it (memory.h) */
     if (g_open_frames > 0) {   /* no stage open anywhere: nothing to suspend or resume */
         o = stack_visible();
         in = stack_of(ctx);

@@ -166,8 +166,9 @@ def _memory(source: str, figure: str) -> Formula:
 
 
 def _memory_estimated(source: str) -> Callable[[StageStats], bool]:
-    return lambda s: any(k == source or k.startswith(source + ":") for k in s.memory_sources) and \
-        any((s.memory_of(k) or {}).get("calls", 0) < s.calls for k in s.memory_sources)
+    """Whether the source's figures (for "cuda": any device's) stand for calls that were not all measured."""
+    return lambda s: any((s.memory_of(k) or {}).get("calls", 0) < s.calls for k in s.memory_sources
+                         if k == source or (source == "cuda" and k.startswith("cuda:")))
 
 
 def _verdict(snap: Snapshot, s: StageStats) -> Optional[str]:

@@ -103,7 +103,7 @@ def _cuda_sources() -> List[Tuple[str, Callable[[], Tuple[int, int]], Optional[C
             return a["current"], a["peak"]
 
         def reserved(last: Dict[str, Any] = last) -> Tuple[int, int]:
-            r = last["s"]["reserved_bytes"]["all"]
+            r = last.pop("s")["reserved_bytes"]["all"]   # this sample's read (a stopped cuda:N leaves none: stops too)
             return r["current"], r["peak"]
 
         out.append((f"cuda:{d}", allocated, lambda d=d: reset_of(d)))

@@ -89,28 +89,42 @@ with instrument.stage("later"):
     assert figs["later"]["marked"] == 0
 
 
-def test_rss_another_thread_s_call_overlaps_and_is_kept_apart():
+def test_rss_another_thread_s_stage_events_during_a_call_overlap_it():
+    """A call during which another thread enters and exits stages is overlapped and kept apart (the gauges are the
+    process's); a call beside another thread's call that stays open without a stage event is measured, and that
+    open call, which saw the first one's events, is overlapped."""
     figs, _ = _fresh_process("""
-inside, done = threading.Event(), threading.Event()
-def background():
-    with instrument.stage("bg"):
+inside, done, go, ticked = threading.Event(), threading.Event(), threading.Event(), threading.Event()
+def idle():
+    with instrument.stage("idle"):
         inside.set()
         done.wait(10)
-t = threading.Thread(target=background)
+def busy():
+    go.wait(10)
+    for _ in range(50):
+        with instrument.stage("tick"):
+            pass
+    ticked.set()
+t = threading.Thread(target=idle)
 t.start()
 inside.wait(10)
-with instrument.stage("fg"):
+with instrument.stage("beside_idle"):
     a = touched(48 << 20)
     del a
 done.set()
 t.join()
-with instrument.stage("fg"):   # alone
+b = threading.Thread(target=busy)
+b.start()
+with instrument.stage("beside_busy"):
+    go.set()
+    ticked.wait(10)
     a = touched(48 << 20)
-    del a""")
-    fg, bg = figs["fg"], figs["bg"]
-    assert (fg["calls"], fg["overlapped"]) == (1, 1)
-    assert (bg["calls"], bg["overlapped"]) == (0, 1) and bg["peak_mean"] is None
-    assert fg["peak_mean"] == pytest.approx(48 * MiB, rel=0.15)
+    del a
+b.join()""")
+    assert (figs["beside_idle"]["calls"], figs["beside_idle"]["overlapped"]) == (1, 0)
+    assert figs["beside_idle"]["peak_mean"] == pytest.approx(48 * MiB, rel=0.15)
+    assert (figs["idle"]["calls"], figs["idle"]["overlapped"]) == (0, 1) and figs["idle"]["peak_mean"] is None
+    assert (figs["beside_busy"]["calls"], figs["beside_busy"]["overlapped"]) == (0, 1)
 
 
 def test_python_heap_net_of_a_million_ints_is_tracemalloc_s_own_count(backend):
@@ -332,3 +346,77 @@ print(json.dumps([snap["s"].memory_sources, snap.meta["memory"]["cuda"]]))
     assert r.returncode == 0, r.stderr
     sources, why = json.loads(r.stdout.splitlines()[-1])
     assert sources == ["host"] and why.startswith("not read: AttributeError")
+
+
+def test_a_source_s_python_code_may_enter_stages_deep_in_a_stack():
+    """A source whose read enters a stage itself, read by calls nested deeper than the stack's first frames (the
+    frames move when the stack grows): every call is recorded, and the source's own stages are not measured."""
+    def get():
+        with instrument.stage("inside_the_read"):
+            pass
+        return (5, 5)
+    _native.configure(memory=[("reentrant", get, None)])
+    try:
+        def nest(d):
+            with instrument.stage(f"d{d}"):
+                if d < 12:
+                    nest(d + 1)
+        for _ in range(3):
+            nest(0)
+        snap = instrument.snapshot()
+    finally:
+        _native.configure(memory=[])
+    deep = snap["/".join(f"d{d}" for d in range(13))]
+    assert deep.calls == 3 and deep.memory_of("reentrant")["peak_mean"] == 0
+
+
+def test_a_source_added_inside_an_open_call_gives_that_call_no_figure_of_it():
+    instrument.configure(memory="host")
+    with instrument.stage("outer"):
+        instrument.configure(memory="host,python")
+        x = list(range(100_000))
+    f = instrument.snapshot()["outer"]
+    assert f.memory_of("python") is None and f.memory_of("host")["calls"] == 1
+    del x
+
+
+def test_ctrl_c_during_a_source_s_read_reaches_the_program():
+    r = run_python("""
+import instrument
+from instrument import _native
+calls = []
+def get():
+    calls.append(1)
+    if len(calls) == 2:
+        raise KeyboardInterrupt
+    return (0, 0)
+_native.configure(memory=[("g", get, None)])
+try:
+    for i in range(1000):
+        with instrument.stage("s"):
+            pass
+    print("not interrupted")
+except KeyboardInterrupt:
+    print("interrupted at", i, [s["active"] for s in _native.memory_status() if s["name"] == "g"])
+""")
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.startswith("interrupted at ") and r.stdout.strip().endswith("[True]"), r.stdout
+
+
+def test_rss_without_the_host_source_the_process_peak_is_left_alone():
+    """memory=python never resets the kernel's high-water mark: a program's own VmHWM still tells its peak."""
+    r = run_python("""
+import numpy as np
+def hwm():
+    return int(next(l for l in open("/proc/self/status") if l.startswith("VmHWM:")).split()[1]) * 1024
+a = np.ones(256 << 20, dtype=np.uint8); del a
+before = hwm()
+import instrument
+for _ in range(20):
+    with instrument.stage("s"):
+        pass
+print(before, hwm())
+""", env={"INSTRUMENT_MEMORY": "python"})
+    assert r.returncode == 0, r.stderr
+    before, after = map(int, r.stdout.split())
+    assert before > 256 << 20 and after >= before
