@@ -125,7 +125,7 @@ class StageStats:
         entry), over the calls measured (the budget's read calls, weighted by 1 / their chance of being read, so the
         means stand for every call); net_total the mean times all calls; each mean's 99 % interval (normal, from the
         spread of the calls measured; the mean itself where every call was measured).  calls: measured and not
-        overlapped; overlapped: measured while another thread's or task's measured call was open (a process-wide
+        overlapped; overlapped: measured while another thread or asyncio task had a stage event (a process-wide
         gauge: left out); marked: of the calls, those during which another party reset the gauge's peak (their
         peaks are lower bounds); fresh: of the calls, those whose peak was 1 MiB or more.  None where the source measured no call of the stage."""
         m = (self.memory or {}).get(source)
