@@ -95,12 +95,16 @@ def stage_dict(s: Any, percentiles: bool = True) -> Dict[str, Any]:
     return d
 
 
+MEMORY_COUNTS = ("calls", "overlapped", "marked", "fresh", "peak_max")   # saved once, with the figures
+
+
 def _memory_json(s: Any, src: str) -> Dict[str, Any]:
-    """A source's figures (StageStats.memory_of) in bytes, then the sums they come from (what a load reads)."""
+    """A source's figures (StageStats.memory_of) in bytes, an interval only where it is one (estimated), then the
+    sums the means come from; the counts and the figures' peak_max complete them (what a load reads)."""
     f = s.memory_of(src)
     out = {k: json_number(round(v, 1)) if isinstance(v, float) else [round(x, 1) for x in v] if isinstance(v, tuple)
-           else v for k, v in f.items()}
-    out["sums"] = {k: json_number(v) for k, v in s.memory[src].items()}
+           else v for k, v in f.items() if not (isinstance(v, tuple) and v[0] == v[1])}
+    out["sums"] = {k: json_number(v) for k, v in s.memory[src].items() if k not in MEMORY_COUNTS}
     return out
 
 
@@ -108,7 +112,7 @@ def _memory_from(path: Tuple[str, ...], d: Any) -> Optional[Dict[str, Dict[str, 
     if d is None:
         return None
     try:
-        return {str(src): memory_sums(m["sums"]) for src, m in d.items()}
+        return {str(src): memory_sums({**{k: m.get(k) for k in MEMORY_COUNTS}, **m["sums"]}) for src, m in d.items()}
     except (KeyError, TypeError, ValueError, AttributeError) as e:
         raise SnapshotError(f"stage {path_text(path)}: memory must be {{source: {{..., sums: {{...}}}}}} as saved, "
                             f"got {str(d)[:200]} ({type(e).__name__}: {e})") from None
