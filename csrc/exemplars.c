@@ -280,8 +280,8 @@ void exemplar_exit(Stack *st, const Frame *f, const CallMeasure *m, ThreadState 
     int64_t susp = m->susp - f->child_susp, loop = m->loop - f->child_loop;
     ExemplarPart x = {f->node, at_least_0((double)(m->wall - f->child_wall)), -1, -1, at_least_0((double)(susp - loop)),
                       at_least_0((double)loop), -1, -1};
-    int h = mem_host_index();
-    if (h >= 0 && m->mem.have && !m->mem.overlapped && m->mem.peak[h] >= 0) x.mem = m->mem.peak[h];
+    int h = m->mem.have && !m->mem.overlapped ? mem_host_index() : -1;   /* the source loop only for measured calls */
+    if (h >= 0 && m->mem.peak[h] >= 0) x.mem = m->mem.peak[h];
     if (m->read && !isnan(m->x[Q_CPU])) x.on_cpu = at_least_0(m->x[Q_CPU] - f->child[Q_CPU]);
     if (m->read && !isnan(m->x[Q_RQ])) x.runqueue = at_least_0(m->x[Q_RQ] - f->child[Q_RQ]);
     if (m->read && x.on_cpu >= 0 && x.runqueue >= 0 && !isnan(m->x[Q_OFF]) && !isnan(m->x[Q_GIL])) {

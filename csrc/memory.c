@@ -54,7 +54,6 @@ static void mem_slots_clear(void) {
  * Where that older peak is in the way (g_exec_peak), a mark at or below it is read from /proc/self/status. */
 static int64_t g_exec_peak = 0;
 static int g_status_fd = -2;
-static uint64_t g_status_reads = 0;
 
 static int64_t mem_status_hwm(void) {
     char buf[4096];
@@ -63,7 +62,6 @@ static int64_t mem_status_hwm(void) {
     buf[n] = 0;
     const char *p = strstr(buf, "VmHWM:");
     long long kb;
-    g_status_reads++;
     return p && sscanf(p + 6, "%lld", &kb) == 1 ? kb * 1024 : -1;
 }
 

@@ -147,7 +147,7 @@ void record_call(ThreadState *ts, const Frame *f, Frame *parent, CallMeasure *m)
     record_wall(s, f, m);
     if (m->have_ctr) record_multiplexing(s, m);
     if (m->mem.have && (s->mem || (s->mem = calloc(MEM_SOURCES, sizeof(MemStat)))))
-        mem_stat_add(s->mem, &m->mem, f->w > 0 ? f->w : 1.0);
+        mem_stat_add(s->mem, &m->mem, f->w);   /* a measured call is a read one: w >= 1 */
     if (g_ring_cap && !m->abandoned)
         trace_add(f->node, (uint32_t)ts->native_id, f->r0.t, m->wall, m->read ? f->r0.q[Q_CPU] : -1,
                   m->read && !isnan(m->x[Q_CPU]) ? (int64_t)(m->x[Q_CPU] > 0 ? m->x[Q_CPU] : 0) : -1);
