@@ -362,7 +362,14 @@ def _on_cpu(s: StageStats, cpu_ratio: Optional[float], gpu_share: Optional[float
                     f"{', '.join(n for n in limited if n in HARDWARE)} on a machine with a PMU to tell)")
         return out("compute-bound", why)
     if cpu_ratio is not None:
-        return out("mixed", f"CPU/wall {cpu_ratio:.2f}: part computing, part waiting")
+        why = f"CPU/wall {cpu_ratio:.2f}: part computing, part waiting"
+        split = ev.get("split") or {}
+        if s.runqueue is not None:
+            why += f" (in the run queue {split.get('runqueue', 0):.0%}, blocked {split.get('blocked', 0):.0%} of its own time)"
+        if ev.get("helpers_per_wall"):
+            why += (f"; helper threads' CPU {ev['helpers_per_wall']:.2f} of wall: a thread that hands work to a pool "
+                    "blocks until the pool is done, and the pool's own wait for a CPU is not read")
+        return out("mixed", why)
     return out("unknown", "only GPU time was measured, and it does not dominate")
 
 
