@@ -144,16 +144,16 @@ static int measure_biases(Stage *cal, int32_t node, ThreadState *ts, int n, int6
     int m = 0, with_cpu = 0;
     for (int k = 0; k < n; k++) {
         NodeStats *cs = stats_get(&ts->stats, node);
-        double c0 = cs && cs->est ? stats_read_sum(&cs->est[Q_CPU]) : 0;
-        double i0 = cs && cs->est ? stats_read_run(&cs->est[Q_CPU]) : 0;
-        uint64_t r0 = cs && cs->est ? cs->est[Q_CPU].reads : 0, n0 = cs ? cs->calls : 0;
+        double c0 = cs ? stats_read_sum(cs, Q_CPU) : 0;
+        double i0 = cs ? stats_read_run(cs, Q_CPU) : 0;
+        uint64_t r0 = cs ? stats_reads(cs, Q_CPU) : 0, n0 = cs ? cs->calls : 0;
         int64_t w0 = cs ? cs->wall_total : 0;
         stage_enter(cal);
         stage_exit(cal, 0);
         if (!(cs = stats_get(&ts->stats, node)) || cs->calls != n0 + 1) continue;
-        with_cpu = cs->est && cs->est[Q_CPU].reads == r0 + 1;
-        v[m] = with_cpu ? (int64_t)(stats_read_sum(&cs->est[Q_CPU]) - c0) : 0;
-        u[m] = with_cpu ? (int64_t)(stats_read_run(&cs->est[Q_CPU]) - i0) : 0;
+        with_cpu = stats_reads(cs, Q_CPU) == r0 + 1;
+        v[m] = with_cpu ? (int64_t)(stats_read_sum(cs, Q_CPU) - c0) : 0;
+        u[m] = with_cpu ? (int64_t)(stats_read_run(cs, Q_CPU) - i0) : 0;
         w[m++] = cs->wall_total - w0;
     }
     if (m < 5) return 0;

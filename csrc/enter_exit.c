@@ -89,7 +89,7 @@ static inline int budget_read(ThreadState *ts, int32_t node, double *w) {
     if (!s) return 1;
     if (!s->cpu0_set) stats_mark_start(s, 0);   /* the CPU clock before the node's first call here */
     if (++s->entered <= FIRST_READS) return 1;
-    double p = s->covered < FIRST_READS || !s->est ? (double)FIRST_READS / (double)s->entered
+    double p = s->covered < FIRST_READS || !s->reads ? (double)FIRST_READS / (double)s->entered
                                                    : g_budget * stats_mean_cpu(s) / cost;
     if (p >= 1.0) return 1;                               /* long enough for a read on every call */
     if (p < MIN_READ_CHANCE) p = MIN_READ_CHANCE;

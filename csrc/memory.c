@@ -315,8 +315,10 @@ void mem_stat_add(MemStat *m, const MemCall *c, double w) {
     }
 }
 
-void mem_stat_merge(MemStat *d, const MemStat *a) {
-    for (int k = 0; k < MEM_SOURCES; k++) {
+int mem_indices(void) { return g_n_idx; }
+
+void mem_stat_merge(MemStat *d, const MemStat *a, int n) {
+    for (int k = 0; k < n; k++) {
         d[k].calls += a[k].calls, d[k].overlapped += a[k].overlapped, d[k].marked += a[k].marked;
         d[k].fresh += a[k].fresh;
         if (a[k].peak_max > d[k].peak_max) d[k].peak_max = a[k].peak_max;
@@ -326,9 +328,9 @@ void mem_stat_merge(MemStat *d, const MemStat *a) {
     }
 }
 
-PyObject *mem_stat_list(const MemStat *m) {
+PyObject *mem_stat_list(const MemStat *m, int n) {
     PyObject *d = PyDict_New();
-    for (int k = 0; d && m && k < g_n_idx; k++) {
+    for (int k = 0; d && m && k < n && k < g_n_idx; k++) {
         const MemStat *x = &m[k];
         if (!x->calls && !x->overlapped) continue;
         PyObject *e = Py_BuildValue("{s:K,s:K,s:K,s:K,s:d,s:d,s:d,s:d,s:d,s:d,s:d,s:d}", "calls",

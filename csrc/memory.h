@@ -57,10 +57,11 @@ int32_t mem_enter(const void *owner, uint32_t *serial);
 /* Its exit: the figures into *out (have 0 where the slot is not this call's, after a fork), the slot freed.
  * read 0: only freed (the call ended where its figures cannot be read). */
 void mem_exit(int32_t slot, uint32_t serial, const void *owner, int read, MemCall *out);
-/* Adds a call's figures into a node's MEM_SOURCES sums, weighing by w; merges a's sums into d. */
+int mem_indices(void);   /* the source indices used so far: the entries a node's sums need */
+/* Adds a call's figures into a node's sums (mem_indices() of them), weighing by w; merges a's n sums into d. */
 void mem_stat_add(MemStat *m, const MemCall *c, double w);
-void mem_stat_merge(MemStat *d, const MemStat *a);
-PyObject *mem_stat_list(const MemStat *m);   /* a stats row's "memory": per source a dict of its sums, or None */
+void mem_stat_merge(MemStat *d, const MemStat *a, int n);
+PyObject *mem_stat_list(const MemStat *m, int n);   /* a stats row's "memory": per source a dict of its n sums */
 PyObject *mem_status(void);
 int mem_host_index(void);     /* the resident set's index in MemCall, -1 when it is not read */
 /* Another party is about to reset these callable sources' marks (a user's reset_peak_memory_stats): each mark

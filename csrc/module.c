@@ -199,19 +199,24 @@ static PyObject *mod_memory_reset_seen(PyObject *m, PyObject *names) {
     Py_RETURN_NONE;
 }
 
-static void forget_counters(StatsArray *a) {
+/* The sums of the old events dropped, and room made for n new ones. */
+static void forget_counters(StatsArray *a, int n) {
     for (int32_t i = 0; i < a->n; i++) {
         NodeStats *s = a->v[i];
         if (!s) continue;
         free(s->ctr);
         s->ctr = NULL;
-        if (!s->est) continue;
-        memset(&s->est[Q_CTR], 0, PERF_MAX_EVENTS * sizeof(Estimate));
-        for (int k = 0; k < PERF_MAX_EVENTS; k++) {   /* the calls left unread so far are none of the new events' */
-            Estimate *e = &s->est[Q_CTR + k];
-            for (int b = 0; b < STRATA; b++) {
-                e->tot[b].un = e->own[b].un = -s->un[b];
-                e->tot[b].uw = -s->uw[b], e->own[b].uw = -s->uws[b];
+        s->n_ctr = 0;
+        if (!s->reads) continue;
+        if (stats_reserve(s, Q_CTR + n) < 0) { g_internal++; continue; }
+        memset(&s->reads[Q_CTR], 0, (size_t)(s->n_q - Q_CTR) * sizeof(uint64_t));
+        for (int b = 0; b < STRATA; b++) {
+            CellPair *c = s->cells[b] || s->un[b] ? stats_cells(s, b) : NULL;
+            if (!c) { g_internal += s->un[b] != 0; continue; }
+            for (int q = Q_CTR; q < s->n_q; q++) {   /* the calls left unread so far are none of the new events' */
+                memset(&c[q], 0, sizeof(CellPair));
+                c[q].tot.un = c[q].own.un = -s->un[b];
+                c[q].tot.uw = -s->uw[b], c[q].own.uw = -s->uws[b];
             }
         }
     }
@@ -240,8 +245,8 @@ static PyObject *mod_set_counters(PyObject *m, PyObject *args) {
     Py_DECREF(seq);
     if (tc >= n) tc = -1;
     /* counter slots of the old events would be misread under the new ones */
-    for (ThreadState *ts = g_threads; ts; ts = ts->next) forget_counters(&ts->stats);
-    forget_counters(&g_retired);
+    for (ThreadState *ts = g_threads; ts; ts = ts->next) forget_counters(&ts->stats, (int)n);
+    forget_counters(&g_retired, (int)n);
     memcpy(g_ctr_desc, d, sizeof(perf_event_desc) * (size_t)n);
     g_ctr_n = (int)n;
     g_ctr_exclude_kernel = excl;
@@ -293,19 +298,18 @@ static PyObject *hist_to_list(const hist *h) {
 
 /* An estimate's row (an _EstimateRow in _native.pyi); None when nothing measured it. */
 static PyObject *estimate_row(const NodeStats *s, int q) {
-    const Estimate *e = s->est ? &s->est[q] : NULL;
-    if (!e || !e->reads) Py_RETURN_NONE;
+    if (!stats_reads(s, q)) Py_RETURN_NONE;
     double total, self, var, var_self;
     stats_estimate(s, q, &total, &self, &var, &var_self);
     return Py_BuildValue("{s:d,s:d,s:d,s:d,s:K}", "total", total, "self", self, "var", var, "var_self", var_self,
-                         "reads", (unsigned long long)e->reads);
+                         "reads", (unsigned long long)stats_reads(s, q));
 }
 
 static PyObject *counters_to_list(const NodeStats *s) {
     PyObject *l = PyList_New(0);
     for (int k = 0; l && k < g_ctr_n; k++) {
         PyObject *e = estimate_row(s, Q_CTR + k);
-        if (e && e != Py_None && s->ctr) {
+        if (e && e != Py_None && k < s->n_ctr) {
             const CounterStat *c = &s->ctr[k];
             PyObject *mux = Py_BuildValue("{s:K,s:K,s:K}", "enabled", (unsigned long long)c->enabled,
                                           "running", (unsigned long long)c->running, "scaled", (unsigned long long)c->scaled);
@@ -350,7 +354,7 @@ static PyObject *stats_row(int32_t id, const NodeStats *s) {
         "cov_run", (long long)s->cov_run, "cov_run_self", (long long)s->cov_run_self, "cpu_bound", s->cpu_bound,
         "hist", hist_to_list(&s->h),
         "estimates", estimates(s), "counters", counters_to_list(s), "blockers", blockers_to_list(s),
-        "items", items_to_list(s), "memory", mem_stat_list(s->mem)) : NULL;
+        "items", items_to_list(s), "memory", mem_stat_list(s->mem, s->n_mem)) : NULL;
     if (!more || PyDict_Update(d, more) < 0) Py_CLEAR(d);
     Py_XDECREF(more);
     return d;

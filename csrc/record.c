@@ -73,25 +73,29 @@ static void estimate_call(NodeStats *s, const Frame *f, const CallMeasure *m, do
         s->un[b] += 1;
         s->uw[b] += run;
         s->uws[b] += run_self;
-        for (int q = 0; e && s->est && q < nq; q++) e[q] = stats_predict(&s->est[q], q, run, m->switched);
+        for (int q = 0; e && s->reads && q < nq; q++) e[q] = stats_predict(s, q, run, m->switched);
         return;
     }
-    if (!s->est && !(s->est = calloc(Q_MAX, sizeof(Estimate)))) { g_internal++; return; }
+    CellPair *in = NULL, *out = NULL;   /* the sums of the call's strata */
+    if (stats_reserve(s, nq) < 0 || !(in = stats_cells(s, b)) || !(out = stats_cells(s, b_out))) {
+        g_internal++;
+        return;
+    }
     double W = f->w;   /* 1 / p */
     for (int q = 0; q < nq; q++) {
-        Estimate *t = &s->est[q];
-        int inner = q == Q_CPU || q == Q_RQ || q >= Q_CTR, bq = inner ? b : b_out;
+        int inner = q == Q_CPU || q == Q_RQ || q >= Q_CTR;
+        CellPair *t = inner ? &in[q] : &out[q];
         if (isnan(m->x[q])) {   /* not measured on this call: it counts as unread for this quantity */
-            t->tot[bq].un += 1, t->tot[bq].uw += run, t->own[bq].un += 1, t->own[bq].uw += run_self;
-            if (e) e[q] = stats_predict(t, q, run, inner ? m->switched_in : m->switched);
+            t->tot.un += 1, t->tot.uw += run, t->own.un += 1, t->own.uw += run_self;
+            if (e) e[q] = stats_predict(s, q, run, inner ? m->switched_in : m->switched);
             continue;
         }
-        cell_add(&t->tot[bq], m->x[q], run, W);
-        cell_add(&t->own[bq], m->x[q] - f->child[q], run_self, W);
-        t->reads++;
+        cell_add(&t->tot, m->x[q], run, W);
+        cell_add(&t->own, m->x[q] - f->child[q], run_self, W);
+        s->reads[q]++;
         if (e) e[q] = m->x[q];
     }
-    const Cell *c = &s->est[Q_CPU].tot[b];
+    const Cell *c = &in[Q_CPU].tot;
     if (!isnan(m->x[Q_CPU]) && c->w > 0) {   /* the stratum's share on a CPU, kept for the budget (O(1) a call) */
         double off = 1 - fmin(fmax(c->x / c->w, 0), 1);
         s->cpu_pred += (s->off_cpu[b] - off) * s->run_b[b];
@@ -117,7 +121,9 @@ static void record_wall(NodeStats *s, const Frame *f, const CallMeasure *m) {
 }
 
 static void record_multiplexing(NodeStats *s, const CallMeasure *m) {
-    if (!s->ctr && !(s->ctr = calloc(PERF_MAX_EVENTS, sizeof(CounterStat)))) { g_internal++; return; }
+    CounterStat *c = stats_room(s->ctr, &s->n_ctr, g_ctr_n, sizeof(CounterStat));
+    if (!c) { g_internal++; return; }
+    s->ctr = c;
     for (int k = 0; k < g_ctr_n; k++) {
         if (isnan(m->x[Q_CTR + k])) continue;
         s->ctr[k].enabled += m->cen[k];
@@ -146,8 +152,11 @@ void record_call(ThreadState *ts, const Frame *f, Frame *parent, CallMeasure *m)
     if (!s) return;
     record_wall(s, f, m);
     if (m->have_ctr) record_multiplexing(s, m);
-    if (m->mem.have && (s->mem || (s->mem = calloc(MEM_SOURCES, sizeof(MemStat)))))
-        mem_stat_add(s->mem, &m->mem, f->w);   /* a measured call is a read one: w >= 1 */
+    if (m->mem.have) {
+        MemStat *x = stats_room(s->mem, &s->n_mem, mem_indices(), sizeof(MemStat));
+        if (x) mem_stat_add(s->mem = x, &m->mem, f->w);   /* a measured call is a read one: w >= 1 */
+        else g_internal++;
+    }
     if (g_ring_cap && !m->abandoned)
         trace_add(f->node, (uint32_t)ts->native_id, f->r0.t, m->wall, m->read ? f->r0.q[Q_CPU] : -1,
                   m->read && !isnan(m->x[Q_CPU]) ? (int64_t)(m->x[Q_CPU] > 0 ? m->x[Q_CPU] : 0) : -1);

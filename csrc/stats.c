@@ -36,14 +36,57 @@ NodeStats *stats_slot_new(StatsArray *a, int32_t node) {
 
 int stats_quantities(void) { return Q_CTR + g_ctr_n; }
 
+_Static_assert(sizeof(CellPair) % sizeof(double) == 0, "CellPair: double sums only");
+
+void *stats_room(void *p, int32_t *n, int32_t need, size_t size) {
+    if (need <= *n) return p;
+    char *x = realloc(p, (size_t)need * size);
+    if (!x) return NULL;
+    memset(x + (size_t)*n * size, 0, (size_t)(need - *n) * size);
+    *n = need;
+    return x;
+}
+
+int stats_reserve(NodeStats *s, int nq) {
+    if (nq <= s->n_q) return 0;
+    for (int b = 0; b < STRATA; b++) {
+        if (!s->cells[b]) continue;
+        CellPair *c = realloc(s->cells[b], (size_t)nq * sizeof(CellPair));
+        if (!c) return -1;
+        memset(c + s->n_q, 0, (size_t)(nq - s->n_q) * sizeof(CellPair));
+        s->cells[b] = c;
+    }
+    uint64_t *r = realloc(s->reads, (size_t)nq * sizeof(uint64_t));
+    if (!r) return -1;
+    memset(r + s->n_q, 0, (size_t)(nq - s->n_q) * sizeof(uint64_t));
+    s->reads = r;
+    s->n_q = nq;
+    return 0;
+}
+
+CellPair *stats_cells(NodeStats *s, int b) {
+    if (!s->cells[b] && s->n_q) s->cells[b] = calloc((size_t)s->n_q, sizeof(CellPair));
+    return s->cells[b];
+}
+
+/* Quantity q's cells of one side (own: self, else the totals), by stratum; an empty cell where it has none. */
+typedef const Cell *Side[STRATA];
+static const Cell NO_CELL;
+
+static void side_of(const NodeStats *s, int q, int own, Side c) {
+    for (int b = 0; b < STRATA; b++)
+        c[b] = q < s->n_q && s->cells[b] ? (own ? &s->cells[b][q].own : &s->cells[b][q].tot) : &NO_CELL;
+}
+
 /* The sums of stratum b of cells c, or of all strata (b = -1). */
 typedef struct { double n, x, w, xx, xw, ww, Wn, Wx, Ww; } Sums;
 
-static Sums sums(const Cell *c, int b) {
+static Sums sums(const Side c, int b) {
     Sums m = {0, 0, 0, 0, 0, 0, 0, 0, 0};
     for (int k = b < 0 ? 0 : b; k < (b < 0 ? STRATA : b + 1); k++) {
-        m.n += c[k].n, m.x += c[k].x, m.w += c[k].w, m.xx += c[k].xx, m.xw += c[k].xw, m.ww += c[k].ww;
-        m.Wn += c[k].Wn, m.Wx += c[k].Wx, m.Ww += c[k].Ww;
+        const Cell *x = c[k];
+        m.n += x->n, m.x += x->x, m.w += x->w, m.xx += x->xx, m.xw += x->xw, m.ww += x->ww;
+        m.Wn += x->Wn, m.Wx += x->Wx, m.Ww += x->Ww;
     }
     return m;
 }
@@ -70,19 +113,30 @@ static Fit fit(const Sums *m, int per_call) {
 static int per_call(int q, int switched) { return switched && q != Q_RQ && q != Q_HELPERS && q != Q_OFF && q != Q_GIL; }
 
 /* The fit a call of stratum b is predicted by: its stratum's, or all strata's where its stratum has no read. */
-static Fit fit_for(const Cell *c, int q, int b) {
-    Sums m = sums(c, c[b].n ? b : -1);
+static Fit fit_for(const Side c, int q, int b) {
+    Sums m = sums(c, c[b]->n ? b : -1);
     return fit(&m, per_call(q, b >= STRATA_RUN));
 }
 
-double stats_predict(const Estimate *e, int q, double run, int switched) {
-    if (!e->reads) return 0.0;
-    Fit f = fit_for(e->tot, q, stratum(run, switched));
+double stats_predict(const NodeStats *s, int q, double run, int switched) {
+    if (!stats_reads(s, q)) return 0.0;
+    Side c;
+    side_of(s, q, 0, c);
+    Fit f = fit_for(c, q, stratum(run, switched));
     return f.a + f.r * run;
 }
 
-double stats_read_sum(const Estimate *e) { return sums(e->tot, -1).x; }
-double stats_read_run(const Estimate *e) { return sums(e->tot, -1).w; }
+double stats_read_sum(const NodeStats *s, int q) {
+    Side c;
+    side_of(s, q, 0, c);
+    return sums(c, -1).x;
+}
+
+double stats_read_run(const NodeStats *s, int q) {
+    Side c;
+    side_of(s, q, 0, c);
+    return sums(c, -1).w;
+}
 
 static int bounded(int q) { return q == Q_CPU || q == Q_SYS || q == Q_RQ; }   /* by a call's running time */
 
@@ -121,7 +175,7 @@ static void predict_unread(const Sums *m, double nb, int q, int switched, double
 }
 
 /* The largest mean squared error per running ns squared of the strata of c with two reads or more. */
-static double worst_relative_error(const Cell *c) {
+static double worst_relative_error(const Side c) {
     double rel = 0;
     for (int b = 0; b < STRATA; b++) {
         Sums m = sums(c, b);
@@ -132,30 +186,30 @@ static double worst_relative_error(const Cell *c) {
 }
 
 /* The spread per call of all the read calls of c about their mean (0 below two reads). */
-static double pooled_spread(const Cell *c) {
+static double pooled_spread(const Side c) {
     Sums m = sums(c, -1);
     return m.n >= 2 ? fmax(m.xx - m.x * m.x / m.n, 0) / (m.n - 1) : 0;
 }
 
 /* The mean per call of the read calls that stayed on the CPU, each weighted by its running time: what a call
  * picked in proportion to its time on a CPU (a preempted one) holds on average (0 without such reads). */
-static double on_cpu_weighted_mean(const Cell *c) {
+static double on_cpu_weighted_mean(const Side c) {
     double xw = 0, w = 0;
-    for (int b = 0; b < STRATA_RUN; b++) xw += c[b].xw, w += c[b].w;
+    for (int b = 0; b < STRATA_RUN; b++) xw += c[b]->xw, w += c[b]->w;
     return w > 0 ? fabs(xw / w) : 0;
 }
 
 /* One side of the estimate (the totals, or self): the read calls' values, and the unread calls of each stratum
  * (un, uw: the node's, plus the calls that did not measure this quantity) predicted from its read calls. */
-static void estimate_side(const Cell *c, const double *un, const double *uw, int q, double *sum, double *var) {
+static void estimate_side(const Side c, const double *un, const double *uw, int q, double *sum, double *var) {
     double rel = worst_relative_error(c), pool = pooled_spread(c), onw = on_cpu_weighted_mean(c), pred, v;
     *sum = *var = 0;
     for (int b = 0; b < STRATA; b++) {
-        double n = un[b] + c[b].un, w = uw[b] + c[b].uw;
-        *sum += c[b].x;
+        double n = un[b] + c[b]->un, w = uw[b] + c[b]->uw;
+        *sum += c[b]->x;
         if (!n) continue;
-        Sums m = sums(c, c[b].n ? b : -1);
-        predict_unread(&m, c[b].n, q, b >= STRATA_RUN, n, w, rel, pool, onw, &pred, &v);
+        Sums m = sums(c, c[b]->n ? b : -1);
+        predict_unread(&m, c[b]->n, q, b >= STRATA_RUN, n, w, rel, pool, onw, &pred, &v);
         *sum += pred;
         *var += v;
     }
@@ -166,9 +220,11 @@ static void estimate_side(const Cell *c, const double *un, const double *uw, int
  * to the order of 1 / reads (the weights by 1 / p keep it so when the chance changes along a run); its variance
  * is the unread calls' prediction errors'.  Self likewise, over running self time.  Every call read: exact. */
 void stats_estimate(const NodeStats *s, int q, double *total, double *self, double *var, double *var_self) {
-    const Estimate *e = &s->est[q];
-    estimate_side(e->tot, s->un, s->uw, q, total, var);
-    estimate_side(e->own, s->un, s->uws, q, self, var_self);
+    Side tot, own;
+    side_of(s, q, 0, tot);
+    side_of(s, q, 1, own);
+    estimate_side(tot, s->un, s->uw, q, total, var);
+    estimate_side(own, s->un, s->uws, q, self, var_self);
 }
 
 void stats_mark_start(NodeStats *s, int64_t back) {
@@ -187,6 +243,7 @@ Blocker *stats_blocker(NodeStats *s, int32_t node) {
         if (s->blockers[k].node == node) return &s->blockers[k];
     if (node != -1 && s->n_blockers >= BLOCKERS_MAX - 1) return stats_blocker(s, -1);   /* full: the last adds up the rest */
     if (s->n_blockers >= BLOCKERS_MAX) return NULL;
+    if (!s->blockers && !(s->blockers = malloc(BLOCKERS_MAX * sizeof(Blocker)))) return NULL;
     s->blockers[s->n_blockers] = (Blocker){node, 0, 0, 0};
     return &s->blockers[s->n_blockers++];
 }
@@ -198,23 +255,25 @@ static void merge_blockers(NodeStats *d, const NodeStats *s) {
     }
 }
 
-/* Every field of an Estimate but the last is a double sum. */
-_Static_assert(offsetof(Estimate, reads) % sizeof(double) == 0, "Estimate: the sums first");
-
 static int merge_estimates(NodeStats *d, const NodeStats *s) {
-    if (!d->est && !(d->est = calloc(Q_MAX, sizeof(Estimate)))) return -1;
-    for (int q = 0; q < Q_MAX; q++) {
-        double *a = (double *)&d->est[q];
-        const double *b = (const double *)&s->est[q];
-        for (size_t k = 0; k < offsetof(Estimate, reads) / sizeof(double); k++) a[k] += b[k];
-        d->est[q].reads += s->est[q].reads;
+    if (stats_reserve(d, s->n_q) < 0) return -1;
+    for (int q = 0; q < s->n_q; q++) d->reads[q] += s->reads[q];
+    for (int b = 0; b < STRATA; b++) {
+        if (!s->cells[b]) continue;
+        CellPair *to = stats_cells(d, b);
+        if (!to) return -1;
+        double *a = (double *)to;
+        const double *x = (const double *)s->cells[b];
+        for (size_t k = 0; k < (size_t)s->n_q * (sizeof(CellPair) / sizeof(double)); k++) a[k] += x[k];
     }
     return 0;
 }
 
 static int merge_counters(NodeStats *d, const NodeStats *s) {
-    if (!d->ctr && !(d->ctr = calloc(PERF_MAX_EVENTS, sizeof(CounterStat)))) return -1;
-    for (int k = 0; k < PERF_MAX_EVENTS; k++) {
+    CounterStat *c = stats_room(d->ctr, &d->n_ctr, s->n_ctr, sizeof(CounterStat));
+    if (!c) return -1;
+    d->ctr = c;
+    for (int k = 0; k < s->n_ctr; k++) {
         d->ctr[k].enabled += s->ctr[k].enabled;
         d->ctr[k].running += s->ctr[k].running;
         d->ctr[k].scaled += s->ctr[k].scaled;
@@ -247,10 +306,13 @@ static int stats_merge(NodeStats *d, const NodeStats *s, int64_t cpu_now) {
     d->cpu_bound += cpu_now < 0 ? s->cpu_bound : s->cpu0_set ? (double)(cpu_now - s->cpu0) : INFINITY;
     d->cov_run_self += s->cov_run_self;
     merge_blockers(d, s);   /* held sums: the slots are other threads' loops, or disjoint stretches of time */
-    if (s->est && merge_estimates(d, s) < 0) return -1;
+    if (s->reads && merge_estimates(d, s) < 0) return -1;
     if (s->ctr && merge_counters(d, s) < 0) return -1;
-    if (s->mem && !d->mem && !(d->mem = calloc(MEM_SOURCES, sizeof(MemStat)))) return -1;
-    if (s->mem) mem_stat_merge(d->mem, s->mem);
+    if (s->mem) {
+        MemStat *m = stats_room(d->mem, &d->n_mem, s->n_mem, sizeof(MemStat));
+        if (!m) return -1;
+        mem_stat_merge(d->mem = m, s->mem, s->n_mem);
+    }
     return hist_merge(&d->h, &s->h);
 }
 
@@ -259,8 +321,10 @@ void stats_array_clear(StatsArray *a) {
         if (a->v[i]) {
             hist_clear(&a->v[i]->h);
             items_clear(a->v[i]);
-            free(a->v[i]->est);
+            for (int b = 0; b < STRATA; b++) free(a->v[i]->cells[b]);
+            free(a->v[i]->reads);
             free(a->v[i]->ctr);
+            free(a->v[i]->blockers);
             free(a->v[i]->mem);
             free(a->v[i]);
         }

@@ -7,7 +7,7 @@
  * unread call counts r * w, a read one r * w + (x - r * w) / p, where w is the
  * call's running wall time (off its task's suspensions), r the quantity per
  * running ns of the calls read before it, and p its chance of being read; the
- * estimate is unbiased and its variance is estimated with it (`Estimate`). */
+ * estimate is unbiased and its variance is estimated with it (`CellPair`). */
 #ifndef INSTRUMENT_STATS_H
 #define INSTRUMENT_STATS_H
 
@@ -52,12 +52,11 @@ typedef struct {
     double un, uw;                 /* calls read that did not measure it: number, running time */
 } Cell;
 
-/* The sums a quantity's estimate over a node's covered calls comes from (stats_estimate), by stratum: of the
- * calls' totals over their running time, and of self (the quantity less the children's, over running self time). */
+/* A quantity's sums in one stratum (stats_estimate): of the calls' totals over their running time, and of self (the
+ * quantity less the children's, over running self time). */
 typedef struct {
-    Cell tot[STRATA], own[STRATA];
-    uint64_t reads;                /* read calls that measured it */
-} Estimate;
+    Cell tot, own;
+} CellPair;
 
 typedef struct CounterStat {
     uint64_t enabled, running; /* summed time enabled/running of the read calls (multiplexing) */
@@ -92,11 +91,18 @@ typedef struct {
     int64_t cpu0;                     /* a thread's slot: the thread's CPU clock before its first call (cpu0_set) */
     uint8_t cpu0_set;
     double cpu_bound;                 /* merged slots: what their calls' CPU time cannot exceed (stats_array_merge) */
-    Estimate *est;                    /* Q_MAX entries, allocated on the first covered call */
-    CounterStat *ctr;                 /* PERF_MAX_EVENTS entries, allocated on the first counted call */
-    Blocker blockers[BLOCKERS_MAX];   /* stages that ran on the loop while this one was ready, with the time */
+    CellPair *cells[STRATA];          /* the estimates' sums by stratum, n_q quantities each: a stratum's from its
+                                       * first read call (a stage's calls fill one or two of them) */
+    uint64_t *reads;                  /* n_q entries: the read calls that measured each quantity; NULL before the
+                                       * first read call */
+    int32_t n_q;                      /* quantities the sums have room for (stats_reserve) */
+    CounterStat *ctr;                 /* n_ctr entries (the events in use), from the first counted call */
+    int32_t n_ctr;
+    Blocker *blockers;                /* stages that ran on the loop while this one was ready, with the time:
+                                       * BLOCKERS_MAX entries, from the first */
     int32_t n_blockers;
-    MemStat *mem;                     /* memory per source (memory.h): MEM_SOURCES entries, from the first measured call */
+    MemStat *mem;                     /* memory per source (memory.h): n_mem entries, from the first measured call */
+    int32_t n_mem;
     ItemStat *items;                  /* instrument.add() totals by item name (items.c); NULL until the first add */
     int32_t n_items, cap_items;
 } NodeStats;
@@ -121,9 +127,14 @@ void stats_array_clear(StatsArray *a);
  * out of memory. */
 int stats_array_merge(StatsArray *into, const StatsArray *from, int64_t cpu_now);
 int stats_quantities(void);                        /* quantities in use: the scalars and g_ctr_n counters */
-double stats_predict(const Estimate *e, int q, double run, int switched);   /* a call's value of the quantity, predicted */
-double stats_read_sum(const Estimate *e);          /* the read calls' sum of the quantity */
-double stats_read_run(const Estimate *e);          /* and of their running time */
+/* An array p of *n entries of `size` bytes grown to `need` entries, the new ones zeroed: the array (and *n
+ * updated), or NULL when out of memory (p unchanged). */
+void *stats_room(void *p, int32_t *n, int32_t need, size_t size);
+int stats_reserve(NodeStats *s, int nq);           /* room for nq quantities' sums; 0, or -1 when out of memory */
+CellPair *stats_cells(NodeStats *s, int b);        /* stratum b's sums, made on first use; NULL when out of memory */
+double stats_predict(const NodeStats *s, int q, double run, int switched);   /* a call's value of q, predicted */
+double stats_read_sum(const NodeStats *s, int q);  /* the read calls' sum of quantity q */
+double stats_read_run(const NodeStats *s, int q);  /* and of their running time */
 /* A quantity's estimate over the node's covered calls, total and self, with their variances. */
 void stats_estimate(const NodeStats *s, int q, double *total, double *self, double *var, double *var_self);
 double stats_mean_cpu(const NodeStats *s);         /* a call's CPU time, predicted from its stage's so far */
@@ -143,6 +154,9 @@ static inline NodeStats *stats_get(StatsArray *a, int32_t node) {
     if (__builtin_expect(node < a->n && a->v[node] != NULL, 1)) return a->v[node];
     return stats_slot_new(a, node);
 }
+
+/* The read calls that measured quantity q. */
+static inline uint64_t stats_reads(const NodeStats *s, int q) { return q < s->n_q ? s->reads[q] : 0; }
 
 /* Overwrites the oldest event once the ring is full; only with g_ring_cap > 0. */
 static inline void trace_add(int32_t node, uint32_t tid, int64_t t0, int64_t dur, int64_t cpu0, int64_t cpu) {

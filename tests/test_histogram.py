@@ -111,3 +111,72 @@ def test_c_histogram_allocates_per_block_seen_not_per_call():
         assert abs((m2 - m1[1]) - (b2 - b1) * per_block) <= 16 * 1024, (m2 - m1[1], b2 - b1)
     finally:
         collector.use_backend(old)
+
+
+def test_c_core_holds_a_few_kb_per_thread_and_stage_whatever_the_calls():
+    """The C core's whole allocation per (thread, stage) pair, read from glibc's malloc statistics (all arenas) while
+    4 threads that each ran 1,000 stages are alive, with the default configuration (the ten default counters, every
+    quantity a read call measures): at most 6 KB a pair after one call (one histogram block, one stratum of the
+    estimates' sums), and 30 more calls a pair add at most what a further histogram block and a further stratum
+    take (calls of other lengths, or preempted ones, fill them), never anything per call."""
+    native = pytest.importorskip("instrument._native")
+    if not hasattr(ctypes.CDLL(None), "mallinfo2"):
+        pytest.skip("glibc without mallinfo2")
+    import threading
+    import instrument
+    from instrument.live import backend, collector
+    old = backend.current
+    collector.use_backend(native)
+    try:
+        instrument.configure(overhead_budget=None)   # every call read: every quantity's sums made
+        instrument.reset()
+        stages = [instrument.stage(f"p{i}") for i in range(1000)]
+
+        def work(rounds=1):
+            for _ in range(rounds):
+                with instrument.stage("req"):
+                    for st in stages:
+                        with st:
+                            pass
+        first = threading.Thread(target=work)      # the nodes themselves, once for all threads
+        first.start()
+        first.join()
+        go, done, stop = [threading.Event() for _ in range(4)], [], threading.Event()
+
+        def thread(k):
+            work()
+            done.append(k)
+            go[k].wait()
+            work(30)
+            done.append(k)
+            stop.wait()
+        gc.collect()
+        gc.disable()
+        try:
+            m0 = _malloc_in_use()
+            ts = [threading.Thread(target=thread, args=(k,)) for k in range(4)]
+            for t in ts:
+                t.start()
+            while len(done) < 4:
+                time.sleep(0.005)
+            m1 = _malloc_in_use()
+            for g in go:
+                g.set()
+            while len(done) < 8:
+                time.sleep(0.005)
+            m2 = _malloc_in_use()
+            stop.set()
+            for t in ts:
+                t.join()
+        finally:
+            gc.enable()
+        snap = instrument.snapshot()
+        assert snap["req/p0"].calls == 1 + 4 * 31 and snap["req/p0"].counters   # counters were on
+        per_pair = (m1 - m0) / 4000
+        assert per_pair <= 6 * 1024, per_pair
+        quantities = 8 + len(snap["req/p0"].counters)       # the scalars and the counters: 176 bytes each a stratum
+        further = 512 + quantities * 176 + 2 * 16           # a histogram block and a stratum, with malloc's headers
+        assert (m2 - m1) / 4000 <= further, ((m2 - m1) / 4000, further)   # 128 bytes a call would be 3,840
+    finally:
+        instrument.configure()
+        collector.use_backend(old)
