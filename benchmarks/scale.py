@@ -6,7 +6,8 @@
   ns per call and the ratio to 0;
 - memory: the process's RSS before and after `--threads` threads each run `--stages` stages once, per
   (thread, stage) pair;
-- `snapshot()` at 10, 100 and `--stages` stages on `--threads` threads;
+- `snapshot()` at 10, 100 and `--stages` stages on `--threads` threads (verdicts are judged when first read), and
+  at `--stages` with every verdict read;
 - a saved file: bytes per stage, `Snapshot.load()` against `json.loads` of the same file;
 - `merge` of 2 and `--files` files (loaded first) against the loads themselves.
 Medians over `--rounds`.
@@ -110,6 +111,9 @@ def main():
         ms = median_of(a.rounds, lambda: (lambda t: (instrument.snapshot(), time.perf_counter() - t)[1])(
             time.perf_counter())) * 1e3
         print(f"snapshot(): {n} stages x {a.threads} threads {ms:.1f} ms")
+    judged = median_of(a.rounds, lambda: (lambda t: ([s.verdict and s.verdict["verdict"] for s in instrument.snapshot()],
+                                                     time.perf_counter() - t)[1])(time.perf_counter())) * 1e3
+    print(f"snapshot() with every verdict read: {a.stages} stages x {a.threads} threads {judged:.1f} ms")
 
     with tempfile.TemporaryDirectory() as d:
         path = os.path.join(d, "s.json")

@@ -36,6 +36,7 @@ from .live.collector import configure, current_config, region, reset, stage
 from .snapshot import Snapshot, SnapshotError, StageStats
 
 _collector.judge = with_verdicts   # live snapshots carry verdicts, judged by the thresholds in force
+Snapshot.judge = with_verdicts     # and loaded ones, by the thresholds they were recorded with
 
 add = _live_backend.current.add   # add(name, value=1): items of the innermost open stage; the hot path's own function
 

@@ -415,19 +415,56 @@ def memory_text(m: Mapping[str, Any], faults_said: bool = False) -> str:
             f"more){faults}")
 
 
+class Pending(Mapping):
+    """A stage's verdict, judged when it is first read: a snapshot of a thousand stages costs the verdicts only of
+    those asked for.  A read-only mapping like the verdict it stands for (`dict(v)` for a plain dict; it pickles as
+    one)."""
+    __slots__ = ("_judge", "_value")
+
+    def __init__(self, judge_it) -> None:
+        self._judge, self._value = judge_it, None
+
+    def _get(self) -> Dict[str, Any]:
+        v = self._value
+        if v is None:
+            j = self._judge
+            v = j() if j is not None else self._value   # another thread set it before letting go of the judge
+            self._value, self._judge = v, None
+        return v
+
+    def __getitem__(self, key: str) -> Any:
+        return self._get()[key]
+
+    def __iter__(self):
+        return iter(self._get())
+
+    def __len__(self) -> int:
+        return len(self._get())
+
+    def __repr__(self) -> str:
+        return repr(self._get())
+
+    def __reduce__(self):
+        return dict, (dict(self._get()),)
+
+
 def with_verdicts(snap: Snapshot, th: Optional[Mapping[str, float]] = None) -> Snapshot:
-    """A copy of `snap` whose stages carry their verdicts (thresholds as in `thresholds()`); a stage whose calls
-    touch fresh memory of their own (fresh_memory) says so, in `memory` and at the end of its reason."""
+    """A copy of `snap` whose stages carry their verdicts (thresholds as in `thresholds()`), each judged when first
+    read (`Pending`); a stage whose calls touch fresh memory of their own (fresh_memory) says so, in `memory` and at
+    the end of its reason."""
     th = thresholds(snap, th)
-    process, busiest = process_evidence(snap), busiest_stages(snap)
+    whole: Dict[str, Any] = {}   # what the verdicts read of the whole snapshot, found once, when the first is read
 
     def judged(s: StageStats) -> Dict[str, Any]:
-        v = judge(s, th, process, busiest)
+        if not whole:
+            whole.update(process=process_evidence(snap), busiest=busiest_stages(snap))
+        v = judge(s, th, whole["process"], whole["busiest"])
         m = fresh_memory(snap, s)
         if m is not None:
             v = dict(v, reason=f"{v['reason']}; {memory_text(m, 'page faults per call' in v['reason'])}", memory=m)
         return v
-    stages = [s.evolve(verdict=judged(s)) if s.calls else s for s in snap.stages]
+    stages = [s.evolve(verdict=Pending(lambda s=s: judged(s))) if s.calls else s for s in snap.stages]
     meta = snap.meta
     meta["verdict_thresholds"] = th
-    return Snapshot(stages, meta, snap.events, snap.exemplars)
+    meta["judged"] = True   # a file of it gives them back when loaded
+    return snap.replaced(stages, meta)

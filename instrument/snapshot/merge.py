@@ -8,7 +8,7 @@ from dataclasses import replace
 from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 
 from .. import histogram as _hist
-from .base import MEMORY_SUMS, WINDOW_MEMORY, SnapshotError, growth, path_text, sum_known
+from .base import MEMORY_SUMS, WINDOW_MEMORY, SnapshotError, gc_paused, growth, path_text, sum_known
 from .ranks import RANK_KEY, merge_ranks, rank_figures, rank_of, since_ranks
 
 TOP_OPS = 10                                            # operators kept per ranking in a stage's `ops`
@@ -24,7 +24,11 @@ def merge_estimate(a: Optional[Mapping[str, Any]], b: Optional[Mapping[str, Any]
     """Two estimates of disjoint calls as one (sign +1), or what the later one adds to the earlier (-1)."""
     if a is None or b is None:
         return dict(a) if a is not None else (dict(b) if b is not None and sign > 0 else None)
-    out = {k: a[k] + sign * b[k] for k in ("total", "self", "var", "var_self", "reads")}
+    if sign > 0:   # sums of figures that are each >= 0 where it matters
+        return {"total": max(a["total"] + b["total"], 0), "self": a["self"] + b["self"],
+                "var": max(a["var"] + b["var"], 0), "var_self": max(a["var_self"] + b["var_self"], 0),
+                "reads": max(a["reads"] + b["reads"], 0)}
+    out = {k: a[k] - b[k] for k in ("total", "self", "var", "var_self", "reads")}
     for k in ("total", "var", "var_self", "reads"):
         out[k] = max(out[k], 0)
     return out
@@ -33,8 +37,9 @@ def merge_estimate(a: Optional[Mapping[str, Any]], b: Optional[Mapping[str, Any]
 def join_windows(windows: Sequence[Mapping[str, Any]]) -> Tuple[Dict[str, Any], ...]:
     """At most MAX_WINDOWS windows: while there are more, neighbours are joined two by
     two (a joined window is still a window, only longer; its median is the larger
-    window's, an approximation)."""
-    out = [dict(w) for w in windows]
+    window's, an approximation).  The windows are shared, not copied (none is changed in place: a join is a new
+    one), so a merge of n recordings does not copy O(n^2) of them."""
+    out = list(windows)
     while len(out) > MAX_WINDOWS:
         pairs = []
         for k in range(0, len(out), 2):
@@ -77,16 +82,28 @@ def merge_items(a: Mapping[str, Mapping[str, Any]], b: Mapping[str, Mapping[str,
     return out
 
 
+COUNTER_SUMS = ("total", "self", "enabled_ns", "running_ns", "counted_calls", "read_calls", "var", "var_self")
+
+
 def merge_counters(a: Mapping[str, Mapping[str, Any]], b: Mapping[str, Mapping[str, Any]]) -> Dict[str, Dict[str, Any]]:
     out: Dict[str, Dict[str, Any]] = {k: dict(v) for k, v in a.items()}
     for k, v in b.items():
-        if k not in out:
+        d = out.get(k)
+        if d is None:
             out[k] = dict(v)
             continue
-        d = out[k]
-        for f in ("total", "self", "enabled_ns", "running_ns", "counted_calls", "read_calls", "var", "var_self"):
-            if f in d or f in v:
-                d[f] = sum_known(d.get(f), v.get(f))
+        if v.get("total") is None and not v.get("counted_calls") and not v.get("read_calls") \
+                and not v.get("enabled_ns"):   # a side that counted nothing adds nothing
+            d["scaled"] = bool(d.get("scaled"))
+            continue
+        for f in COUNTER_SUMS:
+            y = v.get(f)
+            if y is None:
+                if f in v and f not in d:
+                    d[f] = None
+                continue
+            x = d.get(f)
+            d[f] = y if x is None else x + y
         d["scaled"] = bool(d.get("scaled")) or bool(v.get("scaled"))
         if d.get("estimated") or v.get("estimated"):
             d["estimated"] = True
@@ -159,7 +176,7 @@ def merge_stage(a: Stage, b: Stage, windows: bool = False) -> Stage:
 
     gpu = a.gpu if b.gpu is None else merge_gpu(a.gpu, b.gpu)
     ops = a.ops if b.ops is None else merge_ops(a.ops, b.ops)
-    return replace(a, calls=a.calls + b.calls, errors=a.errors + b.errors, wall_total=a.wall_total + b.wall_total,
+    return a.evolve(calls=a.calls + b.calls, errors=a.errors + b.errors, wall_total=a.wall_total + b.wall_total,
                    wall_self=a.wall_self + b.wall_self, wall_min=mn(a.wall_min, b.wall_min),
                    wall_max=mx(a.wall_max, b.wall_max), cpu_total=sum_known(a.cpu_total, b.cpu_total),
                    cpu_self=sum_known(a.cpu_self, b.cpu_self), cpu_calls=a.cpu_calls + b.cpu_calls,
@@ -398,7 +415,7 @@ def _stamped(s: Stage, meta: Mapping[str, Any]) -> Stage:
     rank = rank_of(meta)
     if rank is not None and s.ranks is None:
         fields["ranks"] = {rank: rank_figures(s)}
-    return replace(s, **fields) if fields else s
+    return s.evolve(**fields) if fields else s
 
 
 def _processes(meta: Mapping[str, Any]) -> List[Tuple[Any, Any, Any]]:
@@ -418,8 +435,14 @@ def _source(meta: Mapping[str, Any]) -> Dict[str, Any]:
 
 def merge(first: Snap, others: Sequence[Snap]) -> Snap:
     """first.merge(*others): exact for counts and sums; percentiles from the merged histograms."""
+    with gc_paused():
+        return _merge(first, others)
+
+
+def _merge(first: Snap, others: Sequence[Snap]) -> Snap:
     stages: Dict[Tuple[str, ...], Stage] = {s.path: _stamped(s, first._meta) for s in first.stages}
     meta = dict(first._meta)
+    meta.pop("judged", None)   # merged stages carry no verdicts
     sources = list(meta.get("merged_from") or [_source(meta)])
     events = list(first.events)
     xgroups = [(first.exemplars, first.root_calls())]
@@ -472,6 +495,7 @@ def since(later: Snap, earlier: Snap) -> Snap:
             raise SnapshotError(f"since: stage {path_text(old.path)} is in the earlier snapshot only: not an earlier "
                                 "state of this one")
     meta = dict(a)
+    meta.pop("judged", None)   # a window's stages carry no verdicts
     meta["window"] = {"start_time": b.get("end_time"), "end_time": a.get("end_time"),
                       "duration_ns": None if merged else (a.get("duration_ns") or 0) - (b.get("duration_ns") or 0)}
     if merged:

@@ -6,6 +6,7 @@ can.  The file format is schema.py's, the merge and window rules merge.py's; the
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import os
@@ -15,7 +16,7 @@ from typing import Any, Callable, ClassVar, Dict, Iterable, Iterator, List, Mapp
 from .. import histogram as _hist
 from . import merge as _merge
 from . import schema as _schema
-from .base import Z99, SnapshotError, as_path, ci99, json_number, path_text
+from .base import Z99, SnapshotError, as_path, ci99, gc_paused, json_number, path_text
 
 QUANTILES = (("p50", 0.5), ("p90", 0.9), ("p99", 0.99), ("p999", 0.999))
 SPLIT = ("on_cpu", "runqueue", "blocked", "gil", "instrument", "awaiting", "loop_ready", "unknown")   # a stage's wall
@@ -104,13 +105,12 @@ class StageStats:
 
     def evolve(self, **fields: Any) -> "StageStats":
         """A copy with these fields changed, as dataclasses.replace() gives it but without running __init__ again
-        (a tenth of its cost): for figures already in their final form (verdicts, held estimates), never for
-        helpers (which __post_init__ clamps)."""
-        if "helpers" in fields:
-            return replace(self, **fields)
+        (a tenth of its cost); new helpers are clamped as __post_init__ clamps them."""
         out = object.__new__(StageStats)
         out.__dict__.update(self.__dict__)
         out.__dict__.update(fields)
+        if "helpers" in fields:
+            out.__post_init__()
         return out
 
     def helpers_beyond_noise(self) -> float:
@@ -372,7 +372,35 @@ class StageStats:
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> "StageStats":
-        return cls(**_schema.stage_fields(d))
+        """A saved stage, checked (schema.stage_fields gives every field without a default): built as __init__
+        would build it, without its call (a load builds thousands)."""
+        fields = _schema.stage_fields(d)
+        if _DEFAULTS is None:
+            _defaults()
+        if not _REQUIRED <= fields.keys():
+            raise TypeError(f"a stage needs {', '.join(sorted(_REQUIRED - fields.keys()))}")
+        out = object.__new__(cls)
+        out.__dict__.update(_DEFAULTS)
+        for name, make in _FACTORIES:
+            if name not in fields:
+                out.__dict__[name] = make()
+        out.__dict__.update(fields)
+        out.__post_init__()
+        return out
+
+
+_DEFAULTS: Optional[Dict[str, Any]] = None   # StageStats' fields' defaults, and those made by a factory
+_FACTORIES: List[Tuple[str, Callable[[], Any]]] = []
+_REQUIRED: frozenset = frozenset()
+
+
+def _defaults() -> None:
+    global _DEFAULTS, _REQUIRED
+    _REQUIRED = frozenset(f.name for f in dataclasses.fields(StageStats)
+                          if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING)
+    _FACTORIES[:] = [(f.name, f.default_factory) for f in dataclasses.fields(StageStats)
+                     if f.default_factory is not dataclasses.MISSING]
+    _DEFAULTS = {f.name: f.default for f in dataclasses.fields(StageStats) if f.default is not dataclasses.MISSING}
 
 
 def _tree_order(stages: Iterable[StageStats]) -> List[StageStats]:
@@ -419,6 +447,18 @@ class Snapshot:
         self._events: Tuple[Mapping[str, Any], ...] = tuple(events or ())
         self._exemplars: Tuple[Mapping[str, Any], ...] = tuple(exemplars or ())
         self._index: Dict[Tuple[str, ...], StageStats] = {s.path: s for s in self._stages}
+
+    def replaced(self, stages: Sequence[StageStats], meta: Optional[Mapping[str, Any]] = None) -> "Snapshot":
+        """A copy whose stages are `stages`: this snapshot's, in its order, with figures changed (verdicts, ...),
+        so the tree needs no ordering again; `meta` in place of its meta where given."""
+        stages = tuple(stages)
+        if len(stages) != len(self._stages) or any(a.path != b.path for a, b in zip(stages, self._stages)):
+            raise ValueError("Snapshot.replaced takes the snapshot's own stages, in its order")
+        out = object.__new__(Snapshot)
+        out._stages, out._events, out._exemplars = stages, self._events, self._exemplars
+        out._meta = dict(self._meta if meta is None else meta)
+        out._index = {s.path: s for s in stages}
+        return out
 
     # ------------------------------------------------------------- reading
     @property
@@ -516,13 +556,15 @@ class Snapshot:
         return _schema.snapshot_dict(self, percentiles)
 
     def to_json(self, indent: Optional[int] = None, percentiles: bool = True) -> str:
-        """percentiles=False: without the per-stage percentiles, which loading recomputes from the histograms."""
-        return json.dumps(self.to_dict(percentiles), indent=indent, allow_nan=False)
+        """percentiles=False: as a file holds it, without what loading derives again (the per-stage percentiles,
+        which it recomputes from the histograms, and the rest `stage_dict` names)."""
+        return json.dumps(self.to_dict(percentiles), indent=indent, allow_nan=False,
+                          separators=None if indent is not None else (",", ":"))
 
     def save(self, path: "os.PathLike[str] | str") -> str:
-        """Atomically: written to a temporary file beside `path`, fsynced, renamed.
-        On failure the previous file at `path` is left as it was."""
-        return _schema.atomic_write(os.fspath(path), self.to_json().encode())
+        """Atomically: written to a temporary file beside `path`, fsynced, renamed; as to_json(percentiles=False)
+        gives it.  On failure the previous file at `path` is left as it was."""
+        return _schema.atomic_write(os.fspath(path), self.to_json(percentiles=False).encode())
 
     @classmethod
     def from_dict(cls, d: Any) -> "Snapshot":
@@ -531,12 +573,16 @@ class Snapshot:
 
     @classmethod
     def load(cls, path: "os.PathLike[str] | str") -> "Snapshot":
+        """The snapshot saved at `path`; one that carried verdicts (meta.judged) has its stages judged again
+        (`judge`): a file holds no verdicts."""
         path = os.fspath(path)
-        d = _schema.read_file(path)
-        try:
-            return cls.from_dict(d)
-        except SnapshotError as e:
-            raise SnapshotError(f"{path}: {e}") from None
+        with gc_paused():
+            d = _schema.read_file(path)
+            try:
+                snap = cls.from_dict(d)
+            except SnapshotError as e:
+                raise SnapshotError(f"{path}: {e}") from None
+            return Snapshot.judge(snap) if Snapshot.judge is not None and snap._meta.get("judged") else snap
 
     def __repr__(self) -> str:
         return f"<Snapshot {len(self._stages)} stages, {self.total_ns / 1e6:.3f} ms total>"
@@ -544,6 +590,9 @@ class Snapshot:
     #: how notebooks (Jupyter, VS Code) show a Snapshot: the facade sets the HTML report here, so the model
     #: itself imports no exporter
     html_view: ClassVar[Optional[Callable[["Snapshot"], str]]] = None
+    #: what gives a loaded snapshot's stages their verdicts (each judged when first read, by the thresholds the
+    #: snapshot was recorded with): the facade sets the analysis here, so the model itself imports none
+    judge: ClassVar[Optional[Callable[["Snapshot"], "Snapshot"]]] = None
 
     def _repr_html_(self) -> Optional[str]:
         """The Snapshot as a notebook shows it (html_view); None leaves the notebook its text repr."""

@@ -11,7 +11,8 @@ import json
 import math
 import os
 import tempfile
-from typing import Any, Dict, List, Mapping, Optional, Tuple
+from collections.abc import Mapping   # not typing's: its isinstance() is several times slower, once per field loaded
+from typing import Any, Dict, List, Optional, Tuple
 
 from .. import histogram as _hist
 from .base import WINDOW_MEMORY, SnapshotError, ci99, json_number, memory_sums, path_text
@@ -36,8 +37,10 @@ def _estimate_from(path: Tuple[str, ...], what: str, raw: Any) -> Optional[Dict[
     if raw is None:
         return None
     try:
-        return {"total": float(raw["total"]), "self": float(raw.get("self", raw["total"])),
-                "var": float(raw.get("sd", 0)) ** 2, "var_self": float(raw.get("sd_self", 0)) ** 2,
+        total = float(raw["total"])
+        sd, sd_self = raw.get("sd"), raw.get("sd_self")
+        return {"total": total, "self": float(raw["self"]) if "self" in raw else total,
+                "var": float(sd) ** 2 if sd else 0.0, "var_self": float(sd_self) ** 2 if sd_self else 0.0,
                 "reads": int(raw.get("reads", 0))}
     except (KeyError, TypeError, ValueError, AttributeError):
         raise SnapshotError(f"stage {path_text(path)}: {what} needs a total, got {str(raw)[:80]}") from None
@@ -45,15 +48,17 @@ def _estimate_from(path: Tuple[str, ...], what: str, raw: Any) -> Optional[Dict[
 
 # ------------------------------------------------------------------ stages
 def stage_dict(s: Any, percentiles: bool = True) -> Dict[str, Any]:
-    """A stage (StageStats) as saved; percentiles=False leaves out p50..p999 (derived from `hist`; loading does
-    not read them)."""
+    """A stage (StageStats) as saved; percentiles=False (a file's or a transfer's form) leaves out what loading
+    derives again: the verdict (Snapshot.load judges the stages again), p50..p999 (from `hist`), a counter's
+    `estimated` and `running_fraction` (a counter no call counted is `null`: meta.counters says why), and the parts
+    of the wall-time split that loading takes as 0 where they are 0."""
     wall = s.wall_ns if percentiles else {"total": s.wall_total, "self": s.wall_self,
                                        "min": s.wall_min, "max": s.wall_max, "mean": s.wall_mean}
     d: Dict[str, Any] = {
         "path": list(s.path), "calls": s.calls, "errors": s.errors,
         "wall_ns": {k: json_number(v) for k, v in wall.items()},
         "cpu_ns": s.cpu_ns,
-        "counters": {k: _counter_json(v) for k, v in s.counters.items()},
+        "counters": {k: _counter_json(v, derived=percentiles) for k, v in s.counters.items()},
         "hist": {"scheme": _hist.SCHEME, "buckets": [[i, c] for i, c in sorted(s.hist.items())]},
     }
     split = s.wall_split
@@ -61,6 +66,8 @@ def stage_dict(s: Any, percentiles: bool = True) -> Dict[str, Any]:
         if "runqueue" in split and s.runqueue is not None:
             split["runqueue"].update({k: v for k, v in estimate_json(s.runqueue, s.covered_run).items()
                                    if k in ("sd", "sd_self", "reads")})
+        if not percentiles:
+            split = {k: v for k, v in split.items() if k not in ZERO_PARTS or v["total"] or v["self"]}
         d["wall_split_ns"] = split
         d["covered_running_ns"] = {"total": s.covered_run, "self": s.covered_run_self}   # not a part: their sum
     if s.switches:
@@ -81,7 +88,7 @@ def stage_dict(s: Any, percentiles: bool = True) -> Dict[str, Any]:
         d["gpu"] = dict(s.gpu)
     if s.ops is not None:
         d["ops"] = s.ops
-    if s.verdict is not None:
+    if s.verdict is not None and percentiles:   # analysis, not a measurement: loading judges the stages again
         d["verdict"] = dict(s.verdict)
     if s.windows is not None:
         d["windows"] = [dict(w, counters=dict(w.get("counters") or {}), items=dict(w.get("items") or {}))
@@ -95,6 +102,7 @@ def stage_dict(s: Any, percentiles: bool = True) -> Dict[str, Any]:
     return d
 
 
+ZERO_PARTS = ("instrument", "awaiting", "loop_ready", "unknown")   # parts loading takes as 0 where a file leaves them out
 MEMORY_COUNTS = ("calls", "overlapped", "marked", "fresh", "peak_max")   # saved once, with the figures
 
 
@@ -159,32 +167,50 @@ def stage_fields(d: Any) -> Dict[str, Any]:
                              f"{type(e).__name__}: {e}") from None
 
 
-def _counter_json(c: Mapping[str, Any]) -> Dict[str, Any]:
-    """A counter's dict as saved: its variances as standard deviations, and its interval where estimated."""
-    d = {k: v for k, v in c.items() if k not in ("var", "var_self")}
+COUNTER_DERIVED = ("estimated", "running_fraction")   # what loading derives from a counter's other figures
+
+
+def _counter_json(c: Mapping[str, Any], derived: bool = True) -> Optional[Dict[str, Any]]:
+    """A counter's dict as saved: its variances as standard deviations, and its interval where estimated;
+    derived=False leaves out COUNTER_DERIVED, and gives a counter no call counted as None."""
+    if not derived and c.get("total") is None and not c.get("counted_calls") and not c.get("read_calls"):
+        return None
+    d = {k: v for k, v in c.items() if k not in ("var", "var_self") and (derived or k not in COUNTER_DERIVED)}
     if c.get("var") and c.get("total") is not None:
         d.update(sd=math.sqrt(c["var"]), sd_self=math.sqrt(c.get("var_self") or 0),
                  ci99=[round(x, 3) for x in ci99(c["total"], c["var"])])
     return d
 
 
-def _counter_from(raw: Mapping[str, Any]) -> Dict[str, Any]:
-    d = {k: v for k, v in dict(raw).items() if k not in ("sd", "sd_self", "ci99")}
-    if raw.get("sd"):
-        d.update(var=float(raw["sd"]) ** 2, var_self=float(raw.get("sd_self") or 0) ** 2)
+def _counter_from(raw: Optional[Mapping[str, Any]]) -> Dict[str, Any]:
+    if raw is None:   # no call counted it
+        return {"total": None, "self": None, "counted_calls": 0, "read_calls": 0}
+    d = dict(raw)
+    sd, sd_self = d.pop("sd", None), d.pop("sd_self", None)
+    d.pop("ci99", None)
+    if "estimated" not in d and "read_calls" in d and "counted_calls" in d and d.get("total") is not None:
+        d["estimated"] = d["read_calls"] != d["counted_calls"]
+    if "running_fraction" not in d and "enabled_ns" in d and "running_ns" in d:
+        d["running_fraction"] = d["running_ns"] / d["enabled_ns"] if d["enabled_ns"] else None
+    if sd:
+        d.update(var=float(sd) ** 2, var_self=float(sd_self or 0) ** 2)
     return d
+
+
+_NONE: Mapping[str, Any] = {}   # read only: what an absent object reads as
 
 
 def _split_from(path: Tuple[str, ...], d: Mapping[str, Any], c: Mapping[str, Any]) -> Dict[str, Any]:
     """The fields of the wall-time split, the helpers and the context switches, from a saved stage."""
-    split = d.get("wall_split_ns") or {}
+    split = d.get("wall_split_ns") or _NONE
     if not isinstance(split, Mapping):
         raise SnapshotError(f"stage {path_text(path)}: wall_split_ns must be an object")
-    rq, loop, sdk, cov = split.get("runqueue"), split.get("loop_ready") or {}, split.get("instrument") or {}, \
-        d.get("covered_running_ns") or split.get("covered_running") or {}   # older files: inside the split
-    switches = d.get("context_switches") or {}
+    rq, loop, sdk, cov = split.get("runqueue"), split.get("loop_ready") or _NONE, split.get("instrument") or _NONE, \
+        d.get("covered_running_ns") or split.get("covered_running") or _NONE   # older files: inside the split
+    switches = d.get("context_switches") or _NONE
     sd = float(c.get("sd") or 0), float(c.get("sd_self") or 0)
     gil = split.get("gil")
+    held, waited = d.get("loop_blockers_ns"), d.get("loop_blockers_waited_ns")
     if gil is not None and not (isinstance(gil, Mapping) and isinstance(gil.get("total"), (int, float))
                                 and isinstance(gil.get("self"), (int, float))
                                 and isinstance(gil.get("samples", {}), Mapping)):
@@ -199,8 +225,8 @@ def _split_from(path: Tuple[str, ...], d: Mapping[str, Any], c: Mapping[str, Any
             "cpu_var": sd[0] ** 2, "cpu_var_self": sd[1] ** 2,
             "gil_total": None if gil is None else int(gil["total"]), "gil_self": None if gil is None else int(gil["self"]),
             "gil_samples": None if gil is None else {str(k): float(v) for k, v in (gil.get("samples") or {}).items()},
-            "loop_blockers": {str(k): int(v) for k, v in (d.get("loop_blockers_ns") or {}).items()},
-            "loop_blockers_waited": {str(k): int(v) for k, v in (d.get("loop_blockers_waited_ns") or {}).items()}}
+            "loop_blockers": {str(k): int(v) for k, v in held.items()} if held else {},
+            "loop_blockers_waited": {str(k): int(v) for k, v in waited.items()} if waited else {}}
 
 
 def _windows_from(path: Tuple[str, ...], raw: Any) -> Optional[Tuple[Dict[str, Any], ...]]:

@@ -251,7 +251,7 @@ for _ in range(10):
         with instrument.stage("reused"):
             buf.fill(1)
 snap = instrument.snapshot()
-print(json.dumps({s.name: s.verdict for s in snap}))
+print(json.dumps({s.name: dict(s.verdict) for s in snap}))
 print(json.dumps({a["path"][-1]: a["memory_next"] for a in advise(snap, top=3)}))
 """)
     assert r.returncode == 0, r.stderr
@@ -381,7 +381,11 @@ def test_a_source_added_inside_an_open_call_gives_that_call_no_figure_of_it():
 
 
 def test_ctrl_c_during_a_source_s_read_reaches_the_program():
+    # Python's own Ctrl-C handler, as a program started from a terminal has it: one started in the background by a
+    # shell inherits SIGINT ignored, and a Ctrl-C handed back to it is then ignored too, as its own would be
     r = run_python("""
+import signal
+signal.signal(signal.SIGINT, signal.default_int_handler)
 import instrument
 from instrument import _native
 calls = []
