@@ -249,28 +249,26 @@ def test_demo_refuses_a_time_limit_of_zero(tmp_path, capsys):
 
 
 def test_demo_beside_a_cpu_hog_per_core_judges_forward_by_its_compute(hog_per_core, tmp_path):
-    """On a machine whose every core also runs a hog, forward is still compute: compute-bound, cpu-starved with
-    its run-queue time named as such, or (where its thread mostly blocks on torch's pool, whose own run-queue time is
-    not read) mixed with its CPU/wall at or above the waiting threshold; never `waiting` (which would send the user
-    looking for I/O)."""
+    """On a machine whose every core also runs a hog, forward is still compute: compute-bound, or cpu-starved with
+    its run-queue time named as such; never `waiting` (which would send the user looking for I/O).  torch runs one
+    intra-op thread here: with a pool, forward's thread blocks until the pool is done, and the pool's own wait for a
+    CPU is not read (the verdict's reason then says so), so what this claims is checked where it can be seen."""
+    env = dict(os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
     r = subprocess.run([sys.executable, "-m", "instrument", "demo", "--requests", "4", "--batch-size", "4",
                         "--device", "cpu", "--out", str(tmp_path), "--json"], capture_output=True, text=True,
-                       timeout=900, env=dict(os.environ, PYTHONPATH=str(ROOT)))
+                       timeout=900, env=env)
     assert r.returncode == 0, r.stderr[-3000:]
     summary = json.loads(r.stdout)
     for variant in ("baseline", "optimized"):
         forward = instrument.Snapshot.load(tmp_path / f"{variant}.json")["request/forward"]
         verdict = forward.verdict["verdict"]
-        assert verdict in ("compute-bound", "cpu-starved", "mixed"), (variant, forward.verdict)
-        if verdict == "mixed":
-            assert forward.verdict["evidence"]["cpu_per_wall"] >= instrument.config.verdict_thresholds()["wait_cpu"]
-            assert "run queue" in forward.verdict["reason"]
+        assert verdict in ("compute-bound", "cpu-starved"), (variant, forward.verdict)
         runqueue = forward.split_part("runqueue", True)
         assert runqueue > 0                      # the hogs took the cores from it, and the split says so
         if verdict == "cpu-starved":
             assert "run queue" in forward.verdict["reason"]
     finding = next(line for line in summary["lines"] if line.startswith("finding:"))
-    assert re.search(r"request/forward is \d+% of the request, (compute-bound|cpu-starved|mixed) \(", finding)
+    assert re.search(r"request/forward is \d+% of the request, (compute-bound|cpu-starved) \(", finding)
 
 
 def test_advise_gives_the_advice_as_data(tmp_path):
