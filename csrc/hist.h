@@ -2,9 +2,9 @@
  *
  * Block 0 holds 0..63 exactly; block b >= 1 covers [2^(b+5), 2^(b+6)) in 64
  * linear sub-buckets of width 2^(b-1), so any value is within 1/128 (0.78%)
- * of its bucket's midpoint.  Blocks are allocated on first use: memory per
- * histogram is bounded by HIST_BLOCKS * 512 bytes and does not grow with the
- * number of values recorded.  Values from 2^47 ns (39 h) up land in the last bucket.
+ * of its bucket's midpoint.  Blocks are allocated on first use, side by side in
+ * one array: memory per histogram is bounded by HIST_BLOCKS * 512 bytes and does
+ * not grow with the number of values recorded.  Values from 2^47 ns (39 h) up land in the last bucket.
  */
 #ifndef INSTRUMENT_HIST_H
 #define INSTRUMENT_HIST_H
@@ -16,8 +16,15 @@
 #define HIST_BLOCKS 42
 
 typedef struct {
-    uint64_t *block[HIST_BLOCKS];
+    uint64_t *counts;               /* the blocks seen, HIST_SUB counts each, in the order first seen */
+    uint8_t at[HIST_BLOCKS];        /* block b's place in counts plus 1; 0: not seen yet */
+    uint8_t n;                      /* blocks in counts */
 } hist;
+
+/* Block b's counts, or NULL where no value has fallen in it. */
+static inline const uint64_t *hist_block_of(const hist *h, int b) {
+    return h->at[b] ? h->counts + (size_t)(h->at[b] - 1) * HIST_SUB : NULL;
+}
 
 static inline int hist_index(uint64_t v) {
     if (v < HIST_SUB) return (int)v;

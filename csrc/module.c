@@ -284,9 +284,10 @@ static int append_new(PyObject *l, PyObject *item) {
 static PyObject *hist_to_list(const hist *h) {
     PyObject *l = PyList_New(0);
     for (int b = 0; l && b < HIST_BLOCKS; b++) {
-        if (!h->block[b]) continue;
+        const uint64_t *blk = hist_block_of(h, b);
+        if (!blk) continue;
         for (int s = 0; s < HIST_SUB; s++) {
-            uint64_t c = h->block[b][s];
+            uint64_t c = blk[s];
             if (c && append_new(l, Py_BuildValue("(iK)", (b << HIST_SUB_BITS) | s, (unsigned long long)c)) < 0) {
                 Py_CLEAR(l);
                 break;
