@@ -86,6 +86,26 @@ def test_save_load_round_trip(tmp_path, backend):
     assert back.meta["pid"] == os.getpid() and "python" in back.meta and "counters" in back.meta
 
 
+def test_a_file_in_the_full_form_written_before_loads_to_the_same_snapshot(tmp_path, backend):
+    """save() leaves out what loading derives (percentiles, verdicts, a counter's derived fields, zero parts of the
+    split) and writes compact JSON; files written before held all of it, as to_json() still gives it, indented or
+    not. Both load to the same snapshot, verdicts included, and the compact file is the smaller."""
+    with instrument.stage("request"):
+        for _ in range(20):
+            with instrument.stage("tokenize"):
+                sum(range(2000))
+    s = instrument.snapshot()
+    compact, full = tmp_path / "now.json", tmp_path / "before.json"
+    s.save(compact)
+    full.write_text(s.to_json(indent=1))
+    a, b = Snapshot.load(compact), Snapshot.load(full)
+    assert a == b == s and a["request/tokenize"].verdict == s["request/tokenize"].verdict is not None
+    saved = json.loads(compact.read_text())["stages"][1]
+    assert "verdict" not in saved and "p50" not in saved["wall_ns"]
+    assert all(c is None or "running_fraction" not in c for c in saved["counters"].values())
+    assert os.path.getsize(compact) < 0.6 * os.path.getsize(full)
+
+
 def test_snapshot_is_immutable(backend):
     with instrument.stage("x"):
         pass
