@@ -106,7 +106,7 @@ def test_c_histogram_allocates_per_block_seen_not_per_call():
         # µs (a loaded machine) already holds the block its 40 µs call lands in
         assert b1 - b0 >= 0.9 * len(names), (b1 - b0, len(names))
         per_block = (m1[0] - m0) / (b1 - b0)
-        assert 512 <= per_block <= 560, per_block          # HIST_SUB uint64 counters plus malloc's header
+        assert 496 <= per_block <= 560, per_block          # HIST_SUB uint64 counters (the blocks share one array)
         # 45,000 more calls: growth only for the few blocks they reached for the first time
         assert abs((m2 - m1[1]) - (b2 - b1) * per_block) <= 16 * 1024, (m2 - m1[1], b2 - b1)
     finally:
