@@ -81,7 +81,8 @@ def check_verdict_shares(v):
 
 @pytest.fixture(autouse=True)
 def _verdicts_add_up(monkeypatch):
-    """Every verdict a test of this suite produces in its own process is walked: its shares add up."""
+    """Every verdict a test of this suite produces in its own process is walked: its shares add up.  Each is
+    judged as its snapshot is made (verdicts are otherwise judged when first read), so none goes unwalked."""
     from instrument.analysis import verdict
     made, judge = [], verdict.judge
 
@@ -89,7 +90,11 @@ def _verdicts_add_up(monkeypatch):
         v = judge(*args, **kwargs)
         made.append(v)
         return v
+
+    def at_once(self, judge_it):
+        self._judge, self._value = None, judge_it()
     monkeypatch.setattr(verdict, "judge", walked)
+    monkeypatch.setattr(verdict.Pending, "__init__", at_once)
     yield
     for v in made:
         check_verdict_shares(v)
