@@ -52,12 +52,15 @@ void warn_once(const char *key, const char *fmt, ...) {
     PyErr_Restore(et, ev, tb);
 }
 
+int interrupt_handed_back(void) {
+    if (!PyErr_ExceptionMatches(PyExc_KeyboardInterrupt)) return 0;
+    PyErr_Clear();
+    PyErr_SetInterrupt();   /* raised again at the program's next check, in its own code */
+    return 1;
+}
+
 void internal_failure(const char *what) {
-    if (PyErr_ExceptionMatches(PyExc_KeyboardInterrupt)) {   /* Ctrl-C inside the SDK's Python code: the program's */
-        PyErr_Clear();
-        PyErr_SetInterrupt();   /* raised again at its next check, in the program's own code */
-        return;
-    }
+    if (interrupt_handed_back()) return;   /* Ctrl-C inside the SDK's Python code: the program's */
     g_internal++;
     PyErr_Clear();
     warn_once(what, "instrument: internal failure in %s; measurement goes on without it", what);

@@ -111,6 +111,9 @@ void warn_once(const char *key, const char *fmt, ...);
 /* Counts and warns about a failure the measurement survives; clears the exception (a KeyboardInterrupt is handed
  * back to the program: raised again at its next check). */
 void internal_failure(const char *what);
+/* Where the pending exception is a KeyboardInterrupt (Ctrl-C inside the SDK's Python code): cleared and handed back
+ * to the program, raised again at its next check; 1.  0 (the exception left as it is) otherwise. */
+int interrupt_handed_back(void);
 
 #pragma GCC visibility pop
 

@@ -127,11 +127,7 @@ static int mem_call_get(Source *s, int64_t *cur, int64_t *mark) {
     }
     if (!r || PyErr_Occurred() || a < 0 || b < 0) {
         Py_XDECREF(r);
-        if (PyErr_ExceptionMatches(PyExc_KeyboardInterrupt)) {   /* Ctrl-C during the read: the program's, again */
-            PyErr_Clear();
-            PyErr_SetInterrupt();
-            return -1;
-        }
+        if (interrupt_handed_back()) return -1;   /* Ctrl-C during the read: the program's */
         if (!PyErr_Occurred())
             PyErr_Format(PyExc_TypeError, "returned %R, not a pair of byte counts (current, peak)", r ? r : Py_None);
         PyObject *et, *ev, *tb;
@@ -153,8 +149,7 @@ static void mem_call_reset(Source *s) {
     PyObject *reset = Py_NewRef(s->reset);
     PyObject *r = PyObject_CallNoArgs(reset);
     Py_DECREF(reset);
-    if (!r && PyErr_ExceptionMatches(PyExc_KeyboardInterrupt)) PyErr_Clear(), PyErr_SetInterrupt();
-    else if (!r) PyErr_Clear(), s->errors++;
+    if (!r && !interrupt_handed_back()) PyErr_Clear(), s->errors++;
     Py_XDECREF(r);
 }
 

@@ -19,6 +19,7 @@ from .. import config as _config
 from .. import counters
 from .._version import __version__
 from ..snapshot import Snapshot, StageStats, path_text
+from ..snapshot.base import uncounted
 from . import backend as _backend
 from . import callsite, integrations, memory, nvtx, perf, probe
 
@@ -371,7 +372,7 @@ def _counter_dict(names, rows, covered: int, bound: float = math.inf) -> Dict[st
     out = {}
     for name, row in zip(names, rows):
         if row is None:
-            out[name] = {"total": None, "self": None, "counted_calls": 0, "read_calls": 0}
+            out[name] = uncounted()
             continue
         est = row["reads"] != covered
         enabled, running = row["enabled"], row["running"]

@@ -88,6 +88,16 @@ def memory_sums(m: Any) -> dict:
     return out
 
 
+def uncounted() -> dict:
+    """A counter's figures where no call counted it (the event could not be opened, or was never read)."""
+    return {"total": None, "self": None, "counted_calls": 0, "read_calls": 0}
+
+
+def counted_nothing(c: Any) -> bool:
+    """Whether a counter's figures are those of `uncounted()`: no total, no call counted or read, no time enabled."""
+    return c.get("total") is None and not c.get("counted_calls") and not c.get("read_calls") and not c.get("enabled_ns")
+
+
 @contextlib.contextmanager
 def gc_paused() -> Iterator[None]:
     """The cyclic garbage collector paused while a bulk of objects that hold no cycles is built (a load, a merge):

@@ -8,7 +8,7 @@ from dataclasses import replace
 from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 
 from .. import histogram as _hist
-from .base import MEMORY_SUMS, WINDOW_MEMORY, SnapshotError, gc_paused, growth, path_text, sum_known
+from .base import MEMORY_SUMS, WINDOW_MEMORY, SnapshotError, counted_nothing, gc_paused, growth, path_text, sum_known
 from .ranks import RANK_KEY, merge_ranks, rank_figures, rank_of, since_ranks
 
 TOP_OPS = 10                                            # operators kept per ranking in a stage's `ops`
@@ -24,14 +24,9 @@ def merge_estimate(a: Optional[Mapping[str, Any]], b: Optional[Mapping[str, Any]
     """Two estimates of disjoint calls as one (sign +1), or what the later one adds to the earlier (-1)."""
     if a is None or b is None:
         return dict(a) if a is not None else (dict(b) if b is not None and sign > 0 else None)
-    if sign > 0:   # sums of figures that are each >= 0 where it matters
-        return {"total": max(a["total"] + b["total"], 0), "self": a["self"] + b["self"],
-                "var": max(a["var"] + b["var"], 0), "var_self": max(a["var_self"] + b["var_self"], 0),
-                "reads": max(a["reads"] + b["reads"], 0)}
-    out = {k: a[k] - b[k] for k in ("total", "self", "var", "var_self", "reads")}
-    for k in ("total", "var", "var_self", "reads"):
-        out[k] = max(out[k], 0)
-    return out
+    return {"total": max(a["total"] + sign * b["total"], 0), "self": a["self"] + sign * b["self"],
+            "var": max(a["var"] + sign * b["var"], 0), "var_self": max(a["var_self"] + sign * b["var_self"], 0),
+            "reads": max(a["reads"] + sign * b["reads"], 0)}
 
 
 def join_windows(windows: Sequence[Mapping[str, Any]]) -> Tuple[Dict[str, Any], ...]:
@@ -92,8 +87,7 @@ def merge_counters(a: Mapping[str, Mapping[str, Any]], b: Mapping[str, Mapping[s
         if d is None:
             out[k] = dict(v)
             continue
-        if v.get("total") is None and not v.get("counted_calls") and not v.get("read_calls") \
-                and not v.get("enabled_ns"):   # a side that counted nothing adds nothing
+        if counted_nothing(v):   # adds nothing (the common case of an event this machine cannot open)
             d["scaled"] = bool(d.get("scaled"))
             continue
         for f in COUNTER_SUMS:

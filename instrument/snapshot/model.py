@@ -375,8 +375,6 @@ class StageStats:
         """A saved stage, checked (schema.stage_fields gives every field without a default): built as __init__
         would build it, without its call (a load builds thousands)."""
         fields = _schema.stage_fields(d)
-        if _DEFAULTS is None:
-            _defaults()
         if not _REQUIRED <= fields.keys():
             raise TypeError(f"a stage needs {', '.join(sorted(_REQUIRED - fields.keys()))}")
         out = object.__new__(cls)
@@ -389,18 +387,11 @@ class StageStats:
         return out
 
 
-_DEFAULTS: Optional[Dict[str, Any]] = None   # StageStats' fields' defaults, and those made by a factory
-_FACTORIES: List[Tuple[str, Callable[[], Any]]] = []
-_REQUIRED: frozenset = frozenset()
-
-
-def _defaults() -> None:
-    global _DEFAULTS, _REQUIRED
-    _REQUIRED = frozenset(f.name for f in dataclasses.fields(StageStats)
-                          if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING)
-    _FACTORIES[:] = [(f.name, f.default_factory) for f in dataclasses.fields(StageStats)
-                     if f.default_factory is not dataclasses.MISSING]
-    _DEFAULTS = {f.name: f.default for f in dataclasses.fields(StageStats) if f.default is not dataclasses.MISSING}
+# StageStats' fields: those with a default, those made by a factory, those without either (from_dict)
+_DEFAULTS = {f.name: f.default for f in dataclasses.fields(StageStats) if f.default is not dataclasses.MISSING}
+_FACTORIES = [(f.name, f.default_factory) for f in dataclasses.fields(StageStats)
+              if f.default_factory is not dataclasses.MISSING]
+_REQUIRED = frozenset(f.name for f in dataclasses.fields(StageStats)) - _DEFAULTS.keys() - {n for n, _ in _FACTORIES}
 
 
 def _tree_order(stages: Iterable[StageStats]) -> List[StageStats]:

@@ -15,7 +15,7 @@ from collections.abc import Mapping   # not typing's: its isinstance() is severa
 from typing import Any, Dict, List, Optional, Tuple
 
 from .. import histogram as _hist
-from .base import WINDOW_MEMORY, SnapshotError, ci99, json_number, memory_sums, path_text
+from .base import WINDOW_MEMORY, SnapshotError, ci99, counted_nothing, json_number, memory_sums, path_text, uncounted
 from .ranks import RANK_FIELDS
 
 FORMAT = "instrument-snapshot"
@@ -173,7 +173,7 @@ COUNTER_DERIVED = ("estimated", "running_fraction")   # what loading derives fro
 def _counter_json(c: Mapping[str, Any], derived: bool = True) -> Optional[Dict[str, Any]]:
     """A counter's dict as saved: its variances as standard deviations, and its interval where estimated;
     derived=False leaves out COUNTER_DERIVED, and gives a counter no call counted as None."""
-    if not derived and c.get("total") is None and not c.get("counted_calls") and not c.get("read_calls"):
+    if not derived and counted_nothing(c):
         return None
     d = {k: v for k, v in c.items() if k not in ("var", "var_self") and (derived or k not in COUNTER_DERIVED)}
     if c.get("var") and c.get("total") is not None:
@@ -184,7 +184,7 @@ def _counter_json(c: Mapping[str, Any], derived: bool = True) -> Optional[Dict[s
 
 def _counter_from(raw: Optional[Mapping[str, Any]]) -> Dict[str, Any]:
     if raw is None:   # no call counted it
-        return {"total": None, "self": None, "counted_calls": 0, "read_calls": 0}
+        return uncounted()
     d = dict(raw)
     sd, sd_self = d.pop("sd", None), d.pop("sd_self", None)
     d.pop("ci99", None)
