@@ -114,17 +114,21 @@ def test_a_burst_inside_a_child_stage_is_charged_to_the_child(backend):
         stop = asyncio.Event()
         await asyncio.gather(burster(stop), *(client(stop, i) for i in range(49)))
 
-    t0 = time.perf_counter_ns()
+    t0, c0 = time.perf_counter_ns(), time.thread_time_ns()
     asyncio.run(main())
-    wall = time.perf_counter_ns() - t0
+    wall, cpu = time.perf_counter_ns() - t0, time.thread_time_ns() - c0
     snap = instrument.snapshot()
     req, work = snap["req"], snap["req/work"]
     burst_cpu = sum(c for _, _, c in bursts)
-    # req's own CPU is the steps' machinery (and the SDK's reads), small next to work's bursts
-    assert work.cpu_total >= 0.9 * burst_cpu and req.cpu_self < 0.5 * work.cpu_total, (work.cpu_total, req.cpu_self)
+    burst_wall = sum(e - s for s, e, _ in bursts)
+    # The bursts' CPU is work's, and not req's own as well: req's own CPU (the steps' machinery and the SDK's reads,
+    # however slow a build or a load makes them) fits in what the thread spent beside the bursts
+    assert work.cpu_total >= 0.9 * burst_cpu and req.cpu_self <= cpu - burst_cpu, (work.cpu_total, req.cpu_self,
+                                                                                    cpu, burst_cpu)
     held = req.loop_blockers
     assert held.get("req/work", 0) >= 0.9 * burst_cpu, (held, burst_cpu)
-    assert held.get("req", 0) < 0.5 * held["req/work"], held
+    # each moment is held by one stage: req held the loop only outside the bursts' stretches
+    assert held.get("req", 0) <= wall - burst_wall, (held, wall, burst_wall)
     assert req.loop_blockers_waited["req/work"] >= 0.5 * req.split_part("loop_ready"), (req.loop_blockers_waited,
                                                                                       req.wall_split)
     assert_figures_hold(req, wall)
