@@ -122,6 +122,7 @@ static Frame *frame_push(Stack *st, ThreadState *ts, Stage *self, int32_t node) 
     f->nvtx = 0;
     f->skipped = 0;
     f->w = 0;
+    f->rd = NULL;
     f->mem = -1;
     return f;
 }
@@ -136,7 +137,7 @@ static Frame *frame_by_seq(Stack *st, uint64_t seq) {
 /* The integrations' enter hook (Python); our frame afterwards, NULL when the hook closed it. */
 static Frame *call_enter_hook(Stack *st, Frame *f, Stage *self) {
     uint64_t seq = f->seq;
-    f->r0.t = now_ns();   /* a call the hook itself closes has this start */
+    f->t0 = now_ns();   /* a call the hook itself closes has this start */
     PyObject *h = PyObject_CallOneArg(g_hook_enter, self->name);
     if (!h) internal_failure("integration enter hook");
     if (!(f = frame_by_seq(st, seq))) { Py_XDECREF(h); return NULL; }
@@ -170,18 +171,22 @@ void stage_enter(Stage *self) {
     if (g_nvtx && nvtx_emit_active()) nvtx_open(self, f, loop);
     double w;
     f->sw0 = ts_switches(ts);   /* a memory load: whether the thread leaves the CPU during the call */
-    if ((g_cpu_clock || g_ctr_n) && budget_read(ts, node, &w)) {   /* nothing is read without a CPU source */
+    FrameRead *rd = NULL;
+    if ((g_cpu_clock || g_ctr_n) && budget_read(ts, node, &w) && (rd = frame_read_get())) {   /* nothing is read
+                                                                                  * without a CPU source */
         int64_t a = now_ns();
         if (g_ctr_n) counters_ready(ts);
-        if (g_mem_n && !(f = mem_open(st, f))) return;   /* outside the wall window, with the reads' cost */
-        read_boundary(ts, &f->r0, 0);   /* r0.t after the reads: the wall window holds none of them */
+        if (g_mem_n && !(f = mem_open(st, f))) { frame_read_put(rd); return; }   /* outside the wall window */
+        memset(rd->child, 0, sizeof(double) * (size_t)stats_quantities());
+        f->rd = rd;
+        read_boundary(ts, &rd->r0, 0);   /* r0.t after the reads: the wall window holds none of them */
+        f->t0 = rd->r0.t;
         f->sw_in = ts_switches(ts);
-        f->spent = f->sw_in == f->sw0 ? f->r0.t - a : -1;   /* what they cost, where the thread kept the CPU */
+        f->spent = f->sw_in == f->sw0 ? f->t0 - a : -1;   /* what they cost, where the thread kept the CPU */
         f->w = w;
         st->n_read++;
-        memset(f->child, 0, sizeof(double) * (size_t)stats_quantities());
     } else {
-        f->r0.t = now_ns();
+        f->t0 = now_ns();
         f->skipped = 1;
     }
     taskclock_frame_enter(ts, st, f);   /* readings relative to this context's task */
@@ -198,12 +203,12 @@ static void read_exit(ThreadState *ts, Stack *st, const Frame *f, int same_threa
     m->sw1 = sw_in;
     m->t1 = read ? r1.t : now_ns();
     m->overlapped = taskclock_frame_exit(ts, st, f, read ? &r1 : NULL, m);   /* task-relative, time suspended */
-    m->wall = m->t1 - f->r0.t;
+    m->wall = m->t1 - f->t0;
     m->switched = !same_thread || ts_switches(ts) != f->sw0;
     m->switched_in = read ? sw_in != f->sw_in : m->switched;
     m->read = read && !m->overlapped;
     m->have_ctr = 0;
-    if (m->read) call_quantities(&f->r0, &r1, m), m->inner = r1.tq - f->r0.tq;
+    if (m->read) call_quantities(&f->rd->r0, &r1, m), m->inner = r1.tq - f->rd->r0.tq;
     m->stand_in = f->skipped && same_thread && !m->overlapped;
     m->abandoned = 0;
     m->mem.have = 0;   /* last: a source's Python code may move the frames (f is not used after) */
@@ -280,6 +285,7 @@ static void close_top(Stack *st, int error) {
     if (m.read && f.spent >= 0 && ts_switches(ts) == m.sw1) read_cost_add(f.spent + now_ns() - m.t1);
     if (st->exemplar) exemplar_exit(st, &f, &m, ts);   /* its part of the open root call */
     exit_integrations(&f, same_thread);
+    frame_read_put(f.rd);
     Py_DECREF(f.stage);
     if (i == 0 && g_root_exit_hook) root_exit_notify();   /* an outermost call is complete */
     if (i == 0 && g_probe_hook && m.t1 >= g_probe_due) probe_notify();

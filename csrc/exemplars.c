@@ -282,10 +282,10 @@ void exemplar_exit(Stack *st, const Frame *f, const CallMeasure *m, ThreadState 
                       at_least_0((double)loop), -1, -1};
     int h = m->mem.have && !m->mem.overlapped ? mem_host_index() : -1;   /* the source loop only for measured calls */
     if (h >= 0 && m->mem.peak[h] >= 0) x.mem = m->mem.peak[h];
-    if (m->read && !isnan(m->x[Q_CPU])) x.on_cpu = at_least_0(m->x[Q_CPU] - f->child[Q_CPU]);
-    if (m->read && !isnan(m->x[Q_RQ])) x.runqueue = at_least_0(m->x[Q_RQ] - f->child[Q_RQ]);
+    if (m->read && !isnan(m->x[Q_CPU])) x.on_cpu = at_least_0(m->x[Q_CPU] - f->rd->child[Q_CPU]);
+    if (m->read && !isnan(m->x[Q_RQ])) x.runqueue = at_least_0(m->x[Q_RQ] - f->rd->child[Q_RQ]);
     if (m->read && x.on_cpu >= 0 && x.runqueue >= 0 && !isnan(m->x[Q_OFF]) && !isnan(m->x[Q_GIL])) {
-        double off = m->x[Q_OFF] - f->child[Q_OFF], gil = m->x[Q_GIL] - f->child[Q_GIL];   /* samples */
+        double off = m->x[Q_OFF] - f->rd->child[Q_OFF], gil = m->x[Q_GIL] - f->rd->child[Q_GIL];   /* samples */
         double blocked = (double)(x.ns - susp - x.on_cpu - x.runqueue);
         x.gil = off > 0 ? at_least_0(blocked * fmin(gil / off, 1.0)) : 0;
     }
@@ -296,7 +296,7 @@ void exemplar_exit(Stack *st, const Frame *f, const CallMeasure *m, ThreadState 
     call_add(c, &x);
     if (f->seq != c->seq) return;
     st->exemplar = NULL;   /* the root call ends */
-    if (f->epoch == g_epoch && g_exemplar_k > 0) offer(f->node, c, m->wall, f->r0.t, ts ? (uint32_t)ts->native_id : 0);
+    if (f->epoch == g_epoch && g_exemplar_k > 0) offer(f->node, c, m->wall, f->t0, ts ? (uint32_t)ts->native_id : 0);
     call_release(c);
 }
 

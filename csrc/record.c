@@ -91,7 +91,7 @@ static void estimate_call(NodeStats *s, const Frame *f, const CallMeasure *m, do
             continue;
         }
         cell_add(&t->tot, m->x[q], run, W);
-        cell_add(&t->own, m->x[q] - f->child[q], run_self, W);
+        cell_add(&t->own, m->x[q] - f->rd->child[q], run_self, W);
         s->reads[q]++;
         if (e) e[q] = m->x[q];
     }
@@ -139,7 +139,7 @@ void record_call(ThreadState *ts, const Frame *f, Frame *parent, CallMeasure *m)
     if (ts && f->epoch == g_epoch && !s) g_internal++;
     int covered = m->read || m->stand_in;
     double e[Q_MAX];
-    int give = parent && parent->w > 0 && covered;   /* a read parent's self needs its children's estimates */
+    int give = parent && parent->rd && covered;   /* a read parent's self needs its children's estimates */
     for (int q = 0; give && q < Q_MAX; q++) e[q] = m->read && !isnan(m->x[q]) ? m->x[q] : 0;
     if (s && !s->cpu0_set) stats_mark_start(s, m->wall);   /* its first call: it began at most its wall time ago */
     if (s && covered) estimate_call(s, f, m, give ? e : NULL);
@@ -147,7 +147,7 @@ void record_call(ThreadState *ts, const Frame *f, Frame *parent, CallMeasure *m)
         parent->child_wall += m->wall;
         parent->child_susp += m->susp;
         parent->child_loop += m->loop;
-        for (int q = 0; give && q < stats_quantities(); q++) parent->child[q] += e[q];
+        for (int q = 0; give && q < stats_quantities(); q++) parent->rd->child[q] += e[q];
     }
     if (!s) return;
     record_wall(s, f, m);
@@ -158,6 +158,6 @@ void record_call(ThreadState *ts, const Frame *f, Frame *parent, CallMeasure *m)
         else g_internal++;
     }
     if (g_ring_cap && !m->abandoned)
-        trace_add(f->node, (uint32_t)ts->native_id, f->r0.t, m->wall, m->read ? f->r0.q[Q_CPU] : -1,
+        trace_add(f->node, (uint32_t)ts->native_id, f->t0, m->wall, m->read ? f->rd->r0.q[Q_CPU] : -1,
                   m->read && !isnan(m->x[Q_CPU]) ? (int64_t)(m->x[Q_CPU] > 0 ? m->x[Q_CPU] : 0) : -1);
 }

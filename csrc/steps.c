@@ -12,6 +12,32 @@
 
 static PyObject *str_context = NULL, *str_when = NULL;
 
+/* An attribute that a type keeps in a slot (Handle's __slots__), read at its offset once the type is known: a task
+ * step reads its handle's context without the generic attribute lookup.  Anything else goes through getattr. */
+typedef struct { PyTypeObject *type; Py_ssize_t offset; } SlotOf;
+
+static PyObject *slot_get(PyObject *obj, PyObject *name, SlotOf *cache, int n) {
+    PyTypeObject *t = Py_TYPE(obj);
+    for (int k = 0; k < n && cache[k].type; k++) {
+        if (cache[k].type != t) continue;
+        PyObject *v = cache[k].offset >= 0 ? *(PyObject **)((char *)obj + cache[k].offset) : NULL;
+        if (v) return Py_NewRef(v);
+        return PyObject_GetAttr(obj, name);
+    }
+    for (int k = 0; k < n; k++) {
+        if (cache[k].type) continue;
+        PyObject *d = PyObject_GetAttr((PyObject *)t, name);   /* the class attribute: its member descriptor */
+        int slot = d && Py_TYPE(d) == &PyMemberDescr_Type && ((PyMemberDescrObject *)d)->d_member->type == T_OBJECT_EX;
+        cache[k].offset = slot ? ((PyMemberDescrObject *)d)->d_member->offset : -1;   /* -1: getattr's */
+        cache[k].type = (PyTypeObject *)Py_NewRef(t);   /* held: its address is never another type's */
+        Py_XDECREF(d);
+        PyErr_Clear();
+        break;
+    }
+    return PyObject_GetAttr(obj, name);
+}
+static SlotOf g_context_slot[2], g_when_slot[1];   /* Handle and TimerHandle; TimerHandle */
+
 /* ------------------------------------------------------------ the hooks */
 
 /* Installed as asyncio.events.Handle._run (kind 0: every task step runs in
@@ -23,15 +49,6 @@ typedef struct {
     int kind;
     vectorcallfunc vectorcall;
 } Runner;
-
-/* The stack a context owns (borrowed: the context holds it), without making one. */
-static Stack *stack_of(PyObject *ctx) {
-    if (PyContext_Enter(ctx) < 0) { PyErr_Clear(); return NULL; }
-    Stack *st = stack_current(0);
-    if (!st) PyErr_Clear();
-    if (PyContext_Exit(ctx) < 0) PyErr_Clear();
-    return st;
-}
 
 static inline int needs_reads(const Stack *a, const Stack *b) { return (a && a->n_read) || (b && b->n_read); }
 
@@ -45,7 +62,7 @@ static void switch_in(ThreadState *ts, TaskThread *tt, PyObject *ctx, Stack **ou
     if (g_mem_n) mem_note_owner(ctx);   /* another task's step: the open calls of others overlap it (memory.h) */
     if (g_open_frames > 0) {   /* no stage open anywhere: nothing to suspend or resume */
         o = stack_visible();
-        in = stack_of(ctx);
+        in = stack_owned_by(ctx);
         if (o && (!o->depth || o->suspended || o->frames[o->depth - 1].ts_serial != ts->serial)) o = NULL;
         if (in && !in->depth) in = NULL;
         *node = in ? stack_top_node(in) : o ? stack_top_node(o) : 0;
@@ -68,7 +85,7 @@ static void switch_in(ThreadState *ts, TaskThread *tt, PyObject *ctx, Stack **ou
 /* Switch out: the handle's context (its stack may be new) leaves, the outer one resumes.  The step's last segment
  * ends (the loop's record of who held it).  Returns when the step ended (0: not timed, no step recorded). */
 static int64_t switch_out(ThreadState *ts, TaskThread *tt, PyObject *ctx, Stack *outer) {
-    Stack *in = g_open_frames > 0 ? stack_of(ctx) : NULL;
+    Stack *in = g_open_frames > 0 ? stack_owned_by(ctx) : NULL;
     if (in && (!in->depth || in->suspended)) in = NULL;
     int64_t t1 = 0;
     if (in || (outer && outer->suspended)) {
@@ -137,7 +154,7 @@ static void step_end(ThreadState *ts, StepSave *sv) {
 static PyObject *run_step(Runner *self, PyObject *const *args, size_t nargsf, PyObject *kwnames) {
     ThreadState *ts = ts_get();
     TaskThread *tt = ts ? tt_get(ts) : NULL;
-    PyObject *ctx = tt ? PyObject_GetAttr(args[0], str_context) : NULL;
+    PyObject *ctx = tt ? slot_get(args[0], str_context, g_context_slot, 2) : NULL;
     if (!ctx || !PyContext_CheckExact(ctx)) {
         PyErr_Clear();
         Py_XDECREF(ctx);
@@ -159,14 +176,14 @@ static int64_t ready_since(TaskThread *tt) {
     PyObject *h = tt->step_handle;
     if (!h) return now;
     if (strcmp(Py_TYPE(h)->tp_name, "TimerHandle") == 0) {
-        PyObject *when = PyObject_GetAttr(h, str_when);
+        PyObject *when = slot_get(h, str_when, g_when_slot, 1);
         double s = when ? PyFloat_AsDouble(when) : -1.0;
         Py_XDECREF(when);
         if (s < 0) { PyErr_Clear(); return now; }
         int64_t due = (int64_t)(s * 1e9);
         return due < now ? due : now;
     }
-    Stack *st = tt->step_ctx ? stack_of(tt->step_ctx) : NULL;
+    Stack *st = tt->step_ctx ? stack_owned_by(tt->step_ctx) : NULL;
     if (st) return now;
     return tt->batch_t0 && tt->batch_t0 < now ? tt->batch_t0 : now;
 }
@@ -178,7 +195,7 @@ static PyObject *run_call_soon(Runner *self, PyObject *const *args, size_t nargs
     if (!res || g_open_frames <= 0 || PyVectorcall_NARGS(nargsf) < 4 || !PyContext_CheckExact(args[3])) return res;
     ThreadState *ts = ts_get();
     TaskThread *tt = ts ? tt_get(ts) : NULL;
-    Stack *st = tt ? stack_of(args[3]) : NULL;
+    Stack *st = tt ? stack_owned_by(args[3]) : NULL;
     if (!tt) PyErr_Clear();
     if (st && st->depth && st->suspended && !st->ready) st->ready = ready_since(tt);
     return res;

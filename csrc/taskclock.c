@@ -44,29 +44,38 @@ void take_reading(ThreadState *ts, Reading *r, int full, int exit_order) {
     }
 }
 
-static void clock_reset(TaskClock *c, ThreadState *ts) {
-    memset(c, 0, sizeof(*c));
-    c->serial = ts->serial;
-    c->epoch = g_epoch;
+static void clock_reset(Stack *st, ThreadState *ts) {
+    memset(&st->tt, 0, sizeof(st->tt));
+    st->tt.serial = ts->serial;
+    st->tt.epoch = g_epoch;
+    if (st->clk) memset(st->clk, 0, sizeof(TaskClock));
 }
 
-/* The sums as they apply to readings on this thread now; NULL when there are none. */
-static inline TaskClock *clock_for(Stack *st, ThreadState *ts) {
-    TaskClock *c = st->clk;
-    if (!c) return NULL;
-    if (__builtin_expect(c->serial != ts->serial || c->epoch != g_epoch, 0)) {
-        clock_reset(c, ts);   /* moved to another thread, or a forked child: older frames are not comparable anyway */
+static inline int clock_foreign(const Stack *st, const ThreadState *ts) {
+    return st->tt.serial != ts->serial || st->tt.epoch != g_epoch;
+}
+
+/* The stack's clock as it applies to readings on this thread now; NULL when it was never suspended. */
+static inline TaskTime *clock_for(Stack *st, ThreadState *ts) {
+    if (!st->tt.serial) return NULL;
+    if (__builtin_expect(clock_foreign(st, ts), 0)) {
+        clock_reset(st, ts);   /* moved to another thread, or a forked child: older frames are not comparable anyway */
         st->taint++;
     }
-    return c;
+    return &st->tt;
 }
 
 void suspend(ThreadState *ts, TaskThread *tt, Stack *st, const Reading *r) {
     fold(tt, st);
-    if (!st->clk && !(st->clk = calloc(1, sizeof(TaskClock)))) { st->taint++; return; }
-    TaskClock *c = st->clk;
-    if (c->serial != ts->serial || c->epoch != g_epoch) clock_reset(c, ts);
-    c->out = *r;
+    if (clock_foreign(st, ts)) clock_reset(st, ts);
+    st->tt.out_t = r->t, st->tt.out_tq = r->tq, st->tt.out_epoch = r->epoch;
+    if (st->n_read) {   /* its read calls' quantities: what advances until it resumes is taken out of them */
+        if (!st->clk && !(st->clk = calloc(1, sizeof(TaskClock)))) { st->taint++; return; }
+        st->clk->out = *r;
+        st->clk->valid = 1;
+    } else if (st->clk) {
+        st->clk->valid = 0;
+    }
     st->suspended = 1;
     st->ready = 0;
 }
@@ -103,7 +112,9 @@ static void charge_blockers(ThreadState *ts, TaskThread *tt, int32_t node, int64
 }
 
 /* What the readings advanced while the stack was suspended joins its sums (where the stack reads at all). */
-static void add_suspension(TaskClock *c, Stack *st, const Reading *r) {
+static void add_suspension(Stack *st, const Reading *r) {
+    TaskClock *c = st->clk;
+    if (!c || !c->valid) { st->taint++; return; }   /* a read call opened while no hook saw it run */
     for (int k = 0; k < Q_SCALARS; k++) {
         if ((c->out.q[k] >= 0) != (r->q[k] >= 0) || (k == Q_CPU && c->out.cpu_src != r->cpu_src)) st->taint++;
         else if (r->q[k] >= 0) c->s_q[k] += r->q[k] - c->out.q[k];
@@ -124,26 +135,28 @@ static void add_suspension(TaskClock *c, Stack *st, const Reading *r) {
 }
 
 void resume(ThreadState *ts, TaskThread *tt, Stack *st, const Reading *r) {
-    TaskClock *c = st->clk;
-    if (!st->suspended || !c || c->serial != ts->serial || c->epoch != g_epoch || c->out.epoch != r->epoch) {
+    TaskTime *c = &st->tt;
+    if (!st->suspended || clock_foreign(st, ts) || c->out_epoch != r->epoch) {
         st->taint++;   /* it ran where no hook saw it leave, or elsewhere: its open frames are not attributable */
-        if (c && (c->serial != ts->serial || c->epoch != g_epoch)) clock_reset(c, ts);
+        if (clock_foreign(st, ts)) clock_reset(st, ts);
     } else {
-        c->s_wall += r->tq - c->out.tq;   /* timed at the CPU reads: running time and CPU time stay comparable */
-        int64_t ready = st->ready > c->out.tq ? st->ready : c->out.tq;
+        c->s_wall += r->tq - c->out_tq;   /* timed at the CPU reads: running time and CPU time stay comparable */
+        int64_t ready = st->ready > c->out_tq ? st->ready : c->out_tq;
         if (st->ready && r->tq > ready) {
             c->s_loop += r->tq - ready;
             if (st->depth) charge_blockers(ts, tt, st->frames[st->depth - 1].node, ready, r->tq);
         }
-        if (st->n_read) add_suspension(c, st, r);
+        if (st->n_read) add_suspension(st, r);
     }
     st->suspended = 0;
     st->ready = 0;
     st->chg_mark = tt->changes;
 }
 
-/* A reading made relative to the stack's task: what advanced while it was suspended taken out. */
+/* A reading made relative to the stack's task: what advanced while it was suspended taken out (NULL: nothing did
+ * while a read call was open). */
 static void relative(Reading *r, const TaskClock *c) {
+    if (!c) return;
     for (int k = 0; k < Q_SCALARS; k++) if (r->q[k] >= 0) r->q[k] -= c->s_q[k];
     if (r->ctr_gen && c->s_gen == r->ctr_gen) {
         for (int k = 0; k < g_ctr_n; k++) {
@@ -180,16 +193,16 @@ void taskclock_frame_enter(ThreadState *ts, Stack *st, Frame *f) {
     if (o && st->depth == 1 && st != o && !o->suspended && st->owner == tt->step_ctx) {
         Reading r;   /* the step's context opens its first stage: the stage around the step stops here */
         if (!f->w || !o->n_read) take_reading(ts, &r, o->n_read > 0, 0);
-        else r = f->r0;   /* this call's own readings serve */
+        else r = f->rd->r0;   /* this call's own readings serve */
         suspend(ts, tt, o, &r);
     }
-    if (tt->step_t0) step_segment(tt, f->r0.t, f->node);   /* who holds the loop in this step */
-    TaskClock *c = clock_for(st, ts);
+    if (tt->step_t0) step_segment(tt, f->t0, f->node);   /* who holds the loop in this step */
+    TaskTime *c = clock_for(st, ts);
     f->taint0 = st->taint;
     if (!c) return;
     f->susp0 = c->s_wall;
     f->loop0 = c->s_loop;
-    if (f->w) relative(&f->r0, c);
+    if (f->rd) relative(&f->rd->r0, st->clk);
 }
 
 int taskclock_frame_exit(ThreadState *ts, Stack *st, const Frame *f, Reading *r1, CallMeasure *m) {
@@ -207,9 +220,9 @@ int taskclock_frame_exit(ThreadState *ts, Stack *st, const Frame *f, Reading *r1
         resume(ts, tt, o, &r);
     }
     if (tt->step_t0) step_segment(tt, m->t1, st->depth > 1 ? st->frames[st->depth - 2].node : around(tt, st));
-    TaskClock *c = clock_for(st, ts);
+    TaskTime *c = clock_for(st, ts);
     if (c) {
-        if (r1) relative(r1, c);
+        if (r1) relative(r1, st->clk);
         m->susp = c->s_wall - f->susp0;
         m->loop = c->s_loop - f->loop0;
         if (m->susp < 0) m->susp = 0;
@@ -227,12 +240,12 @@ int taskclock_frame_exit(ThreadState *ts, Stack *st, const Frame *f, Reading *r1
 /* A context died with stages open (a task destroyed while pending): each open frame is a call that ended at the
  * context's last task switch, with what it had used by then, so nothing it used is lost. */
 void taskclock_abandoned(Stack *st, const Frame *f, CallMeasure *m) {
-    TaskClock *c = st->clk;
-    int known = st->suspended && c && c->serial && c->epoch == g_epoch;
+    const TaskTime *c = &st->tt;
+    int known = st->suspended && c->serial && c->epoch == g_epoch;
     int attributable = known && st->taint == f->taint0 && f->ts_serial == c->serial;
     for (int q = 0; q < Q_MAX; q++) m->x[q] = NAN;
-    m->t1 = known ? c->out.t : now_ns();
-    m->wall = m->t1 - f->r0.t;
+    m->t1 = known ? c->out_t : now_ns();
+    m->wall = m->t1 - f->t0;
     m->inner = 0;
     m->susp = known ? c->s_wall - f->susp0 : 0;
     m->loop = known ? c->s_loop - f->loop0 : 0;
@@ -243,11 +256,11 @@ void taskclock_abandoned(Stack *st, const Frame *f, CallMeasure *m) {
     m->stand_in = attributable && f->skipped;
     m->abandoned = 1;
     g_task_abandoned++;
-    if (!attributable || !f->w) return;
-    Reading r1 = c->out;
-    relative(&r1, c);
-    call_quantities(&f->r0, &r1, m);
-    m->inner = r1.tq - f->r0.tq;   /* what predicts it, as a closed read call's (enter_exit.c read_exit) */
+    if (!attributable || !f->rd || !st->clk || !st->clk->valid) return;
+    Reading r1 = st->clk->out;
+    relative(&r1, st->clk);
+    call_quantities(&f->rd->r0, &r1, m);
+    m->inner = r1.tq - f->rd->r0.tq;   /* what predicts it, as a closed read call's (enter_exit.c read_exit) */
     m->read = 1;
 }
 

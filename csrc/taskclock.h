@@ -30,13 +30,12 @@
 #include "record.h"
 #include "threads.h"
 
-/* The sums of what the thread's readings advanced while the context was suspended. */
+/* The sums of what the thread's readings advanced while the context was suspended with a read call open (its
+ * TaskTime, frame.h, keeps the rest). */
 typedef struct TaskClock {
-    uint64_t serial;     /* thread the sums are of */
-    uint32_t epoch, s_gen;
+    int valid;           /* out is the reading of the stack's latest suspension */
+    uint32_t s_gen;
     Reading out;         /* the reading the context was suspended at */
-    int64_t s_wall;      /* wall time suspended */
-    int64_t s_loop;      /* of it, woken and waiting for the loop */
     int64_t s_q[Q_SCALARS];
     perf_reading s;
 } TaskClock;
