@@ -163,3 +163,40 @@ def test_a_step_with_no_stage_of_its_own_is_held_by_the_stage_around_the_loop(ba
     assert w.loop_blockers.get("serve", 0) >= 0.9 * held_truth, (w.loop_blockers, held_truth)
     assert w.loop_blockers.get("serve/wait", 0) <= 0.25 * w.loop_blockers["serve"], w.loop_blockers
     assert_figures_hold(w, wall)
+
+
+def test_a_task_woken_by_another_task_s_step_is_ready_from_the_wake(backend):
+    """`setter` spins 20 ms in its stage, sets an event, then spins 5 ms more in the same step; `waiter` awaits the
+    event in its own stage.  waiter is ready from the set(), not from the start of the loop iteration: its loop-ready
+    time is at most the time from the set() to its resume, as the two tasks' own clocks read it (each set is read
+    ten times)."""
+    marks = []
+
+    async def waiter(ev):
+        with instrument.stage("waiter"):
+            await ev.wait()
+            marks.append(("resumed", time.perf_counter_ns()))
+
+    async def setter(ev):
+        await asyncio.sleep(0)
+        with instrument.stage("setter"):
+            spin(20_000_000)
+            marks.append(("set", time.perf_counter_ns()))
+            ev.set()
+            spin(5_000_000)
+
+    async def main():
+        for _ in range(10):
+            ev = asyncio.Event()
+            await asyncio.gather(waiter(ev), setter(ev))
+
+    asyncio.run(main())
+    s = instrument.snapshot()["waiter"]
+    sets = [t for k, t in marks if k == "set"]
+    resumes = [t for k, t in marks if k == "resumed"]
+    assert len(sets) == len(resumes) == 10 and s.calls == 10
+    since_set = sum(r - t for t, r in zip(sets, resumes))
+    ready = s.split_part("loop_ready")
+    # from the start of the iteration it would hold the 20 ms spins before each set as well
+    assert 0 < ready <= since_set, (ready, since_set)
+    assert s.loop_blockers.get("setter", 0) <= since_set, s.loop_blockers
