@@ -31,64 +31,33 @@ void frame_read_put(FrameRead *rd) {
     g_rd_n_free++;
 }
 
-/* The live stacks by their owner context (open addressing, linear probing, under the GIL): the stack a context
- * owns is found without entering the context (which cannot be done while it runs, as when a task's step wakes
- * another) and without a context-variable lookup.  A stack holds its owner, so no other context has its address. */
-static Stack **g_by_owner = NULL;
-static size_t g_by_owner_cap = 0, g_by_owner_n = 0;   /* cap: a power of two, or 0 */
+/* The stack a context owns, found without entering the context (which cannot be done while it runs, as when a task's
+ * step wakes another): the context variable read in the context's own mapping (no exception where it is unset).
+ * The latest stack found is tried first: a task's stage boundaries and its switches look up the same context in
+ * turn.  A stack holds its owner, so no other context has its address while it lives. */
+static PyObject *g_last_owner = NULL;   /* compared, never used */
+static Stack *g_last_stack = NULL;
 
-static inline size_t owner_slot(const PyObject *ctx, size_t cap) {
-    return (size_t)(((uint64_t)(uintptr_t)ctx * 0x9E3779B97F4A7C15ull) >> 32) & (cap - 1);
-}
-
-static int by_owner_grow(void) {
-    size_t cap = g_by_owner_cap ? g_by_owner_cap * 2 : 64;
-    Stack **t = calloc(cap, sizeof(Stack *));
-    if (!t) return -1;
-    for (size_t i = 0; i < g_by_owner_cap; i++) {
-        Stack *s = g_by_owner[i];
-        if (!s) continue;
-        size_t j = owner_slot(s->owner, cap);
-        while (t[j]) j = (j + 1) & (cap - 1);
-        t[j] = s;
-    }
-    free(g_by_owner);
-    g_by_owner = t, g_by_owner_cap = cap;
-    return 0;
-}
-
-/* st (its owner set) is the stack of its owner from now on; -1: out of memory (it is then found by nobody). */
-static int by_owner_add(Stack *st) {
-    if (2 * (g_by_owner_n + 1) > g_by_owner_cap && by_owner_grow() < 0) return -1;
-    size_t j = owner_slot(st->owner, g_by_owner_cap);
-    for (; g_by_owner[j]; j = (j + 1) & (g_by_owner_cap - 1))
-        if (g_by_owner[j]->owner == st->owner) { g_by_owner[j] = st; return 0; }   /* a newer one of the same */
-    g_by_owner[j] = st;
-    g_by_owner_n++;
-    return 0;
-}
-
-/* st leaves the map (before its owner is dropped); the entries after it move up to where a lookup finds them. */
-static void by_owner_remove(Stack *st) {
-    if (!st->owner || !g_by_owner_cap) return;
-    size_t mask = g_by_owner_cap - 1, i = owner_slot(st->owner, g_by_owner_cap);
-    for (; g_by_owner[i] != st; i = (i + 1) & mask) if (!g_by_owner[i]) return;
-    for (size_t j = (i + 1) & mask; g_by_owner[j]; j = (j + 1) & mask) {
-        size_t home = owner_slot(g_by_owner[j]->owner, g_by_owner_cap);
-        if (((j - home) & mask) >= ((j - i) & mask)) {   /* its home is at or before the hole: it fills it */
-            g_by_owner[i] = g_by_owner[j];
-            i = j;
-        }
-    }
-    g_by_owner[i] = NULL;
-    g_by_owner_n--;
+static void forget_last(Stack *st) {
+    if (g_last_stack == st) g_last_owner = NULL, g_last_stack = NULL;
 }
 
 Stack *stack_owned_by(PyObject *ctx) {
-    if (!ctx || !g_by_owner_n) return NULL;
-    for (size_t j = owner_slot(ctx, g_by_owner_cap); g_by_owner[j]; j = (j + 1) & (g_by_owner_cap - 1))
-        if (g_by_owner[j]->owner == ctx) return g_by_owner[j];
-    return NULL;
+    if (!ctx) return NULL;
+    if (ctx == g_last_owner) return g_last_stack;
+    if (!PyContext_CheckExact(ctx)) return NULL;
+    int has = PyContext_Type.tp_as_sequence->sq_contains(ctx, g_stack_var);
+    if (has <= 0) {
+        if (has < 0) PyErr_Clear();
+        return NULL;
+    }
+    PyObject *v = PyContext_Type.tp_as_mapping->mp_subscript(ctx, g_stack_var);
+    if (!v) { PyErr_Clear(); return NULL; }
+    Py_DECREF(v);   /* the context keeps it alive */
+    Stack *st = (Stack *)v;
+    if (st->owner != ctx) return NULL;   /* inherited from the context it was copied from */
+    g_last_owner = ctx, g_last_stack = st;
+    return st;
 }
 
 /* Each open frame of a dying stack, innermost first, through the one path that records a call. */
@@ -114,7 +83,7 @@ static int Stack_traverse(Stack *st, visitproc visit, void *arg) {
 }
 
 static int Stack_clear(Stack *st) {
-    by_owner_remove(st);
+    forget_last(st);
     Py_CLEAR(st->owner);
     for (; st->n_early > 0; st->n_early--) Py_CLEAR(st->early[st->n_early - 1]);
     return 0;
@@ -122,7 +91,7 @@ static int Stack_clear(Stack *st) {
 
 static void Stack_dealloc(Stack *st) {
     PyObject_GC_UnTrack(st);
-    by_owner_remove(st);   /* first: nothing finds a stack that is going */
+    forget_last(st);   /* first: nothing finds a stack that is going */
     if (st->depth) stack_abandon(st);
     taskclock_free(st);
     if (st->exemplar) exemplar_stack_gone(st);
@@ -189,7 +158,6 @@ Stack *stack_current(int create) {
     if (!tok) return NULL;
     Py_DECREF(tok);
     ns->owner = Py_XNewRef(PyThreadState_GET()->context);   /* set() creates the context if there was none */
-    if (ns->owner && by_owner_add(ns) < 0) return NULL;   /* (a stack no one finds records nothing) */
     return ns;
 }
 

@@ -195,7 +195,7 @@ static PyObject *run_call_soon(Runner *self, PyObject *const *args, size_t nargs
     if (!res || g_open_frames <= 0 || PyVectorcall_NARGS(nargsf) < 4 || !PyContext_CheckExact(args[3])) return res;
     ThreadState *ts = ts_get();
     TaskThread *tt = ts ? tt_get(ts) : NULL;
-    Stack *st = tt ? stack_owned_by(args[3]) : NULL;
+    Stack *st = tt && args[3] != tt->step_ctx ? stack_owned_by(args[3]) : NULL;   /* (the running task: not suspended) */
     if (!tt) PyErr_Clear();
     if (st && st->depth && st->suspended && !st->ready) st->ready = ready_since(tt);
     return res;
