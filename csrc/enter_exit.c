@@ -16,6 +16,7 @@
 #include "taskclock.h"
 
 #define MIN_READ_CHANCE (1.0 / 65536)
+#define FIRST_FRAMES 3   /* a stack's first frames: 3 nested stages in a 480-byte block */
 #define FIRST_READS 8   /* a stage's first calls on a thread are read: its estimates start from them */
 
 static PyObject *g_get_running_loop = NULL;  /* asyncio.events._get_running_loop, once asyncio is imported */
@@ -101,9 +102,10 @@ static inline int budget_read(ThreadState *ts, int32_t node, double *w) {
 /* ------------------------------------------------------------------ enter */
 
 static Frame *frame_push(Stack *st, ThreadState *ts, Stage *self, int32_t node) {
-    if (st->depth == st->cap) {
-        int32_t ncap = st->cap ? st->cap * 2 : 4;
-        Frame *nf = realloc(st->frames, (size_t)ncap * sizeof(Frame));
+    if (st->depth == st->cap) {   /* Python's small-object allocator (under the GIL): a task's first frames are one
+                                   * block of it */
+        int32_t ncap = st->cap ? st->cap * 2 : FIRST_FRAMES;
+        Frame *nf = PyMem_Realloc(st->frames, (size_t)ncap * sizeof(Frame));
         if (!nf) return NULL;
         st->frames = nf;
         st->cap = ncap;

@@ -67,8 +67,8 @@ static int32_t parts_cap_for(int32_t n) {
 
 static void call_free(ExemplarCall *c) {
     g_call_bytes -= sizeof(ExemplarCall) + (size_t)c->cap * sizeof(ExemplarPart);
-    free(c->parts);
-    free(c);
+    PyMem_Free(c->parts);
+    PyMem_Free(c);
 }
 
 static void call_release(ExemplarCall *c) {
@@ -100,7 +100,7 @@ static void call_add(ExemplarCall *c, const ExemplarPart *x) {
     }
     if (c->n == c->cap) {
         int32_t ncap = parts_cap_for(c->n + 1);
-        ExemplarPart *p = realloc(c->parts, (size_t)ncap * sizeof(ExemplarPart));
+        ExemplarPart *p = PyMem_Realloc(c->parts, (size_t)ncap * sizeof(ExemplarPart));   /* under the GIL */
         if (!p) { g_internal++; return; }
         g_call_bytes += (size_t)(ncap - c->cap) * sizeof(ExemplarPart);
         c->parts = p;
@@ -116,7 +116,7 @@ void exemplar_enter(Stack *st, const Frame *f) {
         g_pool = c->next;
         g_pool_n--;
     } else {
-        if (!(c = calloc(1, sizeof(ExemplarCall)))) { g_internal++; return; }
+        if (!(c = PyMem_Calloc(1, sizeof(ExemplarCall)))) { g_internal++; return; }
         g_call_bytes += sizeof(ExemplarCall);
     }
     c->seq = f->seq;

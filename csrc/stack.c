@@ -101,7 +101,7 @@ static void Stack_dealloc(Stack *st) {
         Py_DECREF(st->frames[i].stage);
         frame_read_put(st->frames[i].rd);
     }
-    free(st->frames);
+    PyMem_Free(st->frames);
     Stack_clear(st);
     PyObject_GC_Del(st);
 }
