@@ -126,6 +126,12 @@ static Frame *frame_push(Stack *st, ThreadState *ts, Stage *self, int32_t node) 
     f->w = 0;
     f->rd = NULL;
     f->mem = -1;
+    /* what a call closed by Python code run during its enter (a hook, a memory source) is recorded with: its
+     * wall from its enter, nothing attributable */
+    f->t0 = 0;
+    f->taint0 = ~(uint64_t)0;
+    f->susp0 = st->tt.s_wall, f->loop0 = st->tt.s_loop;
+    f->child_susp = f->child_loop = 0;
     return f;
 }
 
@@ -151,6 +157,7 @@ static Frame *call_enter_hook(Stack *st, Frame *f, Stage *self) {
  * frames), NULL when it is gone. */
 static Frame *mem_open(Stack *st, Frame *f) {
     uint64_t seq = f->seq;
+    f->t0 = now_ns();   /* a call the source's Python code closes has this start */
     uint32_t serial = 0;
     int32_t slot = mem_enter(st, &serial);
     if ((f = frame_by_seq(st, seq))) f->mem = slot, f->mem_serial = serial;
@@ -272,9 +279,14 @@ static void close_top(Stack *st, int error) {
     int same_thread = ts && st->frames[i].ts_serial == ts->serial;
     if (g_mem_n) mem_note_owner(st->owner);
     CallMeasure m;
+    uint64_t seq = st->frames[i].seq;
     read_exit(ts, st, &st->frames[i], same_thread, &m);
+    for (i = st->depth - 1; i >= 0 && st->frames[i].seq != seq; i--) {}   /* a memory source's Python code may
+                                                                          * have closed it, or opened stages */
+    if (i < 0) return;   /* closed meanwhile, and recorded there */
     m.error = error;
     Frame f = st->frames[i];
+    memmove(&st->frames[i], &st->frames[i + 1], (size_t)(st->depth - 1 - i) * sizeof(Frame));
     st->depth--;
     g_open_frames--;
     if (f.w > 0) st->n_read--;

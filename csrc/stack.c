@@ -32,20 +32,9 @@ void frame_read_put(FrameRead *rd) {
 }
 
 /* The stack a context owns, found without entering the context (which cannot be done while it runs, as when a task's
- * step wakes another): the context variable read in the context's own mapping (no exception where it is unset).
- * The latest stack found is tried first: a task's stage boundaries and its switches look up the same context in
- * turn.  A stack holds its owner, so no other context has its address while it lives. */
-static PyObject *g_last_owner = NULL;   /* compared, never used */
-static Stack *g_last_stack = NULL;
-
-static void forget_last(Stack *st) {
-    if (g_last_stack == st) g_last_owner = NULL, g_last_stack = NULL;
-}
-
+ * step wakes another): the context variable read in the context's own mapping (no exception where it is unset). */
 Stack *stack_owned_by(PyObject *ctx) {
-    if (!ctx) return NULL;
-    if (ctx == g_last_owner) return g_last_stack;
-    if (!PyContext_CheckExact(ctx)) return NULL;
+    if (!ctx || !PyContext_CheckExact(ctx)) return NULL;
     int has = PyContext_Type.tp_as_sequence->sq_contains(ctx, g_stack_var);
     if (has <= 0) {
         if (has < 0) PyErr_Clear();
@@ -55,9 +44,7 @@ Stack *stack_owned_by(PyObject *ctx) {
     if (!v) { PyErr_Clear(); return NULL; }
     Py_DECREF(v);   /* the context keeps it alive */
     Stack *st = (Stack *)v;
-    if (st->owner != ctx) return NULL;   /* inherited from the context it was copied from */
-    g_last_owner = ctx, g_last_stack = st;
-    return st;
+    return st->owner == ctx ? st : NULL;   /* else inherited from the context it was copied from */
 }
 
 /* Each open frame of a dying stack, innermost first, through the one path that records a call. */
@@ -83,7 +70,6 @@ static int Stack_traverse(Stack *st, visitproc visit, void *arg) {
 }
 
 static int Stack_clear(Stack *st) {
-    forget_last(st);
     Py_CLEAR(st->owner);
     for (; st->n_early > 0; st->n_early--) Py_CLEAR(st->early[st->n_early - 1]);
     return 0;
@@ -91,7 +77,6 @@ static int Stack_clear(Stack *st) {
 
 static void Stack_dealloc(Stack *st) {
     PyObject_GC_UnTrack(st);
-    forget_last(st);   /* first: nothing finds a stack that is going */
     if (st->depth) stack_abandon(st);
     taskclock_free(st);
     if (st->exemplar) exemplar_stack_gone(st);
@@ -133,12 +118,12 @@ Stack *stack_visible(void) {
  * task, copy_context) first sees its parent's stack: it then gets its own,
  * nesting under the parent's innermost stage. */
 Stack *stack_current(int create) {
-    Stack *own = stack_owned_by(PyThreadState_GET()->context);
-    if (own || !create) return own;
-    PyObject *val;
+    PyObject *val;   /* (CPython caches the lookup while the context and the variable stay as they are) */
     if (PyContextVar_Get(g_stack_var, NULL, &val) < 0) return NULL;
     Stack *st = (Stack *)val;
     Py_XDECREF(val);   /* the context keeps it alive */
+    if (st && st->owner == PyThreadState_GET()->context) return st;
+    if (!create) return NULL;
     Stack *ns = PyObject_GC_New(Stack, &Stack_Type);
     if (!ns) return NULL;
     ns->owner = NULL;

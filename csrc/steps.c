@@ -13,26 +13,33 @@
 static PyObject *str_context = NULL, *str_when = NULL;
 
 /* An attribute that a type keeps in a slot (Handle's __slots__), read at its offset once the type is known: a task
- * step reads its handle's context without the generic attribute lookup.  Anything else goes through getattr. */
-typedef struct { PyTypeObject *type; Py_ssize_t offset; } SlotOf;
+ * step reads its handle's context without the generic attribute lookup.  Anything else goes through getattr, and
+ * so does everything once the type's attributes changed (its version tag moved). */
+typedef struct { PyTypeObject *type; unsigned int version; Py_ssize_t offset; } SlotOf;
+
+static void slot_learn(SlotOf *c, PyTypeObject *t, PyObject *name) {
+    PyObject *d = PyObject_GetAttr((PyObject *)t, name);   /* the class attribute: its member descriptor */
+    int slot = d && Py_TYPE(d) == &PyMemberDescr_Type && PyType_IsSubtype(t, PyDescr_TYPE(d)) &&
+               ((PyMemberDescrObject *)d)->d_member->type == T_OBJECT_EX && t->tp_getattro == PyObject_GenericGetAttr &&
+               (t->tp_flags & Py_TPFLAGS_VALID_VERSION_TAG);
+    c->offset = slot ? ((PyMemberDescrObject *)d)->d_member->offset : -1;   /* -1: getattr's */
+    c->version = t->tp_version_tag;
+    if (c->type != t) {
+        Py_XSETREF(c->type, (PyTypeObject *)Py_NewRef(t));   /* held: its address is never another type's */
+    }
+    Py_XDECREF(d);
+    PyErr_Clear();
+}
 
 static PyObject *slot_get(PyObject *obj, PyObject *name, SlotOf *cache, int n) {
     PyTypeObject *t = Py_TYPE(obj);
-    for (int k = 0; k < n && cache[k].type; k++) {
-        if (cache[k].type != t) continue;
-        PyObject *v = cache[k].offset >= 0 ? *(PyObject **)((char *)obj + cache[k].offset) : NULL;
-        if (v) return Py_NewRef(v);
-        return PyObject_GetAttr(obj, name);
-    }
     for (int k = 0; k < n; k++) {
-        if (cache[k].type) continue;
-        PyObject *d = PyObject_GetAttr((PyObject *)t, name);   /* the class attribute: its member descriptor */
-        int slot = d && Py_TYPE(d) == &PyMemberDescr_Type && ((PyMemberDescrObject *)d)->d_member->type == T_OBJECT_EX;
-        cache[k].offset = slot ? ((PyMemberDescrObject *)d)->d_member->offset : -1;   /* -1: getattr's */
-        cache[k].type = (PyTypeObject *)Py_NewRef(t);   /* held: its address is never another type's */
-        Py_XDECREF(d);
-        PyErr_Clear();
-        break;
+        SlotOf *c = &cache[k];
+        if (c->type && c->type != t) continue;
+        if (!c->type || c->version != t->tp_version_tag || !(t->tp_flags & Py_TPFLAGS_VALID_VERSION_TAG))
+            slot_learn(c, t, name);
+        PyObject *v = c->offset >= 0 ? *(PyObject **)((char *)obj + c->offset) : NULL;
+        return v ? Py_NewRef(v) : PyObject_GetAttr(obj, name);
     }
     return PyObject_GetAttr(obj, name);
 }

@@ -241,7 +241,7 @@ int taskclock_frame_exit(ThreadState *ts, Stack *st, const Frame *f, Reading *r1
  * context's last task switch, with what it had used by then, so nothing it used is lost. */
 void taskclock_abandoned(Stack *st, const Frame *f, CallMeasure *m) {
     const TaskTime *c = &st->tt;
-    int known = st->suspended && c->serial && c->epoch == g_epoch;
+    int known = st->suspended && c->serial && c->epoch == g_epoch && c->out_t;   /* (a clock reset since: not) */
     int attributable = known && st->taint == f->taint0 && f->ts_serial == c->serial;
     for (int q = 0; q < Q_MAX; q++) m->x[q] = NAN;
     m->t1 = known ? c->out_t : now_ns();
