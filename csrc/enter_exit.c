@@ -16,7 +16,7 @@
 #include "taskclock.h"
 
 #define MIN_READ_CHANCE (1.0 / 65536)
-#define FIRST_FRAMES 3   /* a stack's first frames: 3 nested stages in a 480-byte block */
+#define FIRST_FRAMES 3   /* a stack's first frames: 3 nested stages in one 456-byte block */
 #define FIRST_READS 8   /* a stage's first calls on a thread are read: its estimates start from them */
 
 static PyObject *g_get_running_loop = NULL;  /* asyncio.events._get_running_loop, once asyncio is imported */

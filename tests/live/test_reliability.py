@@ -1,6 +1,7 @@
 """The SDK must never hurt the service it measures: load, faults, odd exits."""
 import asyncio
 import gc
+import json
 import os
 import random
 import signal
@@ -471,3 +472,33 @@ def test_context_copied_from_a_dead_owner_does_not_share_its_stack(backend):
     assert c2.run(inner) == ("A", "C")
     c3.run(B.__exit__, None, None, None)
     c2.run(A.__exit__, None, None, None)
+
+
+def test_a_library_that_sets_the_stack_variable_to_anything_leaves_the_stages_recording():
+    """Code that restores every context variable from another context (as asgiref's sync_to_async does) may set the
+    SDK's own one, to a value of another context or to anything at all: stages go on being recorded, nested as
+    they are entered, and nothing crashes (a child process, so that a crash shows as one).  A task whose own stack is
+    replaced so has its open call recorded when that stack goes (its own exit then finds no call: a warning)."""
+    r = run_python("""
+import asyncio, contextvars, json, instrument
+with instrument.stage("a"):
+    pass
+var = next(v for v in contextvars.copy_context() if v.name == "instrument_stack")
+var.set("not a stack")
+with instrument.stage("b"):
+    with instrument.stage("c"):
+        pass
+async def task():
+    with instrument.stage("t"):
+        await asyncio.sleep(0)
+        var.set(12)
+        with instrument.stage("u"):
+            await asyncio.sleep(0)
+asyncio.run(task())
+snap = instrument.snapshot()
+print(json.dumps({"/".join(s.path): s.calls for s in snap}))
+""")
+    assert r.returncode == 0, r.stderr
+    calls = json.loads(r.stdout.splitlines()[-1])
+    assert calls["a"] == calls["b"] == calls["b/c"] == calls["t"] == 1, calls
+    assert sum(n for p, n in calls.items() if p.endswith("u")) == 1, calls
