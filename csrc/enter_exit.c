@@ -16,7 +16,8 @@
 #include "taskclock.h"
 
 #define MIN_READ_CHANCE (1.0 / 65536)
-#define FIRST_FRAMES 3   /* a stack's first frames: 3 nested stages in one 456-byte block */
+#define FIRST_FRAMES 3   /* a stack's first frames: 3 nested stages in one block of Python's small-object allocator */
+_Static_assert(FIRST_FRAMES * sizeof(Frame) <= 512, "a stack's first frames fit one small-object block");
 #define FIRST_READS 8   /* a stage's first calls on a thread are read: its estimates start from them */
 
 static PyObject *g_get_running_loop = NULL;  /* asyncio.events._get_running_loop, once asyncio is imported */
@@ -126,9 +127,8 @@ static Frame *frame_push(Stack *st, ThreadState *ts, Stage *self, int32_t node) 
     f->w = 0;
     f->rd = NULL;
     f->mem = -1;
-    /* what a call closed by Python code run during its enter (a hook, a memory source) is recorded with: its
-     * wall from its enter, nothing attributable */
-    f->t0 = 0;
+    /* what a call closed by Python code run during its enter (a hook, a memory source: each sets t0 first) is
+     * recorded with: nothing attributable, the stack's clock as it stands */
     f->taint0 = ~(uint64_t)0;
     f->susp0 = st->tt.s_wall, f->loop0 = st->tt.s_loop;
     f->child_susp = f->child_loop = 0;
@@ -157,7 +157,6 @@ static Frame *call_enter_hook(Stack *st, Frame *f, Stage *self) {
  * frames), NULL when it is gone. */
 static Frame *mem_open(Stack *st, Frame *f) {
     uint64_t seq = f->seq;
-    f->t0 = now_ns();   /* a call the source's Python code closes has this start */
     uint32_t serial = 0;
     int32_t slot = mem_enter(st, &serial);
     if ((f = frame_by_seq(st, seq))) f->mem = slot, f->mem_serial = serial;
@@ -183,7 +182,7 @@ void stage_enter(Stage *self) {
     FrameRead *rd = NULL;
     if ((g_cpu_clock || g_ctr_n) && budget_read(ts, node, &w) && (rd = frame_read_get())) {   /* nothing is read
                                                                                   * without a CPU source */
-        int64_t a = now_ns();
+        int64_t a = f->t0 = now_ns();   /* (a call the memory source's Python code closes has this start) */
         if (g_ctr_n) counters_ready(ts);
         if (g_mem_n && !(f = mem_open(st, f))) { frame_read_put(rd); return; }   /* outside the wall window */
         memset(rd->child, 0, sizeof(double) * (size_t)stats_quantities());

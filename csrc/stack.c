@@ -11,6 +11,10 @@
 PyObject *g_stack_var = NULL;
 static PyTypeObject Stack_Type;
 
+/* The stack variable's value as a stack: another library may have set it to anything (asgiref restores every
+ * context variable). */
+static inline Stack *as_stack(PyObject *v) { return v && Py_TYPE(v) == &Stack_Type ? (Stack *)v : NULL; }
+
 /* Read calls' FrameReads, reused (under the GIL): a read call allocates nothing once as many are open as were. */
 #define FRAME_READ_SPARE 256
 static FrameRead *g_rd_free = NULL;
@@ -44,8 +48,8 @@ Stack *stack_owned_by(PyObject *ctx) {
     PyObject *v = PyContext_Type.tp_as_mapping->mp_subscript(ctx, g_stack_var);
     if (!v) { PyErr_Clear(); return NULL; }
     Py_DECREF(v);   /* the context keeps it alive */
-    Stack *st = (Stack *)v;   /* (anything else another library may have set it to is no stack) */
-    return Py_TYPE(v) == &Stack_Type && st->owner == ctx ? st : NULL;   /* else inherited from a copied context */
+    Stack *st = as_stack(v);
+    return st && st->owner == ctx ? st : NULL;   /* else inherited from the context it was copied from */
 }
 
 /* Each open frame of a dying stack, innermost first, through the one path that records a call. */
@@ -112,7 +116,7 @@ Stack *stack_visible(void) {
     PyObject *val;
     if (PyContextVar_Get(g_stack_var, NULL, &val) < 0) { PyErr_Clear(); return NULL; }
     Py_XDECREF(val);   /* the context keeps it alive */
-    return val && Py_TYPE(val) == &Stack_Type ? (Stack *)val : NULL;
+    return as_stack(val);
 }
 
 /* The stack of the current context.  A context copied from another (asyncio
@@ -122,7 +126,7 @@ Stack *stack_current(int create) {
     PyObject *val;   /* (CPython caches the lookup while the context and the variable stay as they are) */
     if (PyContextVar_Get(g_stack_var, NULL, &val) < 0) return NULL;
     Py_XDECREF(val);   /* the context keeps it alive */
-    Stack *st = val && Py_TYPE(val) == &Stack_Type ? (Stack *)val : NULL;   /* (another library may set anything) */
+    Stack *st = as_stack(val);
     if (st && st->owner == PyThreadState_GET()->context) return st;
     if (!create) return NULL;
     Stack *ns = PyObject_GC_New(Stack, &Stack_Type);

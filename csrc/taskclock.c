@@ -179,13 +179,8 @@ static int32_t around(const TaskThread *tt, const Stack *st) {
 }
 
 void taskclock_frame_enter(ThreadState *ts, Stack *st, Frame *f) {
-    f->child_susp = f->child_loop = 0;
-    f->susp0 = f->loop0 = 0;
     TaskThread *tt = tt_get(ts);
-    if (!tt) {
-        f->taint0 = ~(uint64_t)0;   /* no state: the call is not attributable */
-        return;
-    }
+    if (!tt) return;   /* no state: the call stays as frame_push left it, not attributable */
     boundary(tt);
     fold(tt, st);
     tt->chain = 0;

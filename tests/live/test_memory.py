@@ -2,7 +2,6 @@
 arrays and lists of known size, the process's own /proc/self/statm read around each call by the test, and
 tracemalloc's own count; nesting, a user's reset inside a stage, another thread's overlapping call, a fork."""
 import json
-import time
 import tracemalloc
 
 import numpy as np
@@ -374,38 +373,43 @@ def test_a_source_s_python_code_may_enter_stages_deep_in_a_stack():
 def test_a_source_that_closes_the_call_it_reads_for_leaves_the_stack_whole():
     """A source whose read exits the very stage it reads for: at that call's exit, the call is recorded once and its
     parent stays open, closed by its own exit; at its enter, the call is recorded with its wall from its enter (at
-    most the with block's, timed around it here), and the with block's own exit is then unmatched (counted)."""
-    inner = instrument.stage("inner")
-    state = {"close": False}
-
-    def get():
-        if state["close"]:
-            state["close"] = False
-            inner.__exit__(None, None, None)
-        return (5, 5)
-    _native.configure(memory=[("closer", get, None)])
-    try:
-        with instrument.stage("outer"):
-            with inner:
-                state["close"] = True   # read at inner's exit
-            path_after_exit = _native.current_path()
-        time.sleep(0.01)   # an earlier call's start would show as 10 ms more
-        with instrument.stage("outer2"):
-            state["close"] = True       # read at inner's enter
-            unmatched = _native.collect()["unmatched_exits"]
-            t0 = time.perf_counter_ns()
-            with inner:
-                pass
-            block = time.perf_counter_ns() - t0
-            unmatched = _native.collect()["unmatched_exits"] - unmatched
-            path_after_enter = _native.current_path()
-        snap = instrument.snapshot()
-    finally:
-        _native.configure(memory=[])
-    assert path_after_exit == ("outer",) and path_after_enter == ("outer2",) and unmatched == 1
-    assert snap["outer"].calls == snap["outer/inner"].calls == 1
-    assert snap["outer2"].calls == snap["outer2/inner"].calls == 1
-    assert 0 < snap["outer2/inner"].wall_total <= block, (snap["outer2/inner"].wall_total, block)
+    most the with block's, timed around it here), and the with block's own exit is then unmatched (counted).  In a
+    child process: the unmatched exit's warning is given once a process."""
+    r = run_python("""
+import json, time, instrument
+from instrument import _native
+inner = instrument.stage("inner")
+state = {"close": False}
+def get():
+    if state["close"]:
+        state["close"] = False
+        inner.__exit__(None, None, None)
+    return (5, 5)
+_native.configure(memory=[("closer", get, None)])
+with instrument.stage("outer"):
+    with inner:
+        state["close"] = True   # read at inner's exit
+    path_after_exit = _native.current_path()
+time.sleep(0.01)   # an earlier call's start would show as 10 ms more
+with instrument.stage("outer2"):
+    state["close"] = True       # read at inner's enter
+    unmatched = _native.collect()["unmatched_exits"]
+    t0 = time.perf_counter_ns()
+    with inner:
+        pass
+    block = time.perf_counter_ns() - t0
+    unmatched = _native.collect()["unmatched_exits"] - unmatched
+    path_after_enter = _native.current_path()
+snap = instrument.snapshot()
+print(json.dumps({"paths": [list(path_after_exit), list(path_after_enter)], "unmatched": unmatched, "block": block,
+                  "calls": {"/".join(s.path): s.calls for s in snap}, "wall": snap["outer2/inner"].wall_total}))
+""")
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout.splitlines()[-1])
+    assert out["paths"] == [["outer"], ["outer2"]] and out["unmatched"] == 1, out
+    calls = out["calls"]
+    assert calls["outer"] == calls["outer/inner"] == 1 and calls["outer2"] == calls["outer2/inner"] == 1, calls
+    assert 0 < out["wall"] <= out["block"], out
 
 
 def test_a_source_added_inside_an_open_call_gives_that_call_no_figure_of_it():
