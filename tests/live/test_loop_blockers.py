@@ -161,7 +161,9 @@ def test_a_step_with_no_stage_of_its_own_is_held_by_the_stage_around_the_loop(ba
     last = max(left_wait)
     held_truth = sum(c for _, end, c in spins if end <= last)
     assert w.loop_blockers.get("serve", 0) >= 0.9 * held_truth, (w.loop_blockers, held_truth)
-    assert w.loop_blockers.get("serve/wait", 0) <= 0.25 * w.loop_blockers["serve"], w.loop_blockers
+    # each moment is held by one stage: wait held the loop only outside the spins' stretches (a fixed share of
+    # serve's failed under the sanitizers' slower machinery)
+    assert w.loop_blockers.get("serve/wait", 0) <= wall - sum(e - s for s, e, _ in spins), w.loop_blockers
     assert_figures_hold(w, wall)
 
 
