@@ -267,7 +267,7 @@ def _runs(snap: Snapshot) -> Tuple[List[Optional[float]], bool]:
 def choose_basis(before: Snapshot, after: Snapshot, requested: Optional[str] = None,
                  common: Optional[_machine.Common] = None) -> Tuple[str, str, List[str]]:
     """(basis, why, warnings): the basis asked for where it holds, else the strongest the snapshots allow.
-    `common`: with one run a side, the change the stages share, which CPU time is judged against."""
+    `common`: the change the stages share (with several runs a side, per run), which CPU time is judged against."""
     if requested is not None and requested not in BASES:
         raise ValueError(f"basis must be one of {', '.join(BASES)}, got {requested!r}")
     (rb, sb), (ra, sa) = _runs(before), _runs(after)
@@ -294,7 +294,10 @@ def choose_basis(before: Snapshot, after: Snapshot, requested: Optional[str] = N
                  if kb == ka == 1 else
                  f"{kb} run{'s' if kb != 1 else ''} before, {ka} after"
                  f"{', each a process of its own' if sb and sa else ''}: the spread between runs measured from "
-                 "them (a pooled t-test)"),
+                 "them (a pooled t-test)"
+                 + (f"; CPU time per call is judged in each run against the change the stages share in that run "
+                    f"({common.text()}), each stage straying from it by at least ±{100 * _strays(common):.0f} % a run"
+                    if common is not None and common.runs else "")),
     }
     cannot = {
         "turns": f"the windows do not alternate in time ({len(pairs or ())} of {max(kb, ka)} make turns; "
@@ -392,6 +395,60 @@ def common_change(before: Snapshot, after: Snapshot) -> Optional[_machine.Common
     return _machine.Common(mid, tuple(m for m, _ in members), tuple(changes), 1.4826 * mad)
 
 
+def _run_logs(s: Optional[StageStats]) -> List[Tuple[Tuple[float, float], float]]:
+    """((start, end), log of CPU time per call) of each run of the stage with CPU time and a time span."""
+    if s is None:
+        return []
+    out = []
+    for w in runs_of(s.all_windows()):
+        span, cpu, calls = _span(w), w.get("cpu_ns"), w.get("calls")
+        if span is not None and cpu and calls and cpu > 0:
+            out.append((span, math.log(cpu / calls)))
+    return out
+
+
+def common_runs(before: Snapshot, after: Snapshot) -> Optional[_machine.Common]:
+    """Several runs a side: the change of CPU time per call the stages share in each run.  A run's level is the
+    median, over the members (as common_change's) that ran in it, of their log CPU time per call less their mean
+    over the runs before; a run with fewer than COMMON_MIN members has none.  `change` is the mean level after less
+    the mean level before.  None with fewer than COMMON_MIN members, or a side with no level."""
+    members = [m for m, _ in _leaf_changes(before, after, MEMBER_NOISE)]
+    if len(members) < COMMON_MIN:
+        return None
+    logs = {m: (_run_logs(before.get(m)), _run_logs(after.get(m))) for m in members}
+    base = {m: sum(x for _, x in logs[m][0]) / len(logs[m][0]) for m in members if logs[m][0]}
+    levels: List[List[Tuple[float, float, float]]] = [[], []]
+    for side in (0, 1):
+        spans = sorted({span for m in base for span, _ in logs[m][side]})
+        for span in spans:
+            devs = [x - base[m] for m in base for sp, x in logs[m][side] if sp == span]
+            if len(devs) >= COMMON_MIN:
+                levels[side].append((span[0], span[1], statistics.median(devs)))
+    if not levels[0] or not levels[1]:
+        return None
+    mean = [sum(c for _, _, c in lv) / len(lv) for lv in levels]
+    changes = [sum(x for _, x in logs[m][1]) / len(logs[m][1]) - base[m] for m in base if logs[m][1]]
+    mid = statistics.median(changes)
+    common = _machine.Common(mean[1] - mean[0], tuple(m for m in base if logs[m][1]), tuple(changes),
+                             1.4826 * statistics.median(abs(c - mid) for c in changes), tuple(levels[0] + levels[1]))
+    ss, df = 0.0, 0
+    for m in common.members:   # each member's spread between runs, less the levels: pooled over them
+        sides = [[x - c for x, c in ((x, _level(common, {"start_time": s, "end_time": e})) for (s, e), x in lg)
+                  if c is not None] for lg in logs[m]]
+        if all(len(x) >= 1 for x in sides) and sum(len(x) for x in sides) > 2:
+            ss += sum(sum((v - sum(x) / len(x)) ** 2 for v in x) for x in sides)
+            df += sum(len(x) for x in sides) - 2
+    return replace(common, pooled=(ss, df))
+
+
+def _level(common: _machine.Common, w: Mapping[str, Any]) -> Optional[float]:
+    """The common level of the run a window (a run of a stage) fell in: the one whose time span it overlaps."""
+    span = _span(w)
+    if span is None:
+        return None
+    return next((c for s, e, c in common.runs if s < span[1] and span[0] < e or (s, e) == span), None)
+
+
 def _strays(common: _machine.Common) -> float:
     """How far a stage's CPU per call strays from the common change in one run (the log's standard deviation):
     RELATIVE_SPREAD, or the members' spread where they are enough to show it (their spread is of a pair of runs)."""
@@ -436,7 +493,7 @@ class _Plan:
     seconds: Tuple[Optional[float], Optional[float]]
     reference: Optional[Tuple[StageStats, StageStats]]
     time_floor: float
-    common: Optional[_machine.Common] = None   # set with one run a side only: CPU time judged against it
+    common: Optional[_machine.Common] = None   # the runs basis: CPU time judged against it (per run where several)
 
 
 def _relative(figure: Callable[[Mapping[str, Any]], Optional[float]], ref: StageStats):
@@ -486,6 +543,16 @@ def _test(plan: _Plan, metric: str, b: StageStats, a: StageStats, alpha: float, 
         fast = sum(_sig.machine_variance(t) - _sig.MACHINE_DRIFT ** 2 for t in plan.seconds) if time else 0.0
         return _with_calls(_sig.runs_test([(fb(rb[0]), vb)], [(fa(ra[0]), va)], alpha, floor), b, a, metric,
                            vb + va, fast)
+    if common is not None and common.runs:   # each run's figure over the level the stages share in that run
+        def level(f: Callable[[Mapping[str, Any]], Optional[float]]) -> Callable[[Mapping[str, Any]], Optional[float]]:
+            def rel(w: Mapping[str, Any]) -> Optional[float]:
+                x, c = f(w), _level(common, w)
+                return x / math.exp(c) if x and c is not None else None
+            return rel
+        fb, fa = level(fb), level(fa)
+        member = path_text(b.path) in common.members   # its spread between runs estimated with the others'
+        return _sig.runs_test([(fb(w), 0.0) for w in rb], [(fa(w), 0.0) for w in ra], alpha, floor,
+                              stray=_strays(common) ** 2, pooled=common.pooled if member else None)
     return _sig.runs_test([(fb(w), 0.0) for w in rb], [(fa(w), 0.0) for w in ra], alpha, floor)
 
 
@@ -607,7 +674,11 @@ def diff(before: Snapshot, after: Snapshot, alpha: float = _sig.ALPHA, min_chang
     alpha, min_change = check_alpha(alpha), check_min_change(min_change)
     requested = basis
     one_run = len(_runs(before)[0]) == len(_runs(after)[0]) == 1     # the runs basis, the only one that holds
-    common = common_change(before, after) if one_run and reference is None else None
+    common = None
+    if reference is None and one_run:
+        common = common_change(before, after)
+    elif reference is None and choose_basis(before, after, requested)[0] == "runs":
+        common = common_runs(before, after)
     basis, why, warnings = choose_basis(before, after, requested, common)
     before, after = with_verdicts(before), with_verdicts(after)
     ref = _reference(before, after, reference) if reference is not None else None

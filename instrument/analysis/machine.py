@@ -83,15 +83,22 @@ def _probe(ms: List[Mapping[str, Any]]) -> Optional[float]:
 class Common:
     """The change of CPU time per call that a snapshot's stages share: the median, over the members (each stage
     that holds no other, its CPU time per call well measured on both sides), of the log of after over before.
-    Where most members' code did not change, it is the machine's change of speed."""
+    Where most members' code did not change, it is the machine's change of speed.  With several runs a side it is
+    found in each run (`runs`): each run's machine is taken out of that run's figures."""
     change: float                         # the median of the members' log changes
     members: Tuple[str, ...]              # their path texts
     changes: Tuple[float, ...]            # each member's log change
     spread: float                         # the members' spread about the median (1.4826 × their MAD, log scale)
+    runs: Tuple[Tuple[float, float, float], ...] = ()   # several runs a side: (start, end, level) of each run, its
+                                          # level the median of the members' logs less their means before; `change`
+                                          # the mean level after less the mean level before
+    pooled: Tuple[float, int] = (0.0, 0)  # several runs a side: the members' logs less their runs' levels, their
+                                          # squares about each side's mean summed, and the degrees of freedom
 
     def to_dict(self) -> Dict[str, Any]:
         return {"change": math.expm1(self.change), "spread": self.spread,
-                "members": {m: math.expm1(c) for m, c in zip(self.members, self.changes)}}
+                "members": {m: math.expm1(c) for m, c in zip(self.members, self.changes)},
+                "runs": [{"start_time": s, "end_time": e, "level": math.expm1(c)} for s, e, c in self.runs] or None}
 
     def text(self) -> str:
         """"the stages' CPU time per call moved +4 % in their median (3 stages that hold no other), taken as the

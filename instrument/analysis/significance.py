@@ -25,7 +25,7 @@ number of tests (Bonferroni), so that all its intervals hold together at 1 - alp
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Dict, Optional, Sequence, Tuple
 
 from .. import config
@@ -59,6 +59,7 @@ class Significance:
     detectable: Optional[float] = None          # the smallest rise this test flags: its interval's half-width
                                                 # beyond min_change (+0.1 = 10 % more); None where untested
     calls_share: float = 0.0                    # the share of the estimate's variance that more calls shrink
+    df: Optional[float] = None                  # the degrees of freedom of its spread (inf: a model's, known)
 
     @property
     def direction(self) -> int:
@@ -133,9 +134,9 @@ def _t_decide(basis: str, d: float, se: float, df: float, alpha: float, min_chan
               n: Tuple[int, int], unit: str) -> Significance:
     """Student's t on a log change `d` with standard error `se` and `df` degrees of freedom (inf: normal)."""
     if se == 0:
-        return _decide(basis, d, 0.0, 1.0 if d == 0 else 0.0, alpha, min_change, n, unit)
+        return replace(_decide(basis, d, 0.0, 1.0 if d == 0 else 0.0, alpha, min_change, n, unit), df=df)
     p = min(1.0, 2 * t_sf(abs(d) / se, df))
-    return _decide(basis, d, t_ppf(alpha / 2, df) * se, p, alpha, min_change, n, unit)
+    return replace(_decide(basis, d, t_ppf(alpha / 2, df) * se, p, alpha, min_change, n, unit), df=df)
 
 
 # ------------------------------------------------------------ distributions
@@ -281,11 +282,16 @@ def _halves(xs: Sequence[float]) -> float:
 
 # ---------------------------------------------------------------------- runs
 def runs_test(before: Sequence[Tuple[float, float]], after: Sequence[Tuple[float, float]], alpha: float = ALPHA,
-              min_change: float = MIN_CHANGE, unit: str = "runs") -> Significance:
+              min_change: float = MIN_CHANGE, unit: str = "runs", stray: float = 0.0,
+              pooled: Optional[Tuple[float, int]] = None) -> Significance:
     """Each side a list of (figure, variance of its log) per run.  Where a side holds two or
     more runs, the spread between runs is measured: a pooled t-test on the runs' logs (each
     side's mean of logs, the variance pooled over the sides' runs).  With one run a side,
-    the normal test on the difference of the two logs with the sum of their variances."""
+    the normal test on the difference of the two logs with the sum of their variances.
+    `stray`: a variance of each run's log known not to be smaller (a model's, not measured):
+    where the measured spread's interval is the narrower, the normal test on it decides.
+    `pooled`: (sum of squares, degrees of freedom) of figures that share this one's spread between
+    runs, itself among them: the spread is estimated from them all (a moderated t-test)."""
     b = [(math.log(v), s) for v, s in before if v is not None and v > 0]
     a = [(math.log(v), s) for v, s in after if v is not None and v > 0]
     n = (len(b), len(a))
@@ -296,8 +302,12 @@ def runs_test(before: Sequence[Tuple[float, float]], after: Sequence[Tuple[float
     if df == 0:
         return _t_decide("runs", ma - mb, math.sqrt(b[0][1] + a[0][1]), math.inf, alpha, min_change, n, unit)
     spread = (sum((x - mb) ** 2 for x, _ in b) + sum((x - ma) ** 2 for x, _ in a)) / df
-    return _t_decide("runs", ma - mb, math.sqrt(spread * (1 / len(b) + 1 / len(a))), df, alpha, min_change, n,
-                     unit)
+    if pooled is not None and pooled[1] > df:
+        spread, df = pooled[0] / pooled[1], pooled[1]
+    k = 1 / len(b) + 1 / len(a)
+    if stray and normal_ppf(alpha / 2) ** 2 * stray > t_ppf(alpha / 2, df) ** 2 * spread:
+        return _t_decide("runs", ma - mb, math.sqrt(stray * k), math.inf, alpha, min_change, n, unit)
+    return _t_decide("runs", ma - mb, math.sqrt(spread * k), df, alpha, min_change, n, unit)
 
 
 # ------------------------------------------------------------------- power
@@ -320,9 +330,11 @@ def needed(sig: Significance, target: float) -> Tuple[Optional[int], Optional[fl
         unit_var = (half / t_ppf(alpha / 2, max(nb - 1, 1))) ** 2 * nb      # one pair's variance
         width = lambda m: t_ppf(alpha / 2, m - 1) * math.sqrt(unit_var / m)     # noqa: E731
     else:   # one run's (window's) variance; one run a side: its own variance stood in for the spread between runs
-        df = math.inf if nb + na == 2 else nb + na - 2
+        own = nb + na - 2
+        df = sig.df if sig.basis == "runs" and sig.df is not None else math.inf if own == 0 else own
+        borrowed = max(df - own, 0) if own and math.isfinite(df) else 0   # siblings' degrees of freedom pooled in
         unit_var = (half / t_ppf(alpha / 2, df)) ** 2 / (1 / nb + 1 / na)
-        width = lambda m: t_ppf(alpha / 2, 2 * m - 2) * math.sqrt(unit_var * 2 / m)     # noqa: E731
+        width = lambda m: t_ppf(alpha / 2, 2 * m - 2 + borrowed) * math.sqrt(unit_var * 2 / m)     # noqa: E731
     units = next((m for m in range(max(2, min(nb, na)), MAX_UNITS + 1) if width(m) <= goal), None)
     calls = None
     if sig.calls_share > 0:

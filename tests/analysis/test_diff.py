@@ -513,3 +513,73 @@ def test_a_change_every_stage_shares_is_taken_as_the_machines_and_the_line_says_
     # the same code on a machine 30 % slower: the same verdicts
     d = D.diff(before, machine_and_code(1.3, 52.0))
     assert d.machine.common.change == pytest.approx(math.log(1.3)) and not any(r.significant for r in d.rows)
+
+
+# ------------------------------------------------------------------------ several runs a side: each run's common level
+def runs_of_code(speeds, model=1.0, stray=None, start=0.0):
+    """Plain runs merged (each a process of its own), the machine `speeds[k]` times slower in run k: request's own
+    1 ms, tokenize 2 ms, model 10 ms times `model`, alloc 3 ms, each run's CPU per call 1 % apart as well;
+    `stray`: (run, factor) by which model alone took longer in that run (a burst that hit it)."""
+    runs = []
+    for k, speed in enumerate(speeds):
+        wobble = (1.0, 1.01, 0.99, 1.005, 0.995)[k % 5]
+        own = {"request/tokenize": 2.0, "request/model": 10.0 * model, "request/alloc": 3.0}
+        ms = {p: v * speed * wobble for p, v in own.items()}
+        if stray is not None and stray[0] == k:
+            ms["request/model"] *= stray[1]
+        total = sum(ms.values()) + speed
+        stages = [replace(st("request", 1000, int(total * MS), cpu_ns=int(1000 * total * MS)),
+                          cpu_self=int(1000 * speed * MS))]
+        stages += [st(p, 1000, int(v * MS), cpu_ns=int(1000 * v * MS)) for p, v in ms.items()]
+        runs.append(snap(*stages, pid=100 + k, start=start + 100 * k))
+    return runs[0].merge(*runs[1:])
+
+
+def test_several_runs_a_side_judge_cpu_against_each_runs_common_level():
+    before = runs_of_code((1.0, 1.05, 0.97))
+    after = runs_of_code((1.25, 1.1, 1.4), model=1.3, start=1000.0)   # the machine strays run to run; model +30 %
+    d = D.diff(before, after)
+    assert d.basis == "runs" and "CPU time per call is judged in each run against the change the stages share in " \
+        "that run" in d.basis_reason
+    c = d.machine.common
+    assert c.members == ("request/tokenize", "request/model", "request/alloc")
+    # each run's level is the machine's speed in it (and the wobble all stages share), over before's mean
+    base = sum(math.log(s * w) for s, w in zip((1.0, 1.05, 0.97), (1.0, 1.01, 0.99))) / 3
+    want = [math.log(s * w) - base for s, w in zip((1.0, 1.05, 0.97, 1.25, 1.1, 1.4), (1.0, 1.01, 0.99) * 2)]
+    assert [lv for _, _, lv in c.runs] == pytest.approx(want, abs=1e-6)
+    assert c.change == pytest.approx(sum(want[3:]) / 3 - sum(want[:3]) / 3, abs=1e-9)
+    model = d.row("request/model").tests["cpu"]
+    assert model.significant and model.estimate == pytest.approx(0.3, abs=1e-6) and model.n == (3, 3)
+    assert ("request", "model") in {r.path for r, _, _ in d.regressions(0.1)}
+    for path in ("request/tokenize", "request/alloc"):
+        assert not d.row(path).significant and d.row(path).tests["cpu"].estimate == pytest.approx(0.0, abs=1e-6)
+    # without the levels the machine's straying is the spread between runs: the same change is not seen
+    raw = [[(10 * m * s * w, 0.0) for s, w in zip(speeds, (1.0, 1.01, 0.99))]
+           for m, speeds in ((1.0, (1.0, 1.05, 0.97)), (1.3, (1.25, 1.1, 1.4)))]
+    assert not D._sig.runs_test(raw[0], raw[1], 1 - model.level, 0.03).significant
+    j = json.loads(DIFF.render(d, "json"))
+    assert [r["level"] for r in j["machine"]["common"]["runs"]] == pytest.approx([math.expm1(x) for x in want],
+                                                                                 abs=1e-6)
+
+
+def test_a_burst_in_one_run_of_one_stage_is_weighed_with_its_siblings_spread():
+    before = runs_of_code((1.0, 1.05, 0.97))
+    after = runs_of_code((1.25, 1.1, 1.4), model=1.3, stray=(1, 1.15), start=1000.0)   # model +15 % more in one run
+    model = D.diff(before, after).row("request/model").tests["cpu"]
+    assert model.significant and model.estimate == pytest.approx(1.3 * 1.15 ** (1 / 3) - 1, abs=1e-6)
+    # its own spread alone, three runs a side (4 degrees of freedom), would not have told
+    logs = [[math.log(x) for x in side] for side in ([1.0, 1.0, 1.0], [1.3, 1.3 * 1.15, 1.3])]
+    own = D._sig.runs_test([(math.exp(x), 0.0) for x in logs[0]], [(math.exp(x), 0.0) for x in logs[1]],
+                           1 - model.level, 0.03)
+    assert not own.significant and own.detectable > model.detectable
+    # the same burst on identical code is no change: it widens the spread it is weighed with
+    same = D.diff(before, runs_of_code((1.25, 1.1, 1.4), stray=(1, 1.3), start=1000.0))
+    assert not any(r.significant for r in same.rows)
+
+
+def test_identical_code_on_a_straying_machine_is_no_change_over_several_runs():
+    d = D.diff(runs_of_code((1.0, 1.2, 0.9)), runs_of_code((1.3, 0.95, 1.15), start=1000.0))
+    assert d.machine.common is not None and not any(r.significant for r in d.rows)
+    # a named reference stage takes the machine out in the levels' place
+    assert D.diff(runs_of_code((1.0, 1.2, 0.9)), runs_of_code((1.3, 0.95, 1.15), start=1000.0),
+                  reference="request/tokenize").machine.common is None

@@ -221,6 +221,29 @@ def runs_with_spread(m, var):
     return [(math.exp(v), 0.0) for v in x]
 
 
+def test_a_spread_pooled_with_siblings_and_a_floor_decide_as_scipy_says():
+    xb, xa = runs_with_spread(3, 0.01), runs_with_spread(3, 0.01)      # its own spread between runs: 0.01, 4 df
+    k = 1 / 3 + 1 / 3
+    t = S.runs_test(xb, xa, alpha=0.01, min_change=0.03, pooled=(0.0004 * 12, 12))   # with siblings: 0.0004, 12 df
+    assert t.df == 12 and t.detectable == pytest.approx(
+        math.exp(stats.t.ppf(0.995, 12) * math.sqrt(0.0004 * k)) * 1.03 - 1, rel=1e-6)
+    own = S.runs_test(xb, xa, alpha=0.01, min_change=0.03, pooled=(0.0, 2))   # fewer df than its own: not taken
+    assert own.df == 4 and own.detectable == pytest.approx(
+        math.exp(stats.t.ppf(0.995, 4) * math.sqrt(0.01 * k)) * 1.03 - 1, rel=1e-6)
+    # a floor wider than the measured spread's interval decides, as a normal test on it
+    f = S.runs_test(xb, xa, alpha=0.01, min_change=0.03, pooled=(0.0004 * 12, 12), stray=0.03 ** 2)
+    assert f.df == math.inf and f.detectable == pytest.approx(
+        math.exp(stats.norm.ppf(0.995) * 0.03 * math.sqrt(k)) * 1.03 - 1, rel=1e-6)
+    assert S.runs_test(xb, xa, alpha=0.01, min_change=0.03, stray=0.03 ** 2).df == 4   # narrower than its own
+    # the runs a side that would show a rise keep the siblings' degrees of freedom
+    m, _ = S.needed(t, 0.06)
+    for runs, shows in ((m, True), (m - 1, False)):
+        df = 2 * runs - 2 + 8
+        u = S.runs_test(runs_with_spread(runs, 0.0004), runs_with_spread(runs, 0.0004), alpha=0.01,
+                        min_change=0.03, pooled=(0.0004 * df, df))
+        assert (u.detectable <= 0.06) is shows, (runs, u.detectable)
+
+
 @pytest.mark.parametrize("target", [0.1, 0.2])
 def test_runs_needed_are_the_fewest_whose_measured_spread_shows_the_target(target):
     v = 0.04
