@@ -296,7 +296,8 @@ def choose_basis(before: Snapshot, after: Snapshot, requested: Optional[str] = N
                  f"{', each a process of its own' if sb and sa else ''}: the spread between runs measured from "
                  "them (a pooled t-test)"
                  + (f"; CPU time per call is judged in each run against the change the stages share in that run "
-                    f"({common.text()}), each stage straying from it by at least ±{100 * _strays(common):.0f} % a run"
+                    f"({common.text()}), each stage straying from it by at least ±{100 * _strays(common):.0f} % a run, "
+                    f"the spread between runs of those {len(common.members)} stages pooled over them"
                     if common is not None and common.runs else "")),
     }
     cannot = {

@@ -120,6 +120,49 @@ def test_plain_runs_with_a_hog_fail_the_gate_on_the_stage_made_slower(tmp_path):
     assert len(logs) >= 3 and common["change"] == pytest.approx(math.expm1(statistics.median(logs)), abs=1e-9)
 
 
+def cpu_per_call(path, stage):
+    """A stage's CPU time per call, from the snapshot file itself."""
+    c = next(s["cpu_ns"] for s in json.loads(path.read_text())["stages"] if s["path"] == stage.split("/"))
+    return c["total"] / c["calls"]
+
+
+def test_three_runs_a_side_with_a_hog_through_one_judge_each_run_over_its_level(tmp_path):
+    files = {side: [plain_run(tmp_path, f"{side}{k}", work, seconds=1.5, hog=side == "after") for k in range(3)]
+             for side, work in (("before", 2000), ("after", 6000))}    # model 3x the work, a hog through after
+    merged = {}
+    for side, parts in files.items():
+        merged[side] = tmp_path / f"{side}.json"
+        assert cli("merge", *parts, "-o", merged[side]).returncode == 0
+    summary = tmp_path / "summary.json"
+    r = cli("diff", merged["before"], merged["after"], "--fail-on-regression", 20, "--summary", summary)
+    assert r.returncode == 1, r.stdout + r.stderr
+    j = json.loads(summary.read_text())
+    assert j["basis"] == "runs" and "3 runs before, 3 after" in j["basis_reason"]
+    assert (("request", "model"), "cpu") in {(tuple(g["path"]), g["figure"]) for g in j["gate"]["regressions"]}
+    common = j["machine"]["common"]
+    if common is None:   # a stage's CPU per call strayed too far within its runs (a loaded machine) to be a member
+        assert "judged in each run against the change the stages share" not in j["basis_reason"]
+        return
+    assert "judged in each run against the change the stages share in that run" in j["basis_reason"]
+    # each run's level from the files themselves: the median over the members of their log CPU per call less their
+    # mean over the runs before
+    members = list(common["members"])
+    logs = {m: [[math.log(cpu_per_call(p, m)) for p in files[side]] for side in ("before", "after")]
+            for m in members}
+    base = {m: statistics.mean(logs[m][0]) for m in members}
+    want = [statistics.median(logs[m][side][k] - base[m] for m in members) for side in (0, 1) for k in range(3)]
+    assert [math.log1p(x["level"]) for x in common["runs"]] == pytest.approx(want, abs=1e-9)
+    assert common["change"] == pytest.approx(math.expm1(statistics.mean(want[3:]) - statistics.mean(want[:3])),
+                                             abs=1e-9)
+    # model's estimate: its mean log CPU per call over the levels, after less before
+    rel = [[logs["request/model"][side][k] - want[3 * side + k] for k in range(3)] for side in (0, 1)] \
+        if "request/model" in members else None
+    model = next(x for x in j["rows"] if x["path"] == ["request", "model"])["tests"]["cpu"]
+    if rel is not None:
+        assert model["estimate"] == pytest.approx(math.expm1(statistics.mean(rel[1]) - statistics.mean(rel[0])),
+                                                  abs=1e-9)
+
+
 def test_identical_plain_runs_with_a_hog_in_one_pass_the_gate(tmp_path):
     # two pairs: the diff may call identical code changed with a chance of 1 % (alpha), so both pairs failing
     # the gate would be a chance of 1 in 10,000
