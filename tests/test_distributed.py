@@ -119,7 +119,8 @@ def test_a_rank_killed_mid_job_others_keep_their_data_and_the_view_names_it(tmp_
     assert r.returncode != 0 and "SIGKILL" in r.stderr
     snap = Snapshot.load(tmp_path / "run.json")      # the parts written at exit: the killed rank wrote none
     v = rank_view(snap)
-    assert (v.world_size, v.ranks, v.missing) == (4, (0, 1, 2), (3,))
+    parts = sorted(p.name for p in (tmp_path / "run.parts").iterdir())
+    assert (v.world_size, v.ranks, v.missing) == (4, (0, 1, 2), (3,)), (parts, r.stderr[-4000:])
     assert v.steps == {0: 10, 1: 10, 2: 10}         # every step each survivor completed (the 11th could not)
     assert all(f["calls"] in (10, 11) for f in snap["step/preprocess"].ranks.values())
     report = cli("report", "--ranks", tmp_path / "run.json")
