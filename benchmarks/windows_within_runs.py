@@ -71,15 +71,9 @@ def run(path: str, slower: float, a, hog: bool):
         return instrument.Snapshot.load(path), json.load(f)
 
 
-def decided(d: float, half: float) -> bool:
-    return math.expm1(d - half) > FLOOR or math.expm1(d + half) < -FLOOR
-
-
 def pooled(xb, xa) -> bool:
-    mb, ma = statistics.mean(xb), statistics.mean(xa)
-    df = len(xb) + len(xa) - 2
-    var = (sum((x - mb) ** 2 for x in xb) + sum((x - ma) ** 2 for x in xa)) / df
-    return decided(ma - mb, S.t_ppf(ALPHA / 2, df) * math.sqrt(var * (1 / len(xb) + 1 / len(xa))))
+    """The pooled t-test on each run's log figure (the spread between runs measured)."""
+    return S.runs_test([(math.exp(x), 0.0) for x in xb], [(math.exp(x), 0.0) for x in xa], ALPHA, FLOOR).significant
 
 
 def per_window(ws, p):
@@ -96,8 +90,8 @@ def judge(sides) -> dict:
         every = [[x for ws in wss for x in per_window(ws, p)] for _, wss in sides]
         out.setdefault("runs", {})[p] = pooled(*runs)
         out.setdefault("window medians", {})[p] = pooled(*meds)
-        out.setdefault("one run, windows", {})[p] = S.log_window_test(*first, alpha=ALPHA).significant
-        out.setdefault("all windows", {})[p] = S.log_window_test(*every, alpha=ALPHA).significant
+        out.setdefault("one run, windows", {})[p] = S.log_window_test(*first, alpha=ALPHA, min_change=FLOOR).significant
+        out.setdefault("all windows", {})[p] = S.log_window_test(*every, alpha=ALPHA, min_change=FLOOR).significant
     d = diff(sides[0][0][0].merge(*sides[0][0][1:]), sides[1][0][0].merge(*sides[1][0][1:]))
     out["the diff"] = {p: d.row(p).tests["cpu"].significant for p in LEAVES}
     return out

@@ -396,16 +396,11 @@ def common_change(before: Snapshot, after: Snapshot) -> Optional[_machine.Common
     return _machine.Common(mid, tuple(m for m, _ in members), tuple(changes), 1.4826 * mad)
 
 
-def _run_logs(s: Optional[StageStats]) -> List[Tuple[Tuple[float, float], float]]:
-    """((start, end), log of CPU time per call) of each run of the stage with CPU time and a time span."""
-    if s is None:
-        return []
-    out = []
-    for w in runs_of(s.all_windows()):
-        span, cpu, calls = _span(w), w.get("cpu_ns"), w.get("calls")
-        if span is not None and cpu and calls and cpu > 0:
-            out.append((span, math.log(cpu / calls)))
-    return out
+def _run_logs(s: Optional[StageStats]) -> Dict[Tuple[float, float], float]:
+    """(start, end) → log of CPU time per call, of each run of the stage with CPU time and a time span."""
+    cpu = figure_of("cpu")
+    runs = [(_span(w), cpu(w)) for w in runs_of(s.all_windows())] if s is not None else []
+    return {span: math.log(x) for span, x in runs if span is not None and x}
 
 
 def common_runs(before: Snapshot, after: Snapshot) -> Optional[_machine.Common]:
@@ -417,29 +412,27 @@ def common_runs(before: Snapshot, after: Snapshot) -> Optional[_machine.Common]:
     if len(members) < COMMON_MIN:
         return None
     logs = {m: (_run_logs(before.get(m)), _run_logs(after.get(m))) for m in members}
-    base = {m: sum(x for _, x in logs[m][0]) / len(logs[m][0]) for m in members if logs[m][0]}
-    levels: List[List[Tuple[float, float, float]]] = [[], []]
+    base = {m: statistics.mean(logs[m][0].values()) for m in members if logs[m][0]}
+    levels: List[Dict[Tuple[float, float], float]] = [{}, {}]
     for side in (0, 1):
-        spans = sorted({span for m in base for span, _ in logs[m][side]})
-        for span in spans:
-            devs = [x - base[m] for m in base for sp, x in logs[m][side] if sp == span]
+        for span in sorted({span for m in base for span in logs[m][side]}):
+            devs = [logs[m][side][span] - base[m] for m in base if span in logs[m][side]]
             if len(devs) >= COMMON_MIN:
-                levels[side].append((span[0], span[1], statistics.median(devs)))
+                levels[side][span] = statistics.median(devs)
     if not levels[0] or not levels[1]:
         return None
-    mean = [sum(c for _, _, c in lv) / len(lv) for lv in levels]
-    changes = [sum(x for _, x in logs[m][1]) / len(logs[m][1]) - base[m] for m in base if logs[m][1]]
+    members = [m for m in base if logs[m][1]]
+    changes = [statistics.mean(logs[m][1].values()) - base[m] for m in members]
     mid = statistics.median(changes)
-    common = _machine.Common(mean[1] - mean[0], tuple(m for m in base if logs[m][1]), tuple(changes),
-                             1.4826 * statistics.median(abs(c - mid) for c in changes), tuple(levels[0] + levels[1]))
     ss, df = 0.0, 0
-    for m in common.members:   # each member's spread between runs, less the levels: pooled over them
-        sides = [[x - c for x, c in ((x, _level(common, {"start_time": s, "end_time": e})) for (s, e), x in lg)
-                  if c is not None] for lg in logs[m]]
-        if all(len(x) >= 1 for x in sides) and sum(len(x) for x in sides) > 2:
-            ss += sum(sum((v - sum(x) / len(x)) ** 2 for v in x) for x in sides)
-            df += sum(len(x) for x in sides) - 2
-    return replace(common, pooled=(ss, df))
+    for m in members:   # each member's spread between runs, less the levels: pooled over them
+        sides = [[x - lv[span] for span, x in lg.items() if span in lv] for lg, lv in zip(logs[m], levels)]
+        if all(sides) and sum(map(len, sides)) > 2:
+            ss += sum(sum((v - statistics.mean(x)) ** 2 for v in x) for x in sides)
+            df += sum(map(len, sides)) - 2
+    return _machine.Common(statistics.mean(levels[1].values()) - statistics.mean(levels[0].values()), tuple(members),
+                           tuple(changes), 1.4826 * statistics.median(abs(c - mid) for c in changes),
+                           tuple((s, e, c) for lv in levels for (s, e), c in lv.items()), (ss, df))
 
 
 def _level(common: _machine.Common, w: Mapping[str, Any]) -> Optional[float]:

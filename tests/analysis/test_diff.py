@@ -12,6 +12,7 @@ import pytest
 from instrument import cli
 from instrument.analysis import diff as D
 from instrument.analysis import machine as M
+from instrument.analysis import significance as S
 from instrument.exporters import DIFF
 from instrument.exporters.format import headline, legend
 from instrument.snapshot import Snapshot
@@ -556,7 +557,7 @@ def test_several_runs_a_side_judge_cpu_against_each_runs_common_level():
     # without the levels the machine's straying is the spread between runs: the same change is not seen
     raw = [[(10 * m * s * w, 0.0) for s, w in zip(speeds, (1.0, 1.01, 0.99))]
            for m, speeds in ((1.0, (1.0, 1.05, 0.97)), (1.3, (1.25, 1.1, 1.4)))]
-    assert not D._sig.runs_test(raw[0], raw[1], 1 - model.level, 0.03).significant
+    assert not S.runs_test(raw[0], raw[1], 1 - model.level, 0.03).significant
     j = json.loads(DIFF.render(d, "json"))
     assert [r["level"] for r in j["machine"]["common"]["runs"]] == pytest.approx([math.expm1(x) for x in want],
                                                                                  abs=1e-6)
@@ -569,7 +570,7 @@ def test_a_burst_in_one_run_of_one_stage_is_weighed_with_its_siblings_spread():
     assert model.significant and model.estimate == pytest.approx(1.3 * 1.15 ** (1 / 3) - 1, abs=1e-6)
     # its own spread alone, three runs a side (4 degrees of freedom), would not have told
     logs = [[math.log(x) for x in side] for side in ([1.0, 1.0, 1.0], [1.3, 1.3 * 1.15, 1.3])]
-    own = D._sig.runs_test([(math.exp(x), 0.0) for x in logs[0]], [(math.exp(x), 0.0) for x in logs[1]],
+    own = S.runs_test([(math.exp(x), 0.0) for x in logs[0]], [(math.exp(x), 0.0) for x in logs[1]],
                            1 - model.level, 0.03)
     assert not own.significant and own.detectable > model.detectable
     # the same burst on identical code is no change: it widens the spread it is weighed with
