@@ -164,6 +164,7 @@ for i in range(5):
     with instrument.stage("mem2"):
         pass
 assert [s["error"] is not None for s in _native.memory_status() if s["name"] in ("bad", "odd")] == [True, True]
-assert instrument.snapshot()["mem"].memory_of("heap")["peak_mean"] == 1010
+# calls past the first 8 are read by chance and weighted 1 / chance: a mean of equal peaks may round by an ulp
+assert abs(instrument.snapshot()["mem"].memory_of("heap")["peak_mean"] - 1010) < 1e-9
 instrument.configure(memory="host")
 print(len(instrument.snapshot()), "stages ok")
