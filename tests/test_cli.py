@@ -176,6 +176,30 @@ def test_program_sigterm_handler_is_chained(tmp_path):
     assert Snapshot.load(tmp_path / "r.json")["a"].calls == 1
 
 
+def test_sigterm_to_a_forked_child_ends_the_child_only(tmp_path):
+    """A forked child gets a signal pipe of its own: the signal it is sent wakes its watcher, never the parent's."""
+    (tmp_path / "app.py").write_text(textwrap.dedent("""
+        import os, signal, time, instrument
+        with instrument.stage("parent"):
+            pass
+        pid = os.fork()
+        if pid == 0:
+            with instrument.stage("child"):
+                pass
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(60)
+        _, status = os.waitpid(pid, 0)
+        time.sleep(3)   # a watcher woken in this process by the child's signal would have ended it by now
+        print(pid, os.waitstatus_to_exitcode(status), flush=True)
+    """))
+    r = run_cli("run", "-o", tmp_path / "r.json", "--", sys.executable, tmp_path / "app.py")
+    assert r.returncode == 0, r.stderr
+    pid, status = map(int, r.stdout.split())
+    assert status == -signal.SIGTERM
+    s = Snapshot.load(tmp_path / "r.json")
+    assert s["parent"].calls == 1 and s["child"].calls == 1   # the child's part, saved on its SIGTERM, merged
+
+
 SPAWNS = textwrap.dedent("""
     import multiprocessing as mp
     import instrument

@@ -8,6 +8,7 @@ moves.  Every figure is checked against what the job timed itself, with perf_cou
 import json
 import os
 import statistics
+import signal
 import subprocess
 import sys
 
@@ -161,3 +162,44 @@ def test_instrument_run_as_one_rank_writes_that_ranks_file(tmp_path):
     r = cli("report", "--ranks", "--json", tmp_path / "run.rank0.json", tmp_path / "run.rank1.json")
     assert r.returncode == 0, r.stderr
     assert json.loads(r.stdout)["steps"] == {"0": 1, "1": 1}
+
+
+BLOCKED = """
+import datetime, os, sys, torch, torch.distributed as dist, instrument
+out, rank = sys.argv[1], int(sys.argv[2])
+dist.init_process_group("gloo", init_method=f"file://{out}/store", rank=rank, world_size=2,
+                        timeout=datetime.timedelta(seconds=600))
+with instrument.stage("setup"):
+    grad = torch.ones(16)
+if rank == 1:
+    sys.stdin.readline()           # holds back its part of the collective until the test lets it go
+print("blocked", os.getpid(), flush=True)
+with instrument.stage("all_reduce"):
+    dist.all_reduce(grad)          # rank 0 waits here, in native code that a signal does not interrupt
+"""
+
+
+def test_sigterm_to_a_rank_blocked_in_a_collective_still_saves_its_part(tmp_path):
+    """A launcher's SIGTERM to a rank waiting in a collective for a peer that will not come: Python runs a signal
+    handler only between bytecodes, so the watcher thread that the signal wakes saves the snapshot and ends the
+    process by the signal, while the peer still holds the collective back."""
+    from instrument import cli as cli_mod
+    (tmp_path / "job.py").write_text(BLOCKED)
+    p, held = None, subprocess.Popen([sys.executable, str(tmp_path / "job.py"), str(tmp_path), "1"], stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env())
+    try:
+        p = subprocess.Popen([sys.executable, str(tmp_path / "job.py"), str(tmp_path), "0"], stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, text=True, env=cli_mod.run_env(str(tmp_path / "r.json"),
+                                                                                   environ=env()))
+        word, pid = p.stdout.readline().split()
+        assert word == "blocked", p.stderr.read()
+        p.send_signal(signal.SIGTERM)
+        _, err = p.communicate(timeout=300)          # ended while rank 1 still holds the collective back
+        assert held.poll() is None and p.returncode == -signal.SIGTERM, err
+        snap = Snapshot.load(tmp_path / "r.parts" / f"r.{pid}.json")
+        assert snap["setup"].calls == 1 and snap.meta["pid"] == int(pid)
+    finally:
+        for q in (p, held):
+            if q is not None:
+                q.kill()
+                q.communicate()

@@ -419,7 +419,8 @@ def _cpu_fields(s: Dict[str, Any]) -> Dict[str, Any]:
 
 
 _held: Dict[tuple, Dict[str, Any]] = {}
-_held_lock = threading.Lock()
+_held_lock = threading.RLock()   # a signal's save may run inside a snapshot on the same thread
+_save_lock = threading.RLock()   # and inside a save
 
 
 def _with_instrument_cost(stages: List[StageStats], overhead: Optional[Dict[str, Any]]) -> List[StageStats]:
@@ -637,27 +638,31 @@ def _exemplars(rows, paths: Dict[int, tuple], pid: int) -> list:
 
 
 def _save_at_exit() -> None:
+    """Save to the configured output: at exit, on a signal (from the main thread's handler, or the bootstrap's
+    watcher thread where the main thread is blocked), one at a time."""
     out = _config_now.output
     if not out:
         return
-    try:
-        snap = snapshot()
-        if "{pid}" in out and not len(snap):   # a part per process: one that recorded nothing (a helper such as
-            return                             # multiprocessing's resource tracker, ending late) adds none
-        snap.save(out.replace("{pid}", str(os.getpid())))
-    except Exception as e:
+    with _save_lock:
         try:
-            sys.stderr.write(f"instrument: could not save the snapshot to {out}: {e}\n")
-        except Exception:
-            pass
+            snap = snapshot()
+            if "{pid}" in out and not len(snap):   # a part per process: one that recorded nothing (a helper such
+                return                             # as multiprocessing's resource tracker, ending late) adds none
+            snap.save(out.replace("{pid}", str(os.getpid())))
+        except Exception as e:
+            try:
+                sys.stderr.write(f"instrument: could not save the snapshot to {out}: {e}\n")
+            except Exception:
+                pass
 
 
 def _after_fork_child() -> None:
-    global _start_wall, _start_clock, _held_lock
+    global _start_wall, _start_clock, _held_lock, _save_lock
     try:
         backend.after_fork_child()
         probe.reset()                   # the child's machine is timed by its own calls
-        _held_lock = threading.Lock()   # another thread may have held it at the fork
+        _held_lock = threading.RLock()   # another thread may have held them at the fork
+        _save_lock = threading.RLock()
         _held.clear()
         _start_wall, _start_clock = time.time(), backend.now_ns()
         for integ in integrations.registered():
