@@ -60,11 +60,13 @@ def _install_signals():
 
     def watch(rfd):
         import select
+        poll = select.poll()   # (select() refuses an fd past 1023: a forked child of a busy server may get one)
+        poll.register(rfd, select.POLLIN)
         while True:
             try:
-                select.select([rfd], [], [])
+                poll.poll()
                 data = os.read(rfd, 512)
-            except BlockingIOError:
+            except (BlockingIOError, InterruptedError):
                 continue
             except OSError:
                 return
