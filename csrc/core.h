@@ -5,7 +5,7 @@
  * percentiles, configuration parsing, torch) lives in Python.
  *
  * Units, each calling only units listed before it (tests/test_c_units.py holds
- * this): core.c (the state below), hist.c, perf.c, nvtx_emit.c, rootexit.c,
+ * this): core.c (the state below), hist.c, perf.c, nvtx_emit.c, rootexit.c, sigwake.c (a signal's wake-up),
  * gil.c (the GIL sampler), memory.c (memory per stage) (self-contained); nodes.c (the stage tree); items.c (items of a slot);
  * stats.c (per-node slots, trace ring); threads.c (per-thread state);
  * exemplars.c (a root call's breakdown); record.c (a finished call into the

@@ -16,6 +16,7 @@
 #include "nodes.h"
 #include "nvtx_emit.h"
 #include "rootexit.h"
+#include "sigwake.h"
 #include "stack.h"
 #include "stage.h"
 #include "stats.h"
@@ -542,6 +543,9 @@ static PyMethodDef native_methods[] = {
      "add(name, value=1): items (tokens, samples, bytes, ...) of the innermost open stage of this context"},
     {"set_root_exit_hook", (PyCFunction)mod_set_root_exit_hook, METH_O, "set_root_exit_hook(f): f() after every outermost stage exit; None clears"},
     {"set_decorator", (PyCFunction)mod_set_decorator, METH_O, "set_decorator(f): `@stage` on a function returns f(stage, function)"},
+    {"sigwake_chain", (PyCFunction)mod_sigwake_chain, METH_VARARGS,
+     "sigwake_chain(signum, fd) -> bool: a handler in front of CPython's for signum writes its number to fd first"},
+    {"sigwake_fd", (PyCFunction)mod_sigwake_fd, METH_O, "sigwake_fd(fd): the pipe the chained handlers write to"},
     {"set_probe_hook", (PyCFunction)mod_set_probe_hook, METH_O, "set_probe_hook(f): f() after an outermost stage exit once it is due; f returns the ns until the next; None clears"},
     {NULL}
 };

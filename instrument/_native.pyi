@@ -218,6 +218,8 @@ def add(name: str, value: Union[int, float] = ...) -> None: ...   # items of the
 def set_decorator(decorator: Callable[[Stage, Callable[..., Any]], Any], /) -> None: ...   # `@stage` on a function
 def set_root_exit_hook(hook: Optional[Callable[[], Any]], /) -> None: ...   # after every outermost stage exit
 def set_probe_hook(hook: Optional[Callable[[], int]], /) -> None: ...   # after an outermost stage exit once due; returns ns to the next
+def sigwake_chain(signum: int, fd: int, /) -> bool: ...   # a handler before CPython's writes the signal's number to fd
+def sigwake_fd(fd: int, /) -> None: ...   # the pipe the chained handlers write to (a fork's child's own)
 
 # asyncio attribution (csrc/steps.c): stand-ins that instrument.live.tasks installs as
 # asyncio.events.Handle._run and asyncio.base_events.BaseEventLoop._run_once

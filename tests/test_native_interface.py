@@ -44,9 +44,9 @@ def test_every_declaration_is_exported(stub):
 
 
 # what the C extension alone has: the perf group type, NVTX emission (live/nvtx.py emits for the fallback), the
-# asyncio runners (task attribution) and the perf mmap decoders
+# asyncio runners (task attribution), the perf mmap decoders and a signal's wake-up of a watcher thread
 NATIVE_ONLY = {"CounterGroup", "step_runner", "iteration_runner", "ready_runner", "stepped", "memory_status",
-               "memory_reset_seen"}
+               "memory_reset_seen", "sigwake_chain", "sigwake_fd"}
 
 
 def test_the_fallback_implements_the_declared_subset(stub):

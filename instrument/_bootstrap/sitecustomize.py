@@ -32,12 +32,13 @@ def _die(signum):
 
 
 def _install_signals():
-    """A snapshot is saved on a signal where it would kill the process without atexit.  The handler runs
-    in the main thread between two bytecodes; a main thread blocked in a call that does not return on a signal (a
-    collective waiting for a rank that died, a long native call that released the GIL) would run it only when that
-    call returns, and a launcher's SIGKILL may come first.  So the signal also wakes a watcher thread (CPython's
-    wakeup fd, written from its C-level handler), which saves the snapshot and ends the process if the handler has
-    not started within a moment.  A program that sets its own handler, or its own wakeup fd, takes the signal over."""
+    """A snapshot is saved on a signal where it would kill the process without atexit.  The handler runs in the main
+    thread between two bytecodes; a main thread blocked in a call that does not return on a signal (a collective
+    waiting for a rank that died, a long native call that released the GIL) would run it only when that call
+    returns, and a launcher's SIGKILL may come first.  So, through the C core, the signal also wakes a watcher
+    thread (a handler in front of CPython's writes to its pipe), which saves the snapshot and ends the process by the
+    signal where the handler has not started within a moment.  A program that sets its own handler takes the
+    signal over, watcher included.  Without the C core, the handler alone."""
     import signal
     import threading
 
@@ -55,12 +56,18 @@ def _install_signals():
         if sig is not None and signal.getsignal(sig) is signal.SIG_DFL:
             signal.signal(sig, handler)
             ours[int(sig)] = sig
-    if not ours:
+    from instrument.live import backend
+    native = backend.current
+    if not ours or not hasattr(native, "sigwake_chain"):   # the fallback: the handler alone
+        return
+    rfd, wfd = _pipe()
+    if not any([native.sigwake_chain(s, wfd) for s in ours]):
+        os.close(rfd), os.close(wfd)
         return
 
     def watch(rfd):
         import select
-        poll = select.poll()   # (select() refuses an fd past 1023: a forked child of a busy server may get one)
+        poll = select.poll()
         poll.register(rfd, select.POLLIN)
         while True:
             try:
@@ -71,44 +78,59 @@ def _install_signals():
             except OSError:
                 return
             for signum in data:
-                if signum in ours and signal.getsignal(ours[signum]) is handler and not started.wait(0.5):
-                    _save()
-                    _die(signum)
-
-    def open_pipe():
-        rfd, wfd = os.pipe()
-        os.set_blocking(rfd, False)
-        os.set_blocking(wfd, False)
-        return rfd, wfd
+                if signum in ours and not started.wait(0.5) and signal.getsignal(ours[signum]) is handler:
+                    _save_and_die(signum)
 
     def start(rfd):
         threading.Thread(target=watch, args=(rfd,), name="instrument-signal-watch", daemon=True).start()
 
-    try:
-        rfd, wfd = open_pipe()
-        other = signal.set_wakeup_fd(wfd, warn_on_full_buffer=False)
-        if other != -1:   # the program's own (a sitecustomize before this one): left in place, the handler only
-            signal.set_wakeup_fd(other)
-            os.close(rfd), os.close(wfd)
-            return
-        start(rfd)
-    except (OSError, ValueError):
-        return
-
     def after_fork_child():
-        # the wakeup fd's number is kept by CPython: point it at a pipe of the child's own, and watch that
-        nonlocal rfd
+        # the parent's pipe is not written from here (the handler checks the process); the child gets its own
+        nonlocal rfd, wfd
         try:
-            new_r, new_w = open_pipe()
-            os.dup2(new_w, wfd, inheritable=False)
-            os.close(new_w)
-            os.close(rfd)
-            rfd = new_r
+            os.close(rfd), os.close(wfd)
+            rfd, wfd = _pipe()
+            native.sigwake_fd(wfd)
             start(rfd)
         except Exception:
             pass
 
+    start(rfd)
     os.register_at_fork(after_in_child=after_fork_child)
+
+
+def _pipe():
+    """A non-blocking pipe, its fds moved above the low numbers a program may close and open again."""
+    import fcntl
+
+    def high(fd):
+        try:
+            new = fcntl.fcntl(fd, fcntl.F_DUPFD_CLOEXEC, 512)
+        except OSError:   # a low fd limit: as it is
+            return fd
+        os.close(fd)
+        return new
+
+    rfd, wfd = (high(fd) for fd in os.pipe())
+    os.set_blocking(rfd, False)
+    os.set_blocking(wfd, False)
+    return rfd, wfd
+
+
+def _save_and_die(signum):
+    """The watcher's end: saves, and ends the process as the signal's default action would, holding the save's lock
+    (the main thread's handler starts no save of its own to be cut short).  A save that hangs (a device that does
+    not answer) ends at 20 s, by the signal all the same."""
+    import threading
+    threading.Timer(20, _die, (signum,)).start()
+    try:
+        from instrument.live import collector
+        with collector._save_lock:
+            collector._save_at_exit()
+            _die(signum)
+    except Exception:
+        pass
+    _die(signum)
 
 
 def _patch_multiprocessing():

@@ -31,7 +31,7 @@ from . import callsite
 # what the C core records and this fallback does not: every call is read, nothing estimated or corrected
 MISSING = ("overhead budget", "estimates", "exemplars", "asyncio task attribution", "machine probe", "run-queue time",
            "helper-thread CPU time", "switch detection", "calibration", "instrument's own cost apart", "GIL wait",
-           "memory per stage")
+           "memory per stage", "a signal's save where the main thread is blocked")
 
 MAX_NAME_LEN, HIST_SUB_BITS, HIST_BLOCKS = 1024, _hist.SUB_BITS, _hist.BLOCKS
 HELPERS_MAX = 0   # helper threads' CPU is not read here (MISSING)
