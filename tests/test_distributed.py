@@ -179,20 +179,34 @@ with instrument.stage("all_reduce"):
 """
 
 
+def _blocked(pid):
+    """Whether the process's main thread sleeps in the kernel, three looks in a row 50 ms apart."""
+    import time
+    for _ in range(3):
+        time.sleep(0.05)
+        with open(f"/proc/{pid}/task/{pid}/stat") as f:
+            if f.read().rsplit(")", 1)[1].split()[0] != "S":
+                return False
+    return True
+
+
 def test_sigterm_to_a_rank_blocked_in_a_collective_still_saves_its_part(tmp_path):
     """A launcher's SIGTERM to a rank waiting in a collective for a peer that will not come: Python runs a signal
     handler only between bytecodes, so the watcher thread that the signal wakes saves the snapshot and ends the
     process by the signal, while the peer still holds the collective back."""
     from instrument import cli as cli_mod
     (tmp_path / "job.py").write_text(BLOCKED)
-    p, held = None, subprocess.Popen([sys.executable, str(tmp_path / "job.py"), str(tmp_path), "1"], stdin=subprocess.PIPE,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env())
+    job = [sys.executable, str(tmp_path / "job.py"), str(tmp_path)]
+    held = subprocess.Popen(job + ["1"], stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, env=env())
+    p = None
     try:
-        p = subprocess.Popen([sys.executable, str(tmp_path / "job.py"), str(tmp_path), "0"], stdout=subprocess.PIPE,
-                             stderr=subprocess.PIPE, text=True, env=cli_mod.run_env(str(tmp_path / "r.json"),
-                                                                                   environ=env()))
+        p = subprocess.Popen(job + ["0"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                             env=cli_mod.run_env(str(tmp_path / "r.json"), environ=env()))
         word, pid = p.stdout.readline().split()
         assert word == "blocked", p.stderr.read()
+        while not _blocked(int(pid)):   # inside the collective, not between bytecodes
+            pass
         p.send_signal(signal.SIGTERM)
         _, err = p.communicate(timeout=300)          # ended while rank 1 still holds the collective back
         assert held.poll() is None and p.returncode == -signal.SIGTERM, err

@@ -60,8 +60,15 @@ def _install_signals():
     native = backend.current
     if not ours or not hasattr(native, "sigwake_chain"):   # the fallback: the handler alone
         return
-    rfd, wfd = _pipe()
-    if not any([native.sigwake_chain(s, wfd) for s in ours]):
+    try:
+        rfd, wfd = _pipe()
+    except OSError:   # no fd left: the handler alone
+        return
+    try:
+        chained = any([native.sigwake_chain(s, wfd) for s in ours])
+    except (OSError, ValueError):
+        chained = False
+    if not chained:
         os.close(rfd), os.close(wfd)
         return
 
