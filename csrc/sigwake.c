@@ -9,8 +9,7 @@
 
 #define SIGWAKE_MAX 65
 
-static struct sigaction g_prev[SIGWAKE_MAX];   /* CPython's handler, run after the write */
-static volatile sig_atomic_t g_chained[SIGWAKE_MAX];
+static struct sigaction g_prev[SIGWAKE_MAX];   /* CPython's handler, run after the write (set before ours is) */
 /* the pipe and its identity; g_pid last written, first read: a handler in another process writes nothing */
 static volatile int g_fd = -1;
 static volatile dev_t g_dev;
@@ -28,13 +27,11 @@ static void wake_handler(int signum, siginfo_t *info, void *uctx) {
         (void)n;
     }
     errno = saved;
-    if (signum > 0 && signum < SIGWAKE_MAX && g_chained[signum]) {
-        struct sigaction *p = &g_prev[signum];
-        if (p->sa_flags & SA_SIGINFO) {
-            if (p->sa_sigaction) p->sa_sigaction(signum, info, uctx);
-        } else if (p->sa_handler != SIG_DFL && p->sa_handler != SIG_IGN) {
-            p->sa_handler(signum);
-        }
+    struct sigaction *p = &g_prev[signum];   /* installed only for a signal whose g_prev is set */
+    if (p->sa_flags & SA_SIGINFO) {
+        if (p->sa_sigaction) p->sa_sigaction(signum, info, uctx);
+    } else if (p->sa_handler != SIG_DFL && p->sa_handler != SIG_IGN) {
+        p->sa_handler(signum);
     }
 }
 
@@ -68,9 +65,7 @@ PyObject *mod_sigwake_chain(PyObject *m, PyObject *args) {
     ours.sa_sigaction = wake_handler;
     ours.sa_mask = cur.sa_mask;
     ours.sa_flags = (cur.sa_flags | SA_SIGINFO) & ~SA_RESETHAND;
-    g_chained[signum] = 0;
-    g_prev[signum] = cur;
-    g_chained[signum] = 1;
+    g_prev[signum] = cur;   /* ours is not in place for signum now: no handler reads it meanwhile */
     if (sigaction(signum, &ours, NULL) != 0) return PyErr_SetFromErrno(PyExc_OSError);
     Py_RETURN_TRUE;
 }

@@ -21,7 +21,7 @@ def _die(signum):
     """End the process as the signal's default action would, from any thread: the status stays "killed by signal"."""
     try:
         import ctypes
-        libc = ctypes.CDLL(None, use_errno=True)
+        libc = ctypes.CDLL(None)
         libc.signal.argtypes, libc.signal.restype = (ctypes.c_int, ctypes.c_void_p), ctypes.c_void_p
         libc.signal(signum, None)   # SIG_DFL; signal.signal() may be called from the main thread only
         os.kill(os.getpid(), signum)
@@ -42,7 +42,7 @@ def _install_signals():
     import signal
     import threading
 
-    ours, started = {}, threading.Event()
+    ours, started = set(), threading.Event()
 
     def handler(signum, frame):
         started.set()
@@ -55,7 +55,7 @@ def _install_signals():
         # only defaults that kill without atexit; Python's SIGINT handler raises KeyboardInterrupt and exits through it
         if sig is not None and signal.getsignal(sig) is signal.SIG_DFL:
             signal.signal(sig, handler)
-            ours[int(sig)] = sig
+            ours.add(int(sig))
     from instrument.live import backend
     native = backend.current
     if not ours or not hasattr(native, "sigwake_chain"):   # the fallback: the handler alone
@@ -85,7 +85,7 @@ def _install_signals():
             except OSError:
                 return
             for signum in data:
-                if signum in ours and not started.wait(0.5) and signal.getsignal(ours[signum]) is handler:
+                if signum in ours and not started.wait(0.5) and signal.getsignal(signum) is handler:
                     _save_and_die(signum)
 
     def start(rfd):

@@ -74,6 +74,12 @@ def waiting(path):
     return rq / sum(s["covered_running_ns"]["total"] for s in stages)
 
 
+def cpu_per_call(path, stage):
+    """A stage's CPU time per call, from the snapshot file itself."""
+    c = next(s["cpu_ns"] for s in json.loads(path.read_text())["stages"] if s["path"] == stage.split("/"))
+    return c["total"] / c["calls"]
+
+
 def test_plain_runs_with_a_hog_fail_the_gate_on_the_stage_made_slower(tmp_path):
     before = plain_run(tmp_path, "before", 2000)
     after = plain_run(tmp_path, "after", 6000, hog=True)       # model does 3x the work, beside a hog per core
@@ -112,18 +118,10 @@ def test_plain_runs_with_a_hog_fail_the_gate_on_the_stage_made_slower(tmp_path):
         return
     assert "CPU time per call is judged against the change the stages share" in j["basis_reason"]
     assert set(common["members"]) <= {"request/tokenize", "request/model", "request/postprocess"}
-    own = [next(s["cpu_ns"] for s in json.loads(p.read_text())["stages"] if s["path"] == ["request", "tokenize"])
-           for p in (before, after)]
-    tok = (own[1]["total"] / own[1]["calls"]) / (own[0]["total"] / own[0]["calls"]) - 1
+    tok = cpu_per_call(after, "request/tokenize") / cpu_per_call(before, "request/tokenize") - 1
     assert common["members"]["request/tokenize"] == pytest.approx(tok)
     logs = [math.log1p(c) for c in common["members"].values()]
     assert len(logs) >= 3 and common["change"] == pytest.approx(math.expm1(statistics.median(logs)), abs=1e-9)
-
-
-def cpu_per_call(path, stage):
-    """A stage's CPU time per call, from the snapshot file itself."""
-    c = next(s["cpu_ns"] for s in json.loads(path.read_text())["stages"] if s["path"] == stage.split("/"))
-    return c["total"] / c["calls"]
 
 
 def test_three_runs_a_side_with_a_hog_through_one_judge_each_run_over_its_level(tmp_path):
